@@ -1,0 +1,314 @@
+"""The selection ledger: snapshot -> policy -> one transaction that records the decision.
+
+Every function here takes an open connection and does only database work; the callers
+(:mod:`gridcore.engine.runtime`) do site I/O outside transactions. The policy is called
+inside the transaction on a snapshot read in that same transaction, and a stateful FIT
+claim is applied by a conditional UPDATE, so selectors in many processes never grant the
+same processors twice: if another selector claimed them first, the UPDATE matches no
+row and the decision is retaken on a fresh snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, and_, case, func, insert, select, update
+
+from gridcore.errors import RequestError, StateError
+from gridcore.model import (
+    GridSpec,
+    JobRequest,
+    JobState,
+    Outcome,
+    SiteObservation,
+    SiteSelection,
+    SiteSnapshot,
+    SiteSpec,
+)
+from gridcore.policies.selection import InsufficientMode, Protocol, select_site
+from gridcore.state.schema import selections, sites
+
+# Weight of the newest finished job in the observed queue-wait/runtime averages.
+EWMA_WEIGHT = 0.3
+MAX_CLAIM_ATTEMPTS = 50
+UNUSABLE_AFTER_ERRORS = 3
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A selection as committed."""
+
+    id: int
+    decision: SiteSelection
+    selected_at: float
+    attempts: int
+
+
+def register_sites(conn: Connection, grid: GridSpec) -> None:
+    """Insert a ledger row for each grid site not yet known (idempotent). A new row
+    reports every processor idle until the first observation replaces it."""
+    known = set(conn.execute(select(sites.c.name)).scalars())
+    rows = [_site_row(spec) for spec in grid.sites if spec.name not in known]
+    if rows:
+        conn.execute(insert(sites), rows)
+
+
+def _site_row(spec: SiteSpec) -> dict[str, object]:
+    return {
+        "name": spec.name, "kind": spec.kind.value, "total_processors": spec.processors,
+        "reported_idle": spec.processors, "external_pending": 0, "pending_jobs": 0,
+        "observed_at": 0.0, "claimed": 0, "queued": 0, "usable": True,
+        "consecutive_errors": 0, "finished_jobs": 0,
+    }  # fmt: skip
+
+
+def read_snapshots(conn: Connection, grid: GridSpec) -> list[SiteSnapshot]:
+    """One snapshot of every grid site, read in the caller's transaction."""
+    slowness = {s.name: s.slowness for s in grid.sites}
+    in_flight_jobs = dict(
+        conn.execute(
+            select(selections.c.site, func.count())
+            .where(selections.c.ledger.is_not(None))
+            .group_by(selections.c.site)
+        ).all()
+    )
+    snaps = []
+    for row in conn.execute(select(sites)).mappings():
+        if row["name"] not in slowness:
+            continue
+        snaps.append(
+            SiteSnapshot(
+                site=row["name"],
+                total_processors=row["total_processors"],
+                idle_processors=row["reported_idle"],
+                slowness=slowness[row["name"]],
+                in_flight_processors=row["claimed"] + row["queued"],
+                in_flight_jobs=int(in_flight_jobs.get(row["name"], 0)),
+                external_pending_processors=row["external_pending"],
+                pending_jobs=row["pending_jobs"],
+                usable=row["usable"],
+                mean_queue_wait_s=row["mean_queue_wait_s"],
+                mean_runtime_s=row["mean_runtime_s"],
+            )
+        )
+    return snaps
+
+
+def select_and_record(
+    store_begin: Callable[[], AbstractContextManager[Connection]],
+    grid: GridSpec,
+    request: JobRequest,
+    protocol: Protocol,
+    mode: InsufficientMode,
+    stream: str,
+    now: float,
+    rng: random.Random,
+) -> Recorded:
+    """Decide on a fresh snapshot and commit the decision, retrying on a lost claim."""
+    for attempt in range(1, MAX_CLAIM_ATTEMPTS + 1):
+        with store_begin() as conn:
+            decision = select_site(
+                request, read_snapshots(conn, grid), grid.bandwidth, protocol, mode, rng
+            )
+            if decision.site is None:
+                raise RequestError(
+                    f"request {request.name!r}: no site can run {request.processors} processors: "
+                    + "; ".join(decision.reasons)
+                )
+            ledger = _apply_claim(conn, decision, request.processors, protocol)
+            if ledger is None:
+                continue  # another selector took those processors: rollback, look again
+            row_id = _insert_selection(conn, request, decision, ledger, stream, now)
+            return Recorded(row_id, decision, now, attempt)
+    raise StateError(
+        f"request {request.name!r}: lost the claim race {MAX_CLAIM_ATTEMPTS} times in a row"
+    )
+
+
+def record_pinned(
+    conn: Connection, request: JobRequest, site: str, stream: str, now: float
+) -> Recorded:
+    """Record a job sent to a named site (no policy): it still counts as in flight."""
+    row = conn.execute(select(sites).where(sites.c.name == site)).mappings().one_or_none()
+    if row is None:
+        raise RequestError(f"request {request.name!r}: unknown site {site!r}")
+    if row["total_processors"] < request.processors:
+        raise RequestError(
+            f"request {request.name!r}: site {site} has {row['total_processors']} processors"
+            f" in all < {request.processors} needed"
+        )
+    free = row["reported_idle"] - row["external_pending"] - row["claimed"] - row["queued"]
+    fits = free >= request.processors
+    reason = f"site {site}: pinned by the request ({free} effective idle)"
+    decision = SiteSelection(
+        site, Outcome.FIT if fits else Outcome.QUEUE, "pinned", "none", (reason,)
+    )
+    ledger = "claimed" if fits else "queued"
+    _add(conn, site, ledger, request.processors)
+    return Recorded(_insert_selection(conn, request, decision, ledger, stream, now), decision, now, 1)
+
+
+def _apply_claim(
+    conn: Connection, decision: SiteSelection, processors: int, protocol: Protocol
+) -> str | None:
+    assert decision.site is not None
+    if decision.outcome is not Outcome.FIT:
+        _add(conn, decision.site, "queued", processors)
+        return "queued"
+    if protocol is not Protocol.STATEFUL:
+        # naive/random do not honour in-flight work by definition; still record it so
+        # stateful selectors sharing the database see it.
+        _add(conn, decision.site, "claimed", processors)
+        return "claimed"
+    free = sites.c.reported_idle - sites.c.external_pending - sites.c.claimed - sites.c.queued
+    result = conn.execute(
+        update(sites)
+        .where(and_(sites.c.name == decision.site, free >= processors))
+        .values(claimed=sites.c.claimed + processors)
+    )
+    return "claimed" if result.rowcount == 1 else None
+
+
+def _add(conn: Connection, site: str, ledger: str, processors: int) -> None:
+    column = sites.c[ledger]
+    conn.execute(update(sites).where(sites.c.name == site).values({ledger: column + processors}))
+
+
+def _insert_selection(
+    conn: Connection,
+    request: JobRequest,
+    decision: SiteSelection,
+    ledger: str,
+    stream: str,
+    now: float,
+) -> int:
+    outcome = {Outcome.FIT: "fit", Outcome.QUEUE: "queue"}[decision.outcome]
+    result = conn.execute(
+        insert(selections).values(
+            stream=stream, name=request.name, site=decision.site,
+            processors=request.processors, protocol=decision.protocol, mode=decision.mode,
+            outcome=outcome, ledger=ledger, reasons=json.dumps(list(decision.reasons)),
+            state=JobState.SELECTED.value, selected_at=now,
+        )  # fmt: skip
+    )
+    key = result.inserted_primary_key
+    if key is None:
+        raise StateError("the database returned no id for the new selection")
+    return int(key[0])
+
+
+def release(conn: Connection, selection_id: int) -> bool:
+    """Return a selection's processors to the ledger, exactly once."""
+    row = conn.execute(
+        select(selections.c.site, selections.c.ledger, selections.c.processors).where(
+            selections.c.id == selection_id
+        )
+    ).one_or_none()
+    if row is None or row.ledger is None:
+        return False
+    done = conn.execute(
+        update(selections)
+        .where(and_(selections.c.id == selection_id, selections.c.ledger == row.ledger))
+        .values(ledger=None)
+    )
+    if done.rowcount != 1:
+        return False
+    _add(conn, row.site, row.ledger, -row.processors)
+    return True
+
+
+def store_observation(conn: Connection, obs: SiteObservation, own_job_ids: Iterable[str]) -> int:
+    """Store a site report unless a newer one is stored already, and release our
+    selections the report now shows running or finished (they are visible: keeping
+    them in flight would count them twice). Returns how many were released."""
+    own = set(own_job_ids)
+    external = [j for j in obs.pending() if j.job_id not in own]
+    stored = conn.execute(
+        update(sites)
+        .where(and_(sites.c.name == obs.site, sites.c.observed_at < obs.observed_at))
+        .values(
+            total_processors=obs.total_processors,
+            reported_idle=obs.idle_processors,
+            external_pending=sum(j.processors for j in external),
+            pending_jobs=len(obs.pending()),
+            observed_at=obs.observed_at,
+            usable=True,
+            consecutive_errors=0,
+            last_error=None,
+        )
+    )
+    if stored.rowcount != 1:
+        return 0  # a newer observation won; releasing against this one could double count
+    visible = {j.job_id for j in obs.jobs if j.state is not JobState.PENDING}
+    rows = conn.execute(
+        select(selections.c.id).where(
+            and_(
+                selections.c.site == obs.site,
+                selections.c.ledger.is_not(None),
+                selections.c.job_id.in_(visible),
+            )
+        )
+    ).scalars()
+    return sum(release(conn, sid) for sid in list(rows))
+
+
+def record_site_error(conn: Connection, site: str, message: str) -> bool:
+    """Count a failed contact; returns True when the site is now unusable."""
+    conn.execute(
+        update(sites)
+        .where(sites.c.name == site)
+        .values(
+            consecutive_errors=sites.c.consecutive_errors + 1,
+            last_error=message,
+            usable=case(
+                (sites.c.consecutive_errors + 1 >= UNUSABLE_AFTER_ERRORS, False),
+                else_=sites.c.usable,
+            ),
+        )
+    )
+    usable = conn.execute(select(sites.c.usable).where(sites.c.name == site)).scalar_one()
+    return not usable
+
+
+def record_finished_stats(conn: Connection, site: str, queue_wait_s: float, runtime_s: float) -> None:
+    """Fold a finished job's observed queue wait and runtime into the site averages."""
+    w = EWMA_WEIGHT
+
+    def ewma(col: object, value: float) -> object:
+        return case((sites.c.finished_jobs == 0, value), else_=(1 - w) * col + w * value)  # type: ignore[operator]
+
+    conn.execute(
+        update(sites)
+        .where(sites.c.name == site)
+        .values(
+            mean_queue_wait_s=ewma(func.coalesce(sites.c.mean_queue_wait_s, queue_wait_s), queue_wait_s),
+            mean_runtime_s=ewma(func.coalesce(sites.c.mean_runtime_s, runtime_s), runtime_s),
+            finished_jobs=sites.c.finished_jobs + 1,
+        )
+    )
+
+
+def ledger_totals(conn: Connection) -> dict[str, tuple[int, int, int, int]]:
+    """Per site: (claimed counter, sum of claimed rows, queued counter, sum of queued rows);
+    the two pairs must be equal (used by tests and benchmarks)."""
+    sums: dict[tuple[str, str], int] = {}
+    for site, ledger, total in conn.execute(
+        select(selections.c.site, selections.c.ledger, func.sum(selections.c.processors))
+        .where(selections.c.ledger.is_not(None))
+        .group_by(selections.c.site, selections.c.ledger)
+    ):
+        sums[(site, ledger)] = int(total)
+    return {
+        row.name: (row.claimed, sums.get((row.name, "claimed"), 0), row.queued, sums.get((row.name, "queued"), 0))
+        for row in conn.execute(select(sites.c.name, sites.c.claimed, sites.c.queued))
+    }
+
+
+__all__: Sequence[str] = (
+    "Recorded", "ledger_totals", "read_snapshots", "record_finished_stats", "record_pinned",
+    "record_site_error", "register_sites", "release", "select_and_record", "store_observation",
+)  # fmt: skip

@@ -1,0 +1,303 @@
+"""The live engine for independent jobs: select a site, submit, follow, cancel.
+
+Site I/O (observe, submit, status, cancel) happens outside transactions; every state
+change is one committed transaction on the state database, so a killed worker or
+triggerer resumes from the rows (``poll`` is idempotent, ``submit`` never submits a
+selection twice).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sqlalchemy import and_, func, select, update
+
+from gridcore import credentials
+from gridcore.config import GRID_ENV, default_grid, load_grid
+from gridcore.engine import ledger
+from gridcore.errors import GridError, RequestError, SiteError, StateError
+from gridcore.model import GridSpec, JobRequest, JobState, JobSubmission, SiteKind, SiteSpec
+from gridcore.policies.selection import InsufficientMode, Protocol
+from gridcore.sites.base import SiteAdapter
+from gridcore.state.schema import selections, sites
+from gridcore.state.store import Store, open_store, state_dir
+
+# Observations older than this are refreshed before a decision (monitoring period).
+DEFAULT_MAX_AGE_S = 5.0
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """A selection and its job as the state DB knows it; plain JSON via ``as_json``."""
+
+    selection_id: int
+    name: str
+    site: str
+    processors: int
+    outcome: str
+    state: str
+    job_id: str | None
+    exit_code: int | None
+    message: str
+    reasons: tuple[str, ...]
+    selected_at: float
+    submitted_at: float | None
+    started_at: float | None
+    finished_at: float | None
+
+    @property
+    def finished(self) -> bool:
+        return JobState(self.state).finished
+
+    @property
+    def queued_s(self) -> float | None:
+        if self.started_at is None or self.submitted_at is None:
+            return None
+        return max(0.0, self.started_at - self.submitted_at)
+
+    def as_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["reasons"] = list(self.reasons)
+        data["queued_s"] = self.queued_s
+        return data
+
+
+@dataclass(frozen=True)
+class SiteRow:
+    name: str
+    kind: str
+    total: int
+    idle: int
+    in_flight: int
+    in_flight_processors: int
+    external_pending: int
+    usable: bool
+    last_error: str | None
+    observed_at: float
+
+
+class GridRuntime:
+    """Grid description + state store + lazily built site adapters."""
+
+    def __init__(
+        self,
+        grid: GridSpec,
+        store: Store,
+        adapters: Mapping[str, SiteAdapter] | None = None,
+        clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.grid = grid
+        self.store = store
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self._adapters: dict[str, SiteAdapter] = dict(adapters or {})
+        store.check_migrated()
+        with store.begin() as conn:
+            ledger.register_sites(conn, grid)
+
+    @classmethod
+    def open(cls, grid_file: str | None = None, db_url: str | None = None, *, upgrade: bool = True) -> GridRuntime:
+        """The grid from ``grid_file`` / $GRIDCORE_GRID, else the embedded default."""
+        path = grid_file or os.environ.get(GRID_ENV)
+        grid = load_grid(path) if path else default_grid(state_dir())
+        return cls(grid, open_store(db_url, upgrade=upgrade))
+
+    # -- adapters ------------------------------------------------------------------
+
+    def adapter(self, site: str) -> SiteAdapter:
+        if site not in self._adapters:
+            self._adapters[site] = self._build_adapter(self.grid.site(site))
+        return self._adapters[site]
+
+    def _build_adapter(self, spec: SiteSpec) -> SiteAdapter:
+        if spec.kind is SiteKind.LOCAL:
+            from gridcore.sites.local import LocalSite
+
+            return LocalSite(spec, self.store, self.clock)
+        from gridcore.sites.slurm import SlurmSite
+
+        if spec.token is None:
+            raise RequestError(f"site {spec.name}: slurm sites need a token reference")
+        return SlurmSite(spec, credentials.resolve(spec.token))
+
+    # -- monitoring ------------------------------------------------------------------
+
+    def refresh(self, max_age_s: float = 0.0) -> dict[str, str | None]:
+        """Observe every site whose stored report is older than ``max_age_s``.
+        Returns site -> error message (None when the observation succeeded)."""
+        with self.store.begin() as conn:
+            ages = dict(conn.execute(select(sites.c.name, sites.c.observed_at)).all())
+        now = self.clock()
+        results: dict[str, str | None] = {}
+        for spec in self.grid.sites:
+            if now - ages.get(spec.name, 0.0) >= max_age_s:
+                results[spec.name] = self._observe(spec.name)
+        return results
+
+    def _observe(self, site: str) -> str | None:
+        try:
+            obs = self.adapter(site).observe()
+        except GridError as exc:
+            with self.store.begin() as conn:
+                ledger.record_site_error(conn, site, str(exc))
+            return str(exc)
+        with self.store.begin() as conn:
+            own = conn.execute(
+                select(selections.c.job_id).where(
+                    and_(selections.c.site == site, selections.c.job_id.is_not(None),
+                         selections.c.ledger.is_not(None))  # fmt: skip
+                )
+            ).scalars()
+            ledger.store_observation(conn, obs, [j for j in own if j])
+        return None
+
+    # -- jobs --------------------------------------------------------------------------
+
+    def select(
+        self,
+        request: JobRequest,
+        protocol: Protocol = Protocol.STATEFUL,
+        mode: InsufficientMode = InsufficientMode.BEST,
+        stream: str = "default",
+        site: str | None = None,
+        max_age_s: float = DEFAULT_MAX_AGE_S,
+    ) -> JobRecord:
+        """Choose a site (or record the pinned ``site``) and commit the decision."""
+        _validate(request)
+        if site is not None:
+            self.grid.site(site)
+            with self.store.begin() as conn:
+                rec = ledger.record_pinned(conn, request, site, stream, self.clock())
+            return self.record(rec.id)
+        self.refresh(max_age_s)
+        rec = ledger.select_and_record(
+            self.store.begin, self.grid, request, protocol, mode, stream, self.clock(), self.rng
+        )
+        return self.record(rec.id)
+
+    def submit(self, selection_id: int, job: JobSubmission) -> JobRecord:
+        """Submit the selected job to its site, once; on a site error the selection is
+        marked failed and its processors released before the error propagates."""
+        current = self.record(selection_id)
+        if current.job_id is not None or current.finished:
+            return current
+        try:
+            job_id = self.adapter(current.site).submit(job)
+        except GridError as exc:
+            self._finish(selection_id, JobState.FAILED, None, f"submit failed: {exc}")
+            raise
+        with self.store.begin() as conn:
+            conn.execute(
+                update(selections).where(selections.c.id == selection_id).values(
+                    job_id=job_id, state=JobState.PENDING.value, submitted_at=self.clock()
+                )
+            )
+        return self.record(selection_id)
+
+    def poll(self, selection_id: int) -> JobRecord:
+        """Ask the site for the job's state and commit what changed."""
+        current = self.record(selection_id)
+        if current.job_id is None or current.finished:
+            return current
+        try:
+            status = self.adapter(current.site).status(current.job_id)
+        except SiteError as exc:
+            with self.store.begin() as conn:
+                ledger.record_site_error(conn, current.site, str(exc))
+            raise
+        if status.state.finished:
+            started = status.started_at or current.started_at
+            self._finish(selection_id, status.state, status.exit_code, status.reason, status.finished_at, started)
+        elif status.state is JobState.RUNNING and current.state != JobState.RUNNING.value:
+            with self.store.begin() as conn:
+                conn.execute(
+                    update(selections).where(selections.c.id == selection_id).values(
+                        state=JobState.RUNNING.value, started_at=status.started_at or self.clock()
+                    )
+                )
+        return self.record(selection_id)
+
+    def cancel(self, selection_id: int) -> JobRecord:
+        current = self.record(selection_id)
+        if current.finished:
+            return current
+        if current.job_id is not None:
+            self.adapter(current.site).cancel(current.job_id)
+        self._finish(selection_id, JobState.CANCELLED, None, "cancelled")
+        return self.record(selection_id)
+
+    def _finish(
+        self,
+        selection_id: int,
+        state: JobState,
+        exit_code: int | None,
+        message: str,
+        finished_at: float | None = None,
+        started_at: float | None = None,
+    ) -> None:
+        with self.store.begin() as conn:
+            row = conn.execute(select(selections).where(selections.c.id == selection_id)).mappings().one()
+            if JobState(row["state"]).finished:
+                return
+            done = finished_at or self.clock()
+            conn.execute(
+                update(selections).where(selections.c.id == selection_id).values(
+                    state=state.value, exit_code=exit_code, message=message,
+                    finished_at=done, started_at=started_at or row["started_at"],
+                )  # fmt: skip
+            )
+            ledger.release(conn, selection_id)
+            start = started_at or row["started_at"]
+            if state is JobState.COMPLETED and start is not None and row["submitted_at"] is not None:
+                ledger.record_finished_stats(conn, row["site"], max(0.0, start - row["submitted_at"]), done - start)
+
+    # -- views ----------------------------------------------------------------------------
+
+    def record(self, selection_id: int) -> JobRecord:
+        with self.store.begin() as conn:
+            row = conn.execute(select(selections).where(selections.c.id == selection_id)).mappings().one_or_none()
+        if row is None:
+            raise StateError(f"no selection {selection_id} in the state database")
+        return JobRecord(
+            row["id"], row["name"], row["site"], row["processors"], row["outcome"], row["state"],
+            row["job_id"], row["exit_code"], row["message"] or "", tuple(json.loads(row["reasons"])),
+            row["selected_at"], row["submitted_at"], row["started_at"], row["finished_at"],
+        )  # fmt: skip
+
+    def site_rows(self) -> list[SiteRow]:
+        names = set(self.grid.site_names)
+        with self.store.begin() as conn:
+            counts = dict(
+                conn.execute(
+                    select(selections.c.site, func.count())
+                    .where(selections.c.ledger.is_not(None)).group_by(selections.c.site)
+                ).all()
+            )  # fmt: skip
+            rows = conn.execute(select(sites).order_by(sites.c.name)).mappings().all()
+        return [
+            SiteRow(
+                r["name"], r["kind"], r["total_processors"], r["reported_idle"],
+                int(counts.get(r["name"], 0)), r["claimed"] + r["queued"], r["external_pending"],
+                r["usable"], r["last_error"], r["observed_at"],
+            )  # fmt: skip
+            for r in rows
+            if r["name"] in names
+        ]
+
+
+def _validate(request: JobRequest) -> None:
+    if not request.name:
+        raise RequestError("request.name: must not be empty")
+    if request.processors <= 0:
+        raise RequestError(f"request.processors: must be a positive integer, got {request.processors}")
+    if request.runtime_s < 0:
+        raise RequestError(f"request.runtime_s: must be >= 0, got {request.runtime_s}")
+    if request.input_bytes < 0 or request.output_bytes < 0:
+        raise RequestError("request.input_bytes/output_bytes: must be >= 0")

@@ -1,0 +1,224 @@
+"""Frozen value types shared by policies, engines, adapters and the simulator.
+
+Nothing here does I/O. Policies receive these snapshots and return decisions; engines
+and adapters build them from live state.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+# Transfers and sizes use decimal megabytes, as bandwidths are given in MB/s.
+MB = 1_000_000
+
+
+class SiteKind(enum.StrEnum):
+    LOCAL = "local"
+    SLURM = "slurm"
+
+
+@dataclass(frozen=True)
+class CredentialRef:
+    """A credential named, never embedded: an env var or an Airflow connection id."""
+
+    env: str | None = None
+    airflow_conn: str | None = None
+
+    def describe(self) -> str:
+        return f"env:{self.env}" if self.env else f"airflow_conn:{self.airflow_conn}"
+
+
+@dataclass(frozen=True)
+class SiteSpec:
+    """One site of the grid description (see ``gridcore/config.py`` for the format)."""
+
+    name: str
+    kind: SiteKind
+    processors: int
+    slowness: float = 1.0
+    storage_dir: str | None = None
+    storage_bytes: int | None = None
+    # slurm only
+    url: str | None = None
+    partition: str | None = None
+    user: str | None = None
+    token: CredentialRef | None = None
+    api_version: str = "v0.0.38"
+    timeout_s: float = 10.0
+
+
+ORIGIN = "origin"
+"""Pseudo-site name for the host that holds a job's inputs and receives its outputs."""
+
+
+@dataclass(frozen=True)
+class GridSpec:
+    """A validated grid: sites and the directed bandwidth matrix in MB/s."""
+
+    sites: tuple[SiteSpec, ...]
+    bandwidth_mbps: Mapping[tuple[str, str], float] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    default_bandwidth_mbps: float = 100.0
+    source: str = "<memory>"
+
+    def site(self, name: str) -> SiteSpec:
+        for spec in self.sites:
+            if spec.name == name:
+                return spec
+        from gridcore.errors import ConfigError
+
+        known = ", ".join(s.name for s in self.sites)
+        raise ConfigError(f"unknown site {name!r} (grid {self.source} has: {known})")
+
+    @property
+    def site_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.sites)
+
+    def bandwidth(self, src: str, dst: str) -> float:
+        """MB/s from ``src`` to ``dst``; a missing pair falls back to the reverse, then
+        to ``default_bandwidth_mbps``. A site to itself is treated as free (infinite)."""
+        if src == dst:
+            return float("inf")
+        found = self.bandwidth_mbps.get((src, dst))
+        if found is None:
+            found = self.bandwidth_mbps.get((dst, src), self.default_bandwidth_mbps)
+        return found
+
+
+class JobState(enum.StrEnum):
+    SELECTED = "selected"  # a site was chosen, nothing submitted yet
+    PENDING = "pending"  # submitted, queued at the site
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
+
+
+@dataclass(frozen=True)
+class ObservedJob:
+    """A job as a site reports it (ours or anyone's)."""
+
+    job_id: str
+    processors: int
+    state: JobState
+
+
+@dataclass(frozen=True)
+class SiteObservation:
+    """What one site reports right now: capacity, idle processors, its queue."""
+
+    site: str
+    total_processors: int
+    idle_processors: int
+    jobs: tuple[ObservedJob, ...] = ()
+    observed_at: float = 0.0
+
+    def pending(self) -> tuple[ObservedJob, ...]:
+        return tuple(j for j in self.jobs if j.state is JobState.PENDING)
+
+
+@dataclass(frozen=True)
+class SiteSnapshot:
+    """The policy's view of one site, taken once per decision.
+
+    ``idle_processors`` is what monitoring reported (possibly stale);
+    ``in_flight_processors`` are processors of OUR selections the report does not yet
+    show (selected/submitted, not yet seen running); ``external_pending_processors``
+    are other users' queued jobs. Observed queue waits feed the ``earliest`` mode.
+    """
+
+    site: str
+    total_processors: int
+    idle_processors: int
+    slowness: float = 1.0
+    in_flight_processors: int = 0
+    in_flight_jobs: int = 0
+    external_pending_processors: int = 0
+    pending_jobs: int = 0
+    usable: bool = True
+    mean_queue_wait_s: float | None = None
+    mean_runtime_s: float | None = None
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """One job to place on one site (an ensemble member)."""
+
+    name: str
+    processors: int
+    runtime_s: float = 600.0
+    input_bytes: int = 0
+    output_bytes: int = 0
+    origin: str = ORIGIN
+
+
+@dataclass(frozen=True)
+class JobSubmission:
+    """What an adapter needs to start a job at its site."""
+
+    name: str
+    command: str
+    processors: int
+    workdir: str | None = None
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """A job's state at its site; times are epoch seconds when known."""
+
+    job_id: str
+    state: JobState
+    exit_code: int | None = None
+    submitted_at: float | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    reason: str = ""
+
+
+class Outcome(enum.IntEnum):
+    """Ordered: a decision with a higher outcome is better. NO_FIT < QUEUE < FIT."""
+
+    NO_FIT = 0  # no usable site at all
+    QUEUE = 1  # no site has room: sent to a full site to queue (random/best/earliest)
+    FIT = 2  # a site has enough effective idle processors
+
+
+@dataclass(frozen=True)
+class SiteEstimate:
+    """The policy's estimate for one site; ``reasons`` are for people."""
+
+    site: str
+    effective_idle: int
+    fits: bool
+    transfer_s: float
+    compute_s: float
+    expected_wait_s: float
+    completion_s: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class SiteSelection:
+    """A selection decision: where, how sure, and why."""
+
+    site: str | None
+    outcome: Outcome
+    protocol: str
+    mode: str
+    reasons: tuple[str, ...]
+    estimates: tuple[SiteEstimate, ...] = ()
+
+    def estimate_for(self, site: str) -> SiteEstimate | None:
+        for est in self.estimates:
+            if est.site == site:
+                return est
+        return None

@@ -1,0 +1,187 @@
+"""Site selection for independent jobs (ensemble members).
+
+Seed: Lander, Fowler, Thorpe, Ramakrishnan, "Stateful Grid Resource Selection for Related
+Asynchronous Tasks", RENCI TR-08-02 (2008), ``shared/seeds/stateful-site-selection-renci2008.md``.
+
+* ``naive`` (Protocol 1 without the stateful branch): trust the monitored idle count.
+* ``stateful`` (Protocol 1 with "decrement site's free CPU count" / Protocol 2): discount
+  the processors of our own selections that monitoring does not show yet (the hysteresis
+  window), and other users' queued jobs.
+* ``random``: any usable site (the emulator's third selection mode, Table 2).
+
+Each site's estimate follows Protocol 1's "estimate total time on this resource":
+transfer of the inputs over the bandwidth matrix + the reference runtime scaled by the
+site's slowness + transfer of the outputs back. Among sites with enough (effective) idle
+processors the earliest estimated completion wins. When none fits, the insufficient-
+resource mode decides (Table 2): ``random`` (the paper's naive behaviour), ``best`` (the
+largest idle count "even if that number is negative"), or ``earliest`` (beyond the paper:
+the earliest expected start from observed queue waits and the site's backlog).
+
+Pure: no I/O, no clock; randomness only through the injected ``rng``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import random
+from collections.abc import Callable, Sequence
+
+from gridcore.model import MB, JobRequest, Outcome, SiteEstimate, SiteSelection, SiteSnapshot
+
+Bandwidth = Callable[[str, str], float]
+
+
+class Protocol(enum.StrEnum):
+    NAIVE = "naive"
+    STATEFUL = "stateful"
+    RANDOM = "random"
+
+
+class InsufficientMode(enum.StrEnum):
+    RANDOM = "random"
+    BEST = "best"
+    EARLIEST = "earliest"
+
+
+def select_site(
+    request: JobRequest,
+    snapshots: Sequence[SiteSnapshot],
+    bandwidth: Bandwidth,
+    protocol: Protocol = Protocol.STATEFUL,
+    mode: InsufficientMode = InsufficientMode.BEST,
+    rng: random.Random | None = None,
+) -> SiteSelection:
+    """Choose the site for ``request`` from one snapshot of every site."""
+    candidates, reasons = _candidates(request, snapshots)
+    if not candidates:
+        return SiteSelection(None, Outcome.NO_FIT, protocol.value, mode.value, tuple(reasons))
+    estimates = [estimate_site(request, snap, bandwidth, protocol) for snap in candidates]
+    chooser = rng if rng is not None else random.Random(0)
+    if protocol is Protocol.RANDOM:
+        chosen = chooser.choice(estimates)
+        reasons.append(f"random protocol picked {chosen.site}")
+        return _decision(chosen, estimates, protocol, mode, reasons)
+    fitting = [e for e in estimates if e.fits]
+    if fitting:
+        best = min(fitting, key=lambda e: (e.completion_s, -e.effective_idle, e.site))
+        reasons.append(f"{best.site}: earliest estimated completion among {len(fitting)} fitting")
+        return _decision(best, estimates, protocol, mode, reasons)
+    reasons.append(f"no site has {request.processors} idle processors; mode {mode.value}")
+    chosen = _insufficient(request, candidates, estimates, mode, chooser)
+    return _decision(chosen, estimates, protocol, mode, reasons)
+
+
+def effective_idle(snapshot: SiteSnapshot, protocol: Protocol) -> int:
+    """Idle processors as the protocol sees them (Protocol 1, stateful branch)."""
+    if protocol is Protocol.STATEFUL:
+        return (
+            snapshot.idle_processors
+            - snapshot.in_flight_processors
+            - snapshot.external_pending_processors
+        )
+    return snapshot.idle_processors
+
+
+def transfer_seconds(request: JobRequest, site: str, bandwidth: Bandwidth) -> float:
+    """Upload of inputs and download of outputs over the bandwidth matrix (MB/s)."""
+    seconds = 0.0
+    if request.input_bytes:
+        seconds += request.input_bytes / MB / bandwidth(request.origin, site)
+    if request.output_bytes:
+        seconds += request.output_bytes / MB / bandwidth(site, request.origin)
+    return seconds
+
+
+def expected_wait(request: JobRequest, snapshot: SiteSnapshot, idle: int) -> float:
+    """Expected queue wait at a site that lacks room (beyond the paper).
+
+    The larger of the observed mean queue wait there and the time to drain the deficit:
+    ``deficit / total * mean runtime`` (the site frees about ``total`` processors per mean
+    runtime). A fitting site waits 0.
+    """
+    deficit = request.processors - idle
+    if deficit <= 0:
+        return 0.0
+    runtime = snapshot.mean_runtime_s
+    if runtime is None:
+        runtime = request.runtime_s * snapshot.slowness
+    drain = deficit / snapshot.total_processors * runtime
+    observed = snapshot.mean_queue_wait_s or 0.0
+    return max(observed, drain)
+
+
+def estimate_site(
+    request: JobRequest, snapshot: SiteSnapshot, bandwidth: Bandwidth, protocol: Protocol
+) -> SiteEstimate:
+    idle = effective_idle(snapshot, protocol)
+    fits = idle >= request.processors
+    transfer = transfer_seconds(request, snapshot.site, bandwidth)
+    compute = request.runtime_s * snapshot.slowness
+    wait = expected_wait(request, snapshot, idle)
+    completion = wait + transfer + compute
+    reason = (
+        f"site {snapshot.site}: {idle} idle {'>=' if fits else '<'} {request.processors} needed"
+        f" (reported {snapshot.idle_processors}, ours in flight {snapshot.in_flight_processors},"
+        f" others queued {snapshot.external_pending_processors}); est. {completion:.0f} s"
+    )
+    return SiteEstimate(snapshot.site, idle, fits, transfer, compute, wait, completion, reason)
+
+
+def _candidates(
+    request: JobRequest, snapshots: Sequence[SiteSnapshot]
+) -> tuple[list[SiteSnapshot], list[str]]:
+    usable: list[SiteSnapshot] = []
+    reasons: list[str] = []
+    for snap in snapshots:
+        if not snap.usable:
+            reasons.append(f"site {snap.site}: marked unusable")
+        elif snap.total_processors < request.processors:
+            reasons.append(
+                f"site {snap.site}: {snap.total_processors} processors in all"
+                f" < {request.processors} needed"
+            )
+        else:
+            usable.append(snap)
+    return usable, reasons
+
+
+def _insufficient(
+    request: JobRequest,
+    candidates: Sequence[SiteSnapshot],
+    estimates: Sequence[SiteEstimate],
+    mode: InsufficientMode,
+    rng: random.Random,
+) -> SiteEstimate:
+    if mode is InsufficientMode.RANDOM:
+        return rng.choice(list(estimates))
+    if mode is InsufficientMode.BEST:
+        # "the resource with the largest number of idle CPUs, even if that number is
+        # negative because multiple jobs have been dispatched to it" (Sec. 4).
+        return max(estimates, key=lambda e: (e.effective_idle, -e.completion_s, _neg(e.site)))
+    return min(estimates, key=lambda e: (e.completion_s, -e.effective_idle, e.site))
+
+
+def _neg(name: str) -> tuple[int, ...]:
+    # Reverses name order inside max() so ties resolve to the alphabetically first site.
+    return tuple(-ord(c) for c in name)
+
+
+def _decision(
+    chosen: SiteEstimate,
+    estimates: Sequence[SiteEstimate],
+    protocol: Protocol,
+    mode: InsufficientMode,
+    reasons: list[str],
+) -> SiteSelection:
+    outcome = Outcome.FIT if chosen.fits else Outcome.QUEUE
+    if not math.isfinite(chosen.completion_s):
+        reasons.append(f"site {chosen.site}: completion estimate is not finite")
+    return SiteSelection(
+        chosen.site,
+        outcome,
+        protocol.value,
+        mode.value,
+        (*reasons, chosen.reason),
+        tuple(estimates),
+    )

@@ -1,0 +1,482 @@
+"""A multicluster model for site selection with monitoring lag and hysteresis.
+
+Seed: Lander, Fowler, Thorpe, Ramakrishnan, RENCI TR-08-02 (2008), Sec. 3-4 and
+Protocol 2 (``shared/seeds/stateful-site-selection-renci2008.md``).
+
+The model supplies what a selection policy cannot see; the decision itself is always
+:func:`gridcore.policies.selection.select_site`, called once per arriving job:
+
+* **Sites** have processors, a slowness factor (a job's runtime there is its reference
+  runtime times the slowness) and a strict FIFO queue: the head starts as soon as enough
+  processors are free, and nothing overtakes it (no backfill).
+* **Hysteresis**: from its selection until it reaches the site's queue a job holds no
+  processors and no monitor can see it (package creation and upload, Sec. 3.2).
+* **Monitoring lag**: a periodic monitor (default every 60 s, MDS's default) publishes
+  each site's idle processors and its running and queued jobs. Selectors only ever see
+  the LAST report, so a job that started after it is invisible.
+* **External load**: jobs of another system submitted straight to a site's queue. Nobody
+  selects them; selectors learn of them only through the monitor.
+* **Streams**: every job carries a stream id; each stream has its own protocol, mode and
+  seeded ``random.Random``. A stateful stream adds to the snapshot the processors of the
+  jobs of its *state* (by default only its own) that the last report does not show
+  running: selected, in hysteresis, or queued (Protocol 2's "foreach job that selected
+  this site but is not yet running"). Streams naming the same ``state`` share that
+  knowledge, as streams using one state database would; streams with private state do
+  not know each other's selections, which is why independent stateful streams are weaker
+  (Sec. 4.2). Queued jobs in the report that are not the state's own are passed as other
+  users' queued processors; mean queue waits and runtimes of the state's finished jobs
+  per site feed the ``earliest`` mode.
+
+Per job the run records the selected site, the arrival (= selection) time, the time it
+reached the site's queue, its start and its end. ``queued_s`` is measured from reaching
+the site's queue to the start, as the paper's "time queued" (arrival at the batch queue to
+start); the hysteresis is kept apart (``queue_arrival_s - arrival_s``).
+
+Transfers are not modelled separately: the paper's 1.5-2.5 min hysteresis is mostly
+building and uploading the package, so the policy is given a bandwidth under which every
+transfer takes no time.
+
+At equal times events run in this order: job ends (free processors), jobs reaching
+queues, the monitor (so a report shows everything that happened at its instant), then
+selections (so a selection at a report's instant sees that report).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections import Counter, deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+
+from gridcore.errors import ConfigError
+from gridcore.model import (
+    JobRequest,
+    JobState,
+    ObservedJob,
+    SiteObservation,
+    SiteSelection,
+    SiteSnapshot,
+)
+from gridcore.policies.selection import InsufficientMode, Protocol, select_site
+from gridcore.sim.core import SimulationError, Simulator
+
+MDS_INTERVAL_S = 60.0
+"""MDS collects data every sixty seconds by default (Sec. 3.2)."""
+
+_END = 0
+_REACH_QUEUE = 1
+_MONITOR = 2
+_SELECT = 3
+
+
+@dataclass(frozen=True)
+class SimSite:
+    """One emulated cluster (Table 2: name, CPU count, slowness factor)."""
+
+    name: str
+    processors: int
+    slowness: float = 1.0
+
+
+@dataclass(frozen=True)
+class SimJob:
+    """One job of a selecting stream (Table 2: arrival, runtime, hysteresis, CPUs, system).
+
+    ``runtime_s`` is the reference runtime; on a site it takes ``runtime_s * slowness``.
+    """
+
+    name: str
+    arrival_s: float
+    runtime_s: float
+    processors: int
+    hysteresis_s: float = 0.0
+    stream: int = 0
+
+
+@dataclass(frozen=True)
+class ExternalJob:
+    """A job of another system, queued directly at ``site`` at ``submit_s``.
+
+    ``runtime_s`` is its wall time on that site (not scaled: it is described where it runs).
+    """
+
+    name: str
+    site: str
+    submit_s: float
+    runtime_s: float
+    processors: int
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """How one stream selects. Streams with the same ``state`` share in-flight knowledge;
+    ``None`` keeps it private to the stream."""
+
+    protocol: Protocol = Protocol.STATEFUL
+    mode: InsufficientMode = InsufficientMode.BEST
+    state: str | None = None
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """What happened to one job. For external jobs ``arrival_s`` is the submit time,
+    ``stream`` is ``None`` and there is no selection."""
+
+    name: str
+    stream: int | None
+    site: str
+    processors: int
+    arrival_s: float
+    queue_arrival_s: float
+    start_s: float
+    end_s: float
+    selection: SiteSelection | None = None
+
+    @property
+    def queued_s(self) -> float:
+        """Time in the site's batch queue (reaching the queue to start)."""
+        return self.start_s - self.queue_arrival_s
+
+    @property
+    def compute_s(self) -> float:
+        return self.end_s - self.start_s
+
+    @property
+    def response_s(self) -> float:
+        return self.end_s - self.arrival_s
+
+
+@dataclass(frozen=True)
+class SelectionRun:
+    """The outcome of one simulated run."""
+
+    jobs: tuple[JobRecord, ...]
+    external: tuple[JobRecord, ...]
+    reports: tuple[SiteObservation, ...]
+
+    @property
+    def completion_s(self) -> float:
+        """Time from the first arrival until the last of our jobs completes."""
+        if not self.jobs:
+            return 0.0
+        return max(j.end_s for j in self.jobs) - min(j.arrival_s for j in self.jobs)
+
+    @property
+    def total_queue_s(self) -> float:
+        return sum(j.queued_s for j in self.jobs)
+
+    @property
+    def mean_queue_s(self) -> float:
+        return self.total_queue_s / len(self.jobs) if self.jobs else 0.0
+
+    @property
+    def total_compute_s(self) -> float:
+        return sum(j.compute_s for j in self.jobs)
+
+    @property
+    def mean_compute_s(self) -> float:
+        return self.total_compute_s / len(self.jobs) if self.jobs else 0.0
+
+    def by_name(self, name: str) -> JobRecord:
+        for record in (*self.jobs, *self.external):
+            if record.name == name:
+                return record
+        raise KeyError(name)
+
+    def reports_at(self, at: float) -> dict[str, SiteObservation]:
+        """The monitor report published at time ``at``, by site."""
+        return {r.site: r for r in self.reports if r.observed_at == at}
+
+
+def simulate_selection(
+    sites: Sequence[SimSite],
+    jobs: Sequence[SimJob],
+    streams: Mapping[int, StreamConfig] | None = None,
+    *,
+    external: Sequence[ExternalJob] = (),
+    monitor_interval_s: float = MDS_INTERVAL_S,
+    seed: int = 0,
+) -> SelectionRun:
+    """Run ``jobs`` (and ``external`` load) on ``sites`` until every job has completed.
+
+    ``streams`` maps each stream id used by ``jobs`` to its configuration; ``None`` gives
+    every stream the default (stateful, best). The monitor publishes at time 0 and then
+    every ``monitor_interval_s``. Each stream's ``random.Random`` is seeded from ``seed``
+    and the stream id, so the same inputs and seed give the same run.
+    """
+    configs = _stream_configs(jobs, streams)
+    _validate(sites, jobs, external, monitor_interval_s)
+    model = _SelectionModel(sites, configs, monitor_interval_s, seed)
+    return model.run(jobs, external)
+
+
+def _stream_configs(
+    jobs: Sequence[SimJob], streams: Mapping[int, StreamConfig] | None
+) -> dict[int, StreamConfig]:
+    used = sorted({job.stream for job in jobs})
+    if streams is None:
+        return {stream: StreamConfig() for stream in used}
+    missing = [stream for stream in used if stream not in streams]
+    if missing:
+        raise ConfigError(f"streams: no configuration for stream(s) {missing}")
+    return dict(streams)
+
+
+def _validate(
+    sites: Sequence[SimSite],
+    jobs: Sequence[SimJob],
+    external: Sequence[ExternalJob],
+    monitor_interval_s: float,
+) -> None:
+    if not monitor_interval_s > 0:
+        raise ConfigError(f"monitor_interval_s must be > 0, got {monitor_interval_s}")
+    _validate_sites(sites)
+    names = [job.name for job in jobs] + [job.name for job in external]
+    duplicates = sorted(name for name, count in Counter(names).items() if count > 1)
+    if duplicates:
+        raise ConfigError(f"job names must be unique; repeated: {duplicates}")
+    largest = max(site.processors for site in sites)
+    for job in jobs:
+        _validate_times(job.name, job.arrival_s, job.runtime_s, job.processors)
+        if job.hysteresis_s < 0:
+            raise ConfigError(f"job {job.name}: hysteresis_s must be >= 0")
+        if job.processors > largest:
+            raise ConfigError(
+                f"job {job.name}: {job.processors} processors > largest site ({largest})"
+            )
+    by_name = {site.name: site for site in sites}
+    for ext in external:
+        _validate_times(ext.name, ext.submit_s, ext.runtime_s, ext.processors)
+        site = by_name.get(ext.site)
+        if site is None:
+            raise ConfigError(f"external job {ext.name}: unknown site {ext.site!r}")
+        if ext.processors > site.processors:
+            raise ConfigError(
+                f"external job {ext.name}: {ext.processors} processors > {site.name}'s"
+                f" {site.processors}"
+            )
+
+
+def _validate_sites(sites: Sequence[SimSite]) -> None:
+    if not sites:
+        raise ConfigError("sites: at least one site is needed")
+    names = [site.name for site in sites]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"sites: names must be unique, got {names}")
+    for site in sites:
+        if site.processors < 1 or not site.slowness > 0:
+            raise ConfigError(
+                f"site {site.name}: processors must be >= 1 and slowness > 0"
+                f" (got {site.processors}, {site.slowness})"
+            )
+
+
+def _validate_times(name: str, at: float, runtime_s: float, processors: int) -> None:
+    if at < 0 or runtime_s < 0 or processors < 1:
+        raise ConfigError(
+            f"job {name}: needs time >= 0, runtime_s >= 0 and processors >= 1"
+            f" (got {at}, {runtime_s}, {processors})"
+        )
+
+
+def _no_transfer(src: str, dst: str) -> float:
+    # Transfers are part of the hysteresis (see the module docstring): infinite bandwidth.
+    return float("inf")
+
+
+@dataclass
+class _Placed:
+    """A job's life on its site; ``job`` is ours (SimJob) or external (ExternalJob)."""
+
+    job: SimJob | ExternalJob
+    site: str
+    arrival_s: float
+    selection: SiteSelection | None = None
+    queue_arrival_s: float | None = None
+    start_s: float | None = None
+    end_s: float | None = None
+
+    @property
+    def name(self) -> str:
+        return self.job.name
+
+    @property
+    def processors(self) -> int:
+        return self.job.processors
+
+    def record(self) -> JobRecord:
+        if self.queue_arrival_s is None or self.start_s is None or self.end_s is None:
+            raise SimulationError(f"job {self.name} did not complete")
+        stream = self.job.stream if isinstance(self.job, SimJob) else None
+        return JobRecord(
+            self.name,
+            stream,
+            self.site,
+            self.processors,
+            self.arrival_s,
+            self.queue_arrival_s,
+            self.start_s,
+            self.end_s,
+            self.selection,
+        )
+
+
+@dataclass
+class _SiteState:
+    spec: SimSite
+    free: int
+    queue: deque[_Placed] = field(default_factory=deque)
+    running: list[_Placed] = field(default_factory=list)
+
+
+@dataclass
+class _State:
+    """What one state (one stream, or streams sharing a database) knows of its jobs."""
+
+    placed: list[_Placed] = field(default_factory=list)
+    names: set[str] = field(default_factory=set)
+
+
+class _SelectionModel:
+    def __init__(
+        self,
+        sites: Sequence[SimSite],
+        configs: Mapping[int, StreamConfig],
+        monitor_interval_s: float,
+        seed: int,
+    ) -> None:
+        self._sim = Simulator()
+        self._sites = {s.name: _SiteState(s, s.processors) for s in sites}
+        self._configs = configs
+        self._rngs = {
+            stream: random.Random(f"gridcore.sim.selection:{seed}:{stream}") for stream in configs
+        }
+        self._states: dict[str, _State] = {}
+        self._interval = monitor_interval_s
+        self._report: dict[str, SiteObservation] = {}
+        self._reports: list[SiteObservation] = []
+        self._unfinished = 0
+
+    def run(self, jobs: Sequence[SimJob], external: Sequence[ExternalJob]) -> SelectionRun:
+        ours: list[_Placed] = []
+        others: list[_Placed] = []
+        self._unfinished = len(jobs) + len(external)
+        self._sim.schedule(0.0, self._monitor, _MONITOR)
+        for job in jobs:
+            self._sim.schedule(job.arrival_s, partial(self._select, job, ours), _SELECT)
+        for ext in external:
+            placed = _Placed(ext, ext.site, ext.submit_s)
+            others.append(placed)
+            self._sim.schedule(ext.submit_s, partial(self._reach_queue, placed), _REACH_QUEUE)
+        self._sim.run()
+        # Ours are recorded in input order, whatever order they were selected in.
+        order = {job.name: index for index, job in enumerate(jobs)}
+        ours.sort(key=lambda placed: order[placed.name])
+        return SelectionRun(
+            tuple(p.record() for p in ours),
+            tuple(p.record() for p in others),
+            tuple(self._reports),
+        )
+
+    def _state_key(self, stream: int) -> str:
+        return self._configs[stream].state or f"stream:{stream}"
+
+    def _select(self, job: SimJob, ours: list[_Placed]) -> None:
+        config = self._configs[job.stream]
+        state = self._states.setdefault(self._state_key(job.stream), _State())
+        snapshots = [self._snapshot(site, state, config) for site in self._sites.values()]
+        request = JobRequest(job.name, job.processors, job.runtime_s)
+        decision = select_site(
+            request, snapshots, _no_transfer, config.protocol, config.mode, self._rngs[job.stream]
+        )
+        if decision.site is None:
+            # Validation guarantees some site is large enough, so this is a model bug.
+            raise SimulationError(f"job {job.name}: no site selected: {decision.reasons}")
+        placed = _Placed(job, decision.site, self._sim.now, decision)
+        ours.append(placed)
+        state.placed.append(placed)
+        state.names.add(job.name)
+        self._sim.schedule_in(job.hysteresis_s, partial(self._reach_queue, placed), _REACH_QUEUE)
+
+    def _snapshot(self, site: _SiteState, state: _State, config: StreamConfig) -> SiteSnapshot:
+        report = self._report[site.spec.name]
+        running = {j.job_id for j in report.jobs if j.state is JobState.RUNNING}
+        pending = report.pending()
+        in_flight: list[_Placed] = []
+        if config.protocol is Protocol.STATEFUL:
+            in_flight = [
+                p
+                for p in state.placed
+                if p.site == site.spec.name and p.end_s is None and p.name not in running
+            ]
+        finished = [p for p in state.placed if p.site == site.spec.name and p.end_s is not None]
+        return SiteSnapshot(
+            site=site.spec.name,
+            total_processors=site.spec.processors,
+            idle_processors=report.idle_processors,
+            slowness=site.spec.slowness,
+            in_flight_processors=sum(p.processors for p in in_flight),
+            in_flight_jobs=len(in_flight),
+            external_pending_processors=sum(
+                j.processors for j in pending if j.job_id not in state.names
+            ),
+            pending_jobs=len(pending),
+            mean_queue_wait_s=_mean(_waits(finished)),
+            mean_runtime_s=_mean(_runtimes(finished)),
+        )
+
+    def _reach_queue(self, placed: _Placed) -> None:
+        placed.queue_arrival_s = self._sim.now
+        site = self._sites[placed.site]
+        site.queue.append(placed)
+        self._start_fitting(site)
+
+    def _start_fitting(self, site: _SiteState) -> None:
+        # Strict FIFO: only the head may start, so a large job is never overtaken.
+        while site.queue and site.queue[0].processors <= site.free:
+            placed = site.queue.popleft()
+            placed.start_s = self._sim.now
+            site.free -= placed.processors
+            site.running.append(placed)
+            duration = placed.job.runtime_s
+            if isinstance(placed.job, SimJob):
+                duration *= site.spec.slowness
+            self._sim.schedule_in(duration, partial(self._end, placed), _END)
+
+    def _end(self, placed: _Placed) -> None:
+        placed.end_s = self._sim.now
+        site = self._sites[placed.site]
+        site.running.remove(placed)
+        site.free += placed.processors
+        self._unfinished -= 1
+        self._start_fitting(site)
+
+    def _monitor(self) -> None:
+        now = self._sim.now
+        for name, site in self._sites.items():
+            jobs = [ObservedJob(p.name, p.processors, JobState.RUNNING) for p in site.running]
+            jobs += [ObservedJob(p.name, p.processors, JobState.PENDING) for p in site.queue]
+            report = SiteObservation(name, site.spec.processors, site.free, tuple(jobs), now)
+            self._report[name] = report
+            self._reports.append(report)
+        # Stop once everything has completed, or the heap would never drain.
+        if self._unfinished > 0:
+            self._sim.schedule_in(self._interval, self._monitor, _MONITOR)
+
+
+def _waits(placed: Iterable[_Placed]) -> list[float]:
+    return [
+        p.start_s - p.queue_arrival_s
+        for p in placed
+        if p.start_s is not None and p.queue_arrival_s is not None
+    ]
+
+
+def _runtimes(placed: Iterable[_Placed]) -> list[float]:
+    return [p.end_s - p.start_s for p in placed if p.end_s is not None and p.start_s is not None]
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None

@@ -1,0 +1,30 @@
+"""The contract every site adapter fulfils. Adapters do I/O against ONE site and
+translate every library error into a :mod:`gridcore.errors` type at this boundary."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from gridcore.model import JobStatus, JobSubmission, SiteObservation, SiteSpec
+
+
+class SiteAdapter(Protocol):
+    """One site. Implementations: ``local.LocalSite``, ``slurm.SlurmSite``."""
+
+    spec: SiteSpec
+
+    def observe(self) -> SiteObservation:
+        """Total and idle processors now, and the site's jobs (anyone's) with states."""
+        ...
+
+    def submit(self, job: JobSubmission) -> str:
+        """Start (or queue) the job; returns the site's job id as a string."""
+        ...
+
+    def status(self, job_id: str) -> JobStatus:
+        """The job's state at the site. Raises UnknownJob if the site forgot it."""
+        ...
+
+    def cancel(self, job_id: str) -> None:
+        """Cancel a pending or running job; cancelling a finished job is a no-op."""
+        ...

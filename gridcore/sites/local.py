@@ -1,0 +1,260 @@
+"""The embedded default site: N processors on this machine, jobs as subprocesses.
+
+Processor accounting lives in the state database (``gc_local_jobs``), not in memory, so
+any number of Airflow workers and triggerers on this host share one site correctly: a
+job is started only inside a transaction that holds the site lock and sees the sum of
+running processors. Jobs run detached (their own session) and write their exit code to
+a file, so any process can observe or cancel them, including after the one that
+started them has died.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, and_, func, insert, select, update
+
+from gridcore.errors import SiteRejected, UnknownJob
+from gridcore.model import (
+    JobState,
+    JobStatus,
+    JobSubmission,
+    ObservedJob,
+    SiteObservation,
+    SiteSpec,
+)
+from gridcore.state.schema import local_jobs
+from gridcore.state.store import Store, state_dir
+
+# A job marked running whose process never got a pid within this time was lost by a
+# worker that died between the commit and the spawn.
+SPAWN_GRACE_S = 30.0
+_WRAPPER = (
+    "sh job.sh > stdout.txt 2> stderr.txt; "
+    "echo $? > rc.tmp && mv rc.tmp rc"
+)
+
+
+class LocalSite:
+    """A process-pool site. ``clock`` is injectable for tests."""
+
+    def __init__(self, spec: SiteSpec, store: Store, clock: Callable[[], float] = time.time) -> None:
+        self.spec = spec
+        self.store = store
+        self.clock = clock
+        self.root = Path(spec.storage_dir or state_dir() / "sites" / spec.name)
+
+    def __repr__(self) -> str:
+        return f"LocalSite({self.spec.name!r}, processors={self.spec.processors})"
+
+    # -- SiteAdapter -------------------------------------------------------------
+
+    def observe(self) -> SiteObservation:
+        self.reconcile()
+        now = self.clock()
+        with self.store.begin() as conn:
+            rows = conn.execute(
+                select(local_jobs.c.id, local_jobs.c.processors, local_jobs.c.state).where(
+                    and_(
+                        local_jobs.c.site == self.spec.name,
+                        local_jobs.c.state.in_([JobState.PENDING.value, JobState.RUNNING.value]),
+                    )
+                )
+            ).all()
+        jobs = tuple(ObservedJob(str(r.id), r.processors, JobState(r.state)) for r in rows)
+        busy = sum(j.processors for j in jobs if j.state is JobState.RUNNING)
+        return SiteObservation(self.spec.name, self.spec.processors, self.spec.processors - busy, jobs, now)
+
+    def submit(self, job: JobSubmission) -> str:
+        if job.processors > self.spec.processors:
+            raise SiteRejected(
+                self.spec.name,
+                f"job {job.name!r} needs {job.processors} processors, the site has {self.spec.processors}",
+            )
+        with self.store.begin() as conn:
+            job_id = conn.execute(
+                insert(local_jobs).values(
+                    site=self.spec.name, name=job.name, processors=job.processors, workdir="",
+                    state=JobState.PENDING.value, submitted_at=self.clock(),
+                )  # fmt: skip
+            ).inserted_primary_key
+        assert job_id is not None
+        jid = int(job_id[0])
+        workdir = self._write_job_files(jid, job)
+        with self.store.begin() as conn:
+            conn.execute(update(local_jobs).where(local_jobs.c.id == jid).values(workdir=str(workdir)))
+        self.reconcile()
+        return str(jid)
+
+    def status(self, job_id: str) -> JobStatus:
+        self.reconcile()
+        with self.store.begin() as conn:
+            row = conn.execute(select(local_jobs).where(local_jobs.c.id == _int_id(self.spec.name, job_id))).mappings().one_or_none()
+        if row is None or row["site"] != self.spec.name:
+            raise UnknownJob(self.spec.name, f"no local job {job_id}")
+        return JobStatus(
+            job_id, JobState(row["state"]), row["exit_code"], row["submitted_at"],
+            row["started_at"], row["finished_at"], row["message"] or "",
+        )  # fmt: skip
+
+    def cancel(self, job_id: str) -> None:
+        jid = _int_id(self.spec.name, job_id)
+        with self.store.begin() as conn:
+            row = conn.execute(select(local_jobs).where(local_jobs.c.id == jid)).mappings().one_or_none()
+            if row is None or row["site"] != self.spec.name:
+                raise UnknownJob(self.spec.name, f"no local job {job_id}")
+            if JobState(row["state"]).finished:
+                return
+            conn.execute(
+                update(local_jobs)
+                .where(local_jobs.c.id == jid)
+                .values(state=JobState.CANCELLED.value, finished_at=self.clock(), message="cancelled")
+            )
+        if row["pgid"]:
+            _kill_group(int(row["pgid"]))
+        self.reconcile()
+
+    # -- the site's own scheduler ------------------------------------------------
+
+    def reconcile(self) -> None:
+        """Reap finished jobs, then start pending ones in FIFO order while they fit."""
+        with self.store.begin() as conn:
+            self.store.lock_site(conn, self.spec.name)
+            self._reap(conn)
+            to_start = self._admit(conn)
+        for jid, workdir in to_start:
+            self._spawn(jid, Path(workdir))
+
+    def _reap(self, conn: Connection) -> None:
+        running = conn.execute(
+            select(local_jobs).where(
+                and_(local_jobs.c.site == self.spec.name, local_jobs.c.state == JobState.RUNNING.value)
+            )
+        ).mappings().all()
+        for row in running:
+            outcome = self._outcome(row)
+            if outcome is not None:
+                conn.execute(update(local_jobs).where(local_jobs.c.id == row["id"]).values(**outcome))
+
+    def _outcome(self, row: Any) -> dict[str, Any] | None:
+        rc_file = Path(row["workdir"]) / "rc"
+        if rc_file.exists():
+            code = int(rc_file.read_text().strip() or "255")
+            state = JobState.COMPLETED if code == 0 else JobState.FAILED
+            return {"state": state.value, "exit_code": code, "finished_at": rc_file.stat().st_mtime,
+                    "message": "" if code == 0 else f"exit code {code}"}  # fmt: skip
+        if row["pid"] is None:
+            if self.clock() - (row["started_at"] or 0) > SPAWN_GRACE_S:
+                return {"state": JobState.FAILED.value, "finished_at": self.clock(),
+                        "message": "the worker that started this job died before spawning it"}  # fmt: skip
+            return None
+        if not _alive(int(row["pid"]), Path(row["workdir"])):
+            return {"state": JobState.FAILED.value, "finished_at": self.clock(),
+                    "message": "process vanished without an exit code"}  # fmt: skip
+        return None
+
+    def _admit(self, conn: Connection) -> list[tuple[int, str]]:
+        busy = conn.execute(
+            select(func.coalesce(func.sum(local_jobs.c.processors), 0)).where(
+                and_(local_jobs.c.site == self.spec.name, local_jobs.c.state == JobState.RUNNING.value)
+            )
+        ).scalar_one()
+        free = self.spec.processors - int(busy)
+        pending = conn.execute(
+            select(local_jobs.c.id, local_jobs.c.processors, local_jobs.c.workdir)
+            .where(and_(local_jobs.c.site == self.spec.name, local_jobs.c.state == JobState.PENDING.value,
+                        local_jobs.c.workdir != ""))  # fmt: skip
+            .order_by(local_jobs.c.id)
+        ).all()
+        started: list[tuple[int, str]] = []
+        for row in pending:
+            if row.processors > free:
+                break  # strict FIFO: no overtaking, like a batch queue without backfill
+            free -= row.processors
+            conn.execute(
+                update(local_jobs).where(local_jobs.c.id == row.id)
+                .values(state=JobState.RUNNING.value, started_at=self.clock())
+            )  # fmt: skip
+            started.append((row.id, row.workdir))
+        return started
+
+    def _spawn(self, jid: int, workdir: Path) -> None:
+        # An intermediate shell in a new session backgrounds the wrapper and exits at once:
+        # the job is reparented away from this (possibly short-lived) process, and the
+        # whole group can be signalled by the intermediate's pgid.
+        proc = subprocess.run(
+            ["/bin/sh", "-c", f"/bin/sh -c {shlex.quote(_WRAPPER)} </dev/null >/dev/null 2>&1 & echo $!"],
+            cwd=workdir, env=self._job_env(workdir), capture_output=True, text=True,
+            start_new_session=True, check=False,
+        )  # fmt: skip
+        values: dict[str, Any]
+        if proc.returncode == 0 and proc.stdout.strip().isdigit():
+            pid = int(proc.stdout.strip())
+            values = {"pid": pid, "pgid": _pgid(pid)}
+        else:
+            values = {"state": JobState.FAILED.value, "finished_at": self.clock(),
+                      "message": f"could not start: {proc.stderr.strip()[:200]}"}  # fmt: skip
+        with self.store.begin() as conn:
+            conn.execute(update(local_jobs).where(local_jobs.c.id == jid).values(**values))
+
+    def _job_env(self, workdir: Path) -> dict[str, str]:
+        extra = json.loads((workdir / "env.json").read_text())
+        return {**os.environ, **extra}
+
+    def _write_job_files(self, jid: int, job: JobSubmission) -> Path:
+        workdir = self.root / "jobs" / str(jid)
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "job.sh").write_text(_script(job))
+        env = {
+            **job.env,
+            "GRIDCORE_SITE": self.spec.name,
+            "GRIDCORE_JOB_ID": str(jid),
+            "GRIDCORE_PROCESSORS": str(job.processors),
+        }
+        (workdir / "env.json").write_text(json.dumps(env))
+        return workdir
+
+
+def _script(job: JobSubmission) -> str:
+    cd = f"cd {shlex.quote(job.workdir)}\n" if job.workdir else ""
+    return f"set -e\n{cd}{job.command}\n"
+
+
+def _int_id(site: str, job_id: str) -> int:
+    if not job_id.isdigit():
+        raise UnknownJob(site, f"local job ids are integers, got {job_id!r}")
+    return int(job_id)
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None  # already finished; the rc file tells the outcome
+
+
+def _alive(pid: int, workdir: Path) -> bool:
+    """True if ``pid`` is still our wrapper (not a zombie, not a reused pid)."""
+    proc = Path(f"/proc/{pid}")
+    try:
+        stat = (proc / "stat").read_text()
+        cwd = os.readlink(proc / "cwd")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
+    state = stat.rsplit(")", 1)[1].split()[0]
+    return state != "Z" and Path(cwd) == workdir.resolve()
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        pass

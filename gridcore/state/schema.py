@@ -1,0 +1,93 @@
+"""The state database schema (SQLAlchemy Core). Alembic migrations in ``migrations/``
+create exactly these tables; a test checks that the migrated schema matches.
+
+Ledger invariant (tested under concurrency): for every site,
+``sites.claimed`` == sum of ``selections.processors`` whose ``ledger`` is ``claimed``
+and ``sites.queued`` == the same for ``queued``. A stateful FIT selection only claims
+processors when ``reported_idle - external_pending - claimed - queued >= processors``,
+checked and applied in one conditional UPDATE.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    Boolean,
+    Column,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+metadata = MetaData()
+
+sites = Table(
+    "gc_sites",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("kind", String(16), nullable=False),
+    Column("total_processors", Integer, nullable=False),
+    # what monitoring last reported (possibly stale)
+    Column("reported_idle", Integer, nullable=False),
+    Column("external_pending", Integer, nullable=False, default=0),
+    Column("pending_jobs", Integer, nullable=False, default=0),
+    Column("observed_at", Float, nullable=False, default=0.0),
+    # our own in-flight processors not yet visible in the report
+    Column("claimed", Integer, nullable=False, default=0),
+    Column("queued", Integer, nullable=False, default=0),
+    # health (a site failing repeatedly is set unusable until a probe succeeds)
+    Column("usable", Boolean, nullable=False, default=True),
+    Column("consecutive_errors", Integer, nullable=False, default=0),
+    Column("last_error", Text, nullable=True),
+    # exponentially weighted observed queue wait / runtime of our finished jobs
+    Column("mean_queue_wait_s", Float, nullable=True),
+    Column("mean_runtime_s", Float, nullable=True),
+    Column("finished_jobs", Integer, nullable=False, default=0),
+)
+
+selections = Table(
+    "gc_selections",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("stream", String(128), nullable=False),
+    Column("name", String(256), nullable=False),
+    Column("site", String(64), nullable=False),
+    Column("processors", Integer, nullable=False),
+    Column("protocol", String(16), nullable=False),
+    Column("mode", String(16), nullable=False),
+    Column("outcome", String(8), nullable=False),  # fit | queue | pinned
+    Column("ledger", String(8), nullable=True),  # claimed | queued | NULL (released)
+    Column("reasons", Text, nullable=False),  # JSON list of strings
+    Column("state", String(16), nullable=False),  # gridcore.model.JobState
+    Column("job_id", String(64), nullable=True),
+    Column("exit_code", Integer, nullable=True),
+    Column("message", Text, nullable=True),
+    Column("selected_at", Float, nullable=False),
+    Column("submitted_at", Float, nullable=True),
+    Column("started_at", Float, nullable=True),
+    Column("finished_at", Float, nullable=True),
+    Index("ix_gc_selections_site_ledger", "site", "ledger"),
+    Index("ix_gc_selections_state", "state"),
+)
+
+local_jobs = Table(
+    "gc_local_jobs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("site", String(64), nullable=False),
+    Column("name", String(256), nullable=False),
+    Column("processors", Integer, nullable=False),
+    Column("workdir", Text, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("pid", Integer, nullable=True),
+    Column("pgid", Integer, nullable=True),
+    Column("exit_code", Integer, nullable=True),
+    Column("message", Text, nullable=True),
+    Column("submitted_at", Float, nullable=False),
+    Column("started_at", Float, nullable=True),
+    Column("finished_at", Float, nullable=True),
+    Index("ix_gc_local_jobs_site_state", "site", "state"),
+)

@@ -1,0 +1,126 @@
+"""Connection to the state database: SQLite by default, PostgreSQL via GRIDCORE_DB_URL.
+
+Every engine decision runs in ONE transaction obtained from :meth:`Store.begin`.
+On SQLite each transaction starts with ``BEGIN IMMEDIATE`` (one writer at a time, so a
+read-check-write cannot interleave); on PostgreSQL rows are locked explicitly where a
+decision needs it (``lock_site``) and counters move by conditional UPDATEs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event, inspect, select
+from sqlalchemy.pool import NullPool
+
+from gridcore.errors import StateError
+from gridcore.state import schema
+
+DB_ENV = "GRIDCORE_DB_URL"
+HOME_ENV = "GRIDCORE_HOME"
+HEAD_REVISION = "0001"
+
+
+def state_dir() -> Path:
+    """Where the embedded default keeps its SQLite file and local site storage."""
+    return Path(os.environ.get(HOME_ENV) or Path.home() / ".gridcore")
+
+
+def default_db_url() -> str:
+    return os.environ.get(DB_ENV) or f"sqlite:///{state_dir() / 'state.db'}"
+
+
+class Store:
+    """The state database. Create with :func:`open_store`."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.is_sqlite = engine.dialect.name == "sqlite"
+
+    @contextmanager
+    def begin(self) -> Iterator[Connection]:
+        with self.engine.begin() as conn:
+            yield conn
+
+    def lock_site(self, conn: Connection, site: str) -> None:
+        """Serialize decisions that read-then-write one site's rows (PostgreSQL).
+        SQLite transactions are already exclusive (BEGIN IMMEDIATE)."""
+        if not self.is_sqlite:
+            conn.execute(
+                select(schema.sites.c.name).where(schema.sites.c.name == site).with_for_update()
+            )
+
+    def check_migrated(self) -> None:
+        tables = set(inspect(self.engine).get_table_names())
+        missing = {t.name for t in schema.metadata.sorted_tables} - tables
+        if missing:
+            raise StateError(
+                f"state database {self.engine.url.render_as_string(hide_password=True)} is not "
+                f"migrated (missing {sorted(missing)}): run `gridcore db upgrade`"
+            )
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def open_store(url: str | None = None, *, upgrade: bool = False, pool: bool = True) -> Store:
+    """Open (and optionally migrate) the state database at ``url`` or the default."""
+    url = url or default_db_url()
+    engine = _create_engine(url, pool)
+    store = Store(engine)
+    if upgrade:
+        upgrade_db(store)
+    return store
+
+
+def upgrade_db(store: Store) -> str:
+    """Run the Alembic migrations to head; returns the revision."""
+    from alembic import command
+    from alembic.config import Config
+
+    ini = resources.files("gridcore.state.migrations").joinpath("alembic.ini")
+    cfg = Config(str(ini))
+    cfg.set_main_option("script_location", str(Path(str(ini)).parent))
+    with store.engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")
+    return HEAD_REVISION
+
+
+def _create_engine(url: str, pool: bool) -> Engine:
+    kwargs: dict[str, Any] = {"future": True}
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[1] if "///" in url else ""
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        kwargs["connect_args"] = {"timeout": 60, "check_same_thread": False}
+        engine = create_engine(url, **kwargs)
+        _sqlite_immediate_transactions(engine)
+        return engine
+    if not pool:
+        kwargs["poolclass"] = NullPool
+    else:
+        kwargs["pool_pre_ping"] = True
+    return create_engine(url, **kwargs)
+
+
+def _sqlite_immediate_transactions(engine: Engine) -> None:
+    # pysqlite's own transaction handling defers BEGIN until the first write, which lets
+    # two processes read the same ledger and both write: take the write lock up front.
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA busy_timeout=60000")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
