@@ -7,6 +7,7 @@ and adapters build them from live state.
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -73,6 +74,10 @@ class GridSpec:
 
         known = ", ".join(s.name for s in self.sites)
         raise ConfigError(f"unknown site {name!r} (grid {self.source} has: {known})")
+
+    @functools.cached_property
+    def slowness_by_site(self) -> Mapping[str, float]:
+        return MappingProxyType({s.name: s.slowness for s in self.sites})
 
     @property
     def site_names(self) -> tuple[str, ...]:
@@ -194,7 +199,7 @@ class Outcome(enum.IntEnum):
 
 @dataclass(frozen=True)
 class SiteEstimate:
-    """The policy's estimate for one site; ``reasons`` are for people."""
+    """The policy's estimate for one site; ``reason`` renders it for people."""
 
     site: str
     effective_idle: int
@@ -203,7 +208,21 @@ class SiteEstimate:
     compute_s: float
     expected_wait_s: float
     completion_s: float
-    reason: str
+    needed: int = 0
+    reported_idle: int = 0
+    in_flight: int = 0
+    others_queued: int = 0
+
+    @property
+    def reason(self) -> str:
+        # Rendered on demand: a decision over 100 sites needs only one or two of these.
+        relation = ">=" if self.fits else "<"
+        wait = f", expected wait {self.expected_wait_s:.0f} s" if self.expected_wait_s else ""
+        return (
+            f"site {self.site}: {self.effective_idle} idle {relation} {self.needed} needed"
+            f" (reported {self.reported_idle}, ours in flight {self.in_flight},"
+            f" others queued {self.others_queued}){wait}; est. completion {self.completion_s:.0f} s"
+        )
 
 
 @dataclass(frozen=True)

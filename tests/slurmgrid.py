@@ -24,6 +24,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -51,7 +52,7 @@ TOML_FILE = "grid.toml"
 PARTITION = "debug"
 # Daemons live in /usr/sbin, which a non-login PATH may lack.
 _SEARCH_PATH = os.pathsep.join(["/usr/sbin", "/usr/bin", "/sbin", "/bin", os.environ["PATH"]])
-_BINARIES = ("munged", "slurmctld", "slurmd", "slurmrestd", "scontrol")
+_BINARIES = ("munged", "slurmctld", "slurmd", "slurmrestd", "scontrol", "squeue", "scancel")
 _JWT_PLUGIN_GLOB = "/usr/lib/*/slurm-wlm/auth_jwt.so"
 # Scan below the kernel's ephemeral range (32768+) so outgoing connections made by the
 # daemons themselves cannot grab a port between our probe and the daemon's bind.
@@ -153,6 +154,19 @@ def _binary(name: str) -> str:
     return found
 
 
+def _ensure_world_traversable(base_dir: Path) -> None:
+    """slurmrestd runs as nobody and must read the slurm.conf files, and munged wants its
+    socket reachable by all: every directory down to ``base_dir`` must be o+x."""
+    for directory in (base_dir, *base_dir.parents):
+        if not directory.stat().st_mode & stat.S_IXOTH:
+            raise SlurmGridError(
+                f"{directory} is not world-executable (mode "
+                f"{stat.S_IMODE(directory.stat().st_mode):o}); slurmrestd (user nobody) and "
+                f"munged need every directory above {base_dir} to be o+x -- use a directory "
+                "such as one made by tempfile.mkdtemp() under /tmp and chmod 755"
+            )
+
+
 def _tail(path: Path, lines: int = 25) -> str:
     try:
         text = path.read_text(errors="replace")
@@ -182,12 +196,14 @@ def _free_ports(count: int) -> list[int]:
 # --------------------------------------------------------------------------- manifest
 
 
-def _record_daemon(base_dir: Path, pid_file: Path, program: str) -> None:
+def _record_daemon(base_dir: Path, pid_file: Path, program: str, conf: Path | None = None) -> None:
     """Append a daemon to the manifest before it starts (so stop can find it)."""
-    manifest = base_dir / MANIFEST
     entries = _read_manifest(base_dir)
-    entries.append({"pid_file": str(pid_file), "program": program})
-    manifest.write_text(json.dumps(entries, indent=1))
+    entry = {"pid_file": str(pid_file), "program": program}
+    if conf is not None:
+        entry["conf"] = str(conf)
+    entries.append(entry)
+    (base_dir / MANIFEST).write_text(json.dumps(entries, indent=1))
 
 
 def _read_manifest(base_dir: Path) -> list[dict[str, str]]:
@@ -247,9 +263,33 @@ def _signal_all(pids: Iterable[int], sig: signal.Signals) -> None:
             continue
 
 
+def _squeue_ids(env: dict[str, str]) -> list[str]:
+    argv = [_binary("squeue"), "--noheader", "--format=%i"]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=20)
+    return done.stdout.split() if done.returncode == 0 else []
+
+
+def _cancel_all_jobs(entries: Sequence[dict[str, str]]) -> None:
+    """Cancel every live job: a job's slurmstepd outlives slurmd and slurmctld."""
+    envs = [
+        {**os.environ, "SLURM_CONF": e["conf"]}
+        for e in entries
+        if "conf" in e and _pid_of(Path(e["pid_file"]), e["program"]) is not None
+    ]
+    for env in envs:
+        ids = _squeue_ids(env)
+        if ids:
+            subprocess.run([_binary("scancel"), *ids], env=env, capture_output=True, timeout=20)
+    deadline = time.monotonic() + _STOP_TIMEOUT_S
+    while envs and time.monotonic() < deadline:
+        envs = [env for env in envs if _squeue_ids(env)]
+        time.sleep(0.1)
+
+
 def stop_grid_dir(base_dir: Path) -> None:
     """Stop every daemon listed in ``base_dir``'s manifest, by PID file. Idempotent."""
     entries = _read_manifest(base_dir)
+    _cancel_all_jobs(entries)
     # Slurm daemons first (reverse start order), munged last: they talk through it.
     munge = [e for e in entries if e["program"] == "munged"]
     slurm = [e for e in reversed(entries) if e["program"] != "munged"]
@@ -293,9 +333,7 @@ def _run_daemon(argv: Sequence[str], log: Path, what: str, env: dict[str, str]) 
         raise SlurmGridError(f"{what} exited with {done.returncode}\n{_tail(log)}")
 
 
-def _wait_for(
-    check: Callable[[], bool], what: str, logs: Sequence[Path], timeout_s: float
-) -> None:
+def _wait_for(check: Callable[[], bool], what: str, logs: Sequence[Path], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if check():
@@ -307,7 +345,7 @@ def _wait_for(
 
 def _start_munge(base_dir: Path) -> Path:
     mdir = base_dir / "munge"
-    mdir.mkdir(parents=True, exist_ok=True)
+    mdir.mkdir(exist_ok=True)
     # munged refuses a socket directory that is not exactly 0711.
     mdir.chmod(0o711)
     key = mdir / "munge.key"
@@ -389,7 +427,7 @@ def _start_controller_and_nodes(
     conf = cdir / "slurm.conf"
     conf.write_text(_slurm_conf(layout, cdir, munge_socket, ports))
     env = {**os.environ, "SLURM_CONF": str(conf)}
-    _record_daemon(base_dir, cdir / "slurmctld.pid", "slurmctld")
+    _record_daemon(base_dir, cdir / "slurmctld.pid", "slurmctld", conf)
     _run_daemon(
         [_binary("slurmctld"), "-f", str(conf), "-i"],
         cdir / "log" / "launch-slurmctld.log",
@@ -467,8 +505,9 @@ def _rest_get(session: requests.Session, cluster: SlurmCluster, path: str) -> di
 
 def _nodes_idle(session: requests.Session, cluster: SlurmCluster) -> bool:
     nodes = _rest_get(session, cluster, "nodes").get("nodes", [])
-    states = {n.get("name"): str(n.get("state", "")).lower() for n in nodes}
-    return all(states.get(node) == "idle" for node in cluster.nodes)
+    # A node that just registered can read "idle" with flags such as NOT_RESPONDING.
+    ready = {n.get("name") for n in nodes if n.get("state") == "idle" and not n.get("state_flags")}
+    return all(node in ready for node in cluster.nodes)
 
 
 def _wait_cluster_ready(session: requests.Session, cluster: SlurmCluster) -> None:
@@ -563,10 +602,11 @@ def start_grid(base_dir: Path, layouts: Sequence[ClusterLayout] = DEFAULT_LAYOUT
     """
     ensure_slurm_installed()
     base_dir = base_dir.resolve()
-    if _read_manifest(base_dir):
-        # A previous run's daemons in this directory would hold its ports and PID files.
-        stop_grid_dir(base_dir)
+    # A previous run's daemons in this directory would hold its ports and PID files.
+    stop_grid_dir(base_dir)
     base_dir.mkdir(parents=True, exist_ok=True)
+    base_dir.chmod(0o755)
+    _ensure_world_traversable(base_dir)
     (base_dir / MANIFEST).write_text("[]")
     grid = SlurmGrid(dir=base_dir, clusters=(), grid_toml=base_dir / TOML_FILE, env={})
     try:

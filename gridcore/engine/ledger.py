@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Iterable, Sequence
+from typing import Any
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, and_, case, func, insert, select, update
+from sqlalchemy import Connection, and_, bindparam, case, func, insert, select, update
 
 from gridcore.errors import RequestError, StateError
 from gridcore.model import (
@@ -31,6 +31,7 @@ from gridcore.model import (
 )
 from gridcore.policies.selection import InsufficientMode, Protocol, select_site
 from gridcore.state.schema import selections, sites
+from gridcore.state.store import Store
 
 # Weight of the newest finished job in the observed queue-wait/runtime averages.
 EWMA_WEIGHT = 0.3
@@ -66,40 +67,63 @@ def _site_row(spec: SiteSpec) -> dict[str, object]:
     }  # fmt: skip
 
 
+_SNAPSHOT_COLUMNS = select(
+    sites.c.name, sites.c.total_processors, sites.c.reported_idle, sites.c.claimed,
+    sites.c.queued, sites.c.external_pending, sites.c.pending_jobs, sites.c.usable,
+    sites.c.mean_queue_wait_s, sites.c.mean_runtime_s,
+)  # fmt: skip
+_FREE = sites.c.reported_idle - sites.c.external_pending - sites.c.claimed - sites.c.queued
+# Bind names carry a "b_" prefix: a parameter named like a column (``name``) would
+# otherwise be taken by SQLAlchemy as an extra SET clause of the UPDATE.
+_CLAIM = (
+    update(sites)
+    .where(and_(sites.c.name == bindparam("b_site"), _FREE >= bindparam("b_processors")))
+    .values(claimed=sites.c.claimed + bindparam("b_processors"))
+)
+_ADD = {
+    column: update(sites)
+    .where(sites.c.name == bindparam("b_site"))
+    .values({column: sites.c[column] + bindparam("b_processors")})
+    for column in ("claimed", "queued")
+}
+_INSERT_SELECTION = insert(selections)
+_SELECTION_FIELDS = (
+    "stream", "name", "site", "processors", "protocol", "mode", "outcome", "ledger",
+    "reasons", "state", "selected_at",
+)  # fmt: skip
+
+
+def _pg_insert_from(cte_update: Any) -> Any:
+    """INSERT the selection row only if the ledger UPDATE in the CTE matched its row."""
+    changed = cte_update.returning(sites.c.name).cte("changed")
+    values = select(*(bindparam(f"b_{f}") for f in _SELECTION_FIELDS)).select_from(changed)
+    return (
+        insert(selections)
+        .from_select(list(_SELECTION_FIELDS), values)
+        .returning(selections.c.id)
+    )
+
+
+_PG_CLAIM_INSERT = _pg_insert_from(_CLAIM)
+_PG_ADD_INSERT = {column: _pg_insert_from(stmt) for column, stmt in _ADD.items()}
+
+
 def read_snapshots(conn: Connection, grid: GridSpec) -> list[SiteSnapshot]:
     """One snapshot of every grid site, read in the caller's transaction."""
-    slowness = {s.name: s.slowness for s in grid.sites}
-    in_flight_jobs = dict(
-        conn.execute(
-            select(selections.c.site, func.count())
-            .where(selections.c.ledger.is_not(None))
-            .group_by(selections.c.site)
-        ).all()
-    )
-    snaps = []
-    for row in conn.execute(select(sites)).mappings():
-        if row["name"] not in slowness:
-            continue
-        snaps.append(
-            SiteSnapshot(
-                site=row["name"],
-                total_processors=row["total_processors"],
-                idle_processors=row["reported_idle"],
-                slowness=slowness[row["name"]],
-                in_flight_processors=row["claimed"] + row["queued"],
-                in_flight_jobs=int(in_flight_jobs.get(row["name"], 0)),
-                external_pending_processors=row["external_pending"],
-                pending_jobs=row["pending_jobs"],
-                usable=row["usable"],
-                mean_queue_wait_s=row["mean_queue_wait_s"],
-                mean_runtime_s=row["mean_runtime_s"],
-            )
-        )
-    return snaps
+    slowness = grid.slowness_by_site
+    return [
+        SiteSnapshot(
+            name, total, idle, slowness[name], claimed + queued, 0, pending_p, pending_n,
+            bool(usable), wait, runtime,
+        )  # fmt: skip
+        for (name, total, idle, claimed, queued, pending_p, pending_n, usable, wait, runtime)
+        in conn.execute(_SNAPSHOT_COLUMNS).all()
+        if name in slowness
+    ]
 
 
 def select_and_record(
-    store_begin: Callable[[], AbstractContextManager[Connection]],
+    store: Store,
     grid: GridSpec,
     request: JobRequest,
     protocol: Protocol,
@@ -108,25 +132,58 @@ def select_and_record(
     now: float,
     rng: random.Random,
 ) -> Recorded:
-    """Decide on a fresh snapshot and commit the decision, retrying on a lost claim."""
+    """Decide on a fresh snapshot and commit the decision, retrying on a lost claim.
+
+    On PostgreSQL the claim and the selection row are ONE statement (a data-modifying
+    CTE) in autocommit: the site row is locked only for that statement, and the snapshot
+    needs no transaction because the conditional UPDATE re-checks the room it relies on.
+    SQLite serializes writers anyway, so there it is one BEGIN IMMEDIATE transaction.
+    """
     for attempt in range(1, MAX_CLAIM_ATTEMPTS + 1):
-        with store_begin() as conn:
+        with store.begin_decision() as conn:
             decision = select_site(
-                request, read_snapshots(conn, grid), grid.bandwidth, protocol, mode, rng
+                request, read_snapshots(conn, grid), grid.bandwidth, protocol, mode, rng=rng
             )
             if decision.site is None:
                 raise RequestError(
                     f"request {request.name!r}: no site can run {request.processors} processors: "
                     + "; ".join(decision.reasons)
                 )
-            ledger = _apply_claim(conn, decision, request.processors, protocol)
-            if ledger is None:
-                continue  # another selector took those processors: rollback, look again
-            row_id = _insert_selection(conn, request, decision, ledger, stream, now)
+            row_id = _claim_and_insert(store, conn, request, decision, protocol, stream, now)
+            if row_id is None:
+                continue  # another selector took those processors: look again
             return Recorded(row_id, decision, now, attempt)
     raise StateError(
         f"request {request.name!r}: lost the claim race {MAX_CLAIM_ATTEMPTS} times in a row"
     )
+
+
+def _claim_and_insert(
+    store: Store,
+    conn: Connection,
+    request: JobRequest,
+    decision: SiteSelection,
+    protocol: Protocol,
+    stream: str,
+    now: float,
+) -> int | None:
+    ledger = "claimed" if decision.outcome is Outcome.FIT else "queued"
+    conditional = ledger == "claimed" and protocol is Protocol.STATEFUL
+    params = _selection_params(request, decision, ledger, stream, now)
+    if not store.is_sqlite:
+        statement = _PG_CLAIM_INSERT if conditional else _PG_ADD_INSERT[ledger]
+        bound = {f"b_{key}": value for key, value in params.items()}
+        bound["b_processors"] = request.processors
+        return conn.execute(statement, bound).scalar_one_or_none()
+    if conditional:
+        claim = {"b_site": decision.site, "b_processors": request.processors}
+        if conn.execute(_CLAIM, claim).rowcount != 1:
+            return None
+    else:
+        # naive/random do not honour in-flight work by definition; still record it so
+        # stateful selectors sharing the database see it.
+        _add(conn, str(decision.site), ledger, request.processors)
+    return _insert_selection(conn, params)
 
 
 def record_pinned(
@@ -149,53 +206,28 @@ def record_pinned(
     )
     ledger = "claimed" if fits else "queued"
     _add(conn, site, ledger, request.processors)
-    return Recorded(_insert_selection(conn, request, decision, ledger, stream, now), decision, now, 1)
-
-
-def _apply_claim(
-    conn: Connection, decision: SiteSelection, processors: int, protocol: Protocol
-) -> str | None:
-    assert decision.site is not None
-    if decision.outcome is not Outcome.FIT:
-        _add(conn, decision.site, "queued", processors)
-        return "queued"
-    if protocol is not Protocol.STATEFUL:
-        # naive/random do not honour in-flight work by definition; still record it so
-        # stateful selectors sharing the database see it.
-        _add(conn, decision.site, "claimed", processors)
-        return "claimed"
-    free = sites.c.reported_idle - sites.c.external_pending - sites.c.claimed - sites.c.queued
-    result = conn.execute(
-        update(sites)
-        .where(and_(sites.c.name == decision.site, free >= processors))
-        .values(claimed=sites.c.claimed + processors)
-    )
-    return "claimed" if result.rowcount == 1 else None
+    params = _selection_params(request, decision, ledger, stream, now)
+    return Recorded(_insert_selection(conn, params), decision, now, 1)
 
 
 def _add(conn: Connection, site: str, ledger: str, processors: int) -> None:
-    column = sites.c[ledger]
-    conn.execute(update(sites).where(sites.c.name == site).values({ledger: column + processors}))
+    conn.execute(_ADD[ledger], {"b_site": site, "b_processors": processors})
 
 
-def _insert_selection(
-    conn: Connection,
-    request: JobRequest,
-    decision: SiteSelection,
-    ledger: str,
-    stream: str,
-    now: float,
-) -> int:
-    outcome = {Outcome.FIT: "fit", Outcome.QUEUE: "queue"}[decision.outcome]
-    result = conn.execute(
-        insert(selections).values(
-            stream=stream, name=request.name, site=decision.site,
-            processors=request.processors, protocol=decision.protocol, mode=decision.mode,
-            outcome=outcome, ledger=ledger, reasons=json.dumps(list(decision.reasons)),
-            state=JobState.SELECTED.value, selected_at=now,
-        )  # fmt: skip
-    )
-    key = result.inserted_primary_key
+def _selection_params(
+    request: JobRequest, decision: SiteSelection, ledger: str, stream: str, now: float
+) -> dict[str, object]:
+    return {
+        "stream": stream, "name": request.name, "site": decision.site,
+        "processors": request.processors, "protocol": decision.protocol,
+        "mode": decision.mode, "outcome": "fit" if decision.outcome is Outcome.FIT else "queue",
+        "ledger": ledger, "reasons": json.dumps(list(decision.reasons)),
+        "state": JobState.SELECTED.value, "selected_at": now,
+    }  # fmt: skip
+
+
+def _insert_selection(conn: Connection, params: dict[str, object]) -> int:
+    key = conn.execute(_INSERT_SELECTION, params).inserted_primary_key
     if key is None:
         raise StateError("the database returned no id for the new selection")
     return int(key[0])

@@ -178,7 +178,7 @@ class GridRuntime:
             return self.record(rec.id)
         self.refresh(max_age_s)
         rec = ledger.select_and_record(
-            self.store.begin, self.grid, request, protocol, mode, stream, self.clock(), self.rng
+            self.store, self.grid, request, protocol, mode, stream, self.clock(), self.rng
         )
         return self.record(rec.id)
 

@@ -50,16 +50,16 @@ def select_site(
     bandwidth: Bandwidth,
     protocol: Protocol = Protocol.STATEFUL,
     mode: InsufficientMode = InsufficientMode.BEST,
-    rng: random.Random | None = None,
+    *,
+    rng: random.Random,
 ) -> SiteSelection:
     """Choose the site for ``request`` from one snapshot of every site."""
     candidates, reasons = _candidates(request, snapshots)
     if not candidates:
         return SiteSelection(None, Outcome.NO_FIT, protocol.value, mode.value, tuple(reasons))
     estimates = [estimate_site(request, snap, bandwidth, protocol) for snap in candidates]
-    chooser = rng if rng is not None else random.Random(0)
     if protocol is Protocol.RANDOM:
-        chosen = chooser.choice(estimates)
+        chosen = rng.choice(estimates)
         reasons.append(f"random protocol picked {chosen.site}")
         return _decision(chosen, estimates, protocol, mode, reasons)
     fitting = [e for e in estimates if e.fits]
@@ -68,7 +68,7 @@ def select_site(
         reasons.append(f"{best.site}: earliest estimated completion among {len(fitting)} fitting")
         return _decision(best, estimates, protocol, mode, reasons)
     reasons.append(f"no site has {request.processors} idle processors; mode {mode.value}")
-    chosen = _insufficient(request, candidates, estimates, mode, chooser)
+    chosen = _insufficient(estimates, mode, rng)
     return _decision(chosen, estimates, protocol, mode, reasons)
 
 
@@ -120,12 +120,11 @@ def estimate_site(
     compute = request.runtime_s * snapshot.slowness
     wait = expected_wait(request, snapshot, idle)
     completion = wait + transfer + compute
-    reason = (
-        f"site {snapshot.site}: {idle} idle {'>=' if fits else '<'} {request.processors} needed"
-        f" (reported {snapshot.idle_processors}, ours in flight {snapshot.in_flight_processors},"
-        f" others queued {snapshot.external_pending_processors}); est. {completion:.0f} s"
-    )
-    return SiteEstimate(snapshot.site, idle, fits, transfer, compute, wait, completion, reason)
+    return SiteEstimate(
+        snapshot.site, idle, fits, transfer, compute, wait, completion, request.processors,
+        snapshot.idle_processors, snapshot.in_flight_processors,
+        snapshot.external_pending_processors,
+    )  # fmt: skip
 
 
 def _candidates(
@@ -147,8 +146,6 @@ def _candidates(
 
 
 def _insufficient(
-    request: JobRequest,
-    candidates: Sequence[SiteSnapshot],
     estimates: Sequence[SiteEstimate],
     mode: InsufficientMode,
     rng: random.Random,
@@ -158,13 +155,8 @@ def _insufficient(
     if mode is InsufficientMode.BEST:
         # "the resource with the largest number of idle CPUs, even if that number is
         # negative because multiple jobs have been dispatched to it" (Sec. 4).
-        return max(estimates, key=lambda e: (e.effective_idle, -e.completion_s, _neg(e.site)))
+        return min(estimates, key=lambda e: (-e.effective_idle, e.completion_s, e.site))
     return min(estimates, key=lambda e: (e.completion_s, -e.effective_idle, e.site))
-
-
-def _neg(name: str) -> tuple[int, ...]:
-    # Reverses name order inside max() so ties resolve to the alphabetically first site.
-    return tuple(-ord(c) for c in name)
 
 
 def _decision(

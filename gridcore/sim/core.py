@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 from gridcore.errors import GridError
 
-Callback = Callable[[], None]
+# The return value is ignored; accepting any lets `lambda: sim.schedule(...)` be a callback.
+Callback = Callable[[], object]
 
 
 class SimulationError(GridError):

@@ -355,6 +355,7 @@ class _SelectionModel:
         }
         self._states: dict[str, _State] = {}
         self._interval = monitor_interval_s
+        self._ticks = 0
         self._report: dict[str, SiteObservation] = {}
         self._reports: list[SiteObservation] = []
         self._unfinished = 0
@@ -389,7 +390,8 @@ class _SelectionModel:
         snapshots = [self._snapshot(site, state, config) for site in self._sites.values()]
         request = JobRequest(job.name, job.processors, job.runtime_s)
         decision = select_site(
-            request, snapshots, _no_transfer, config.protocol, config.mode, self._rngs[job.stream]
+            request, snapshots, _no_transfer, config.protocol, config.mode,
+            rng=self._rngs[job.stream],
         )
         if decision.site is None:
             # Validation guarantees some site is large enough, so this is a model bug.
@@ -461,9 +463,11 @@ class _SelectionModel:
             report = SiteObservation(name, site.spec.processors, site.free, tuple(jobs), now)
             self._report[name] = report
             self._reports.append(report)
-        # Stop once everything has completed, or the heap would never drain.
+        # Stop once everything has completed, or the heap would never drain. Tick k is at
+        # k * interval exactly, so repeated additions cannot drift.
         if self._unfinished > 0:
-            self._sim.schedule_in(self._interval, self._monitor, _MONITOR)
+            self._ticks += 1
+            self._sim.schedule(self._ticks * self._interval, self._monitor, _MONITOR)
 
 
 def _waits(placed: Iterable[_Placed]) -> list[float]:

@@ -41,10 +41,29 @@ class Store:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.is_sqlite = engine.dialect.name == "sqlite"
+        self._autocommit: Engine | None = None
 
     @contextmanager
     def begin(self) -> Iterator[Connection]:
         with self.engine.begin() as conn:
+            yield conn
+
+    @contextmanager
+    def begin_decision(self) -> Iterator[Connection]:
+        """A connection for one selection decision: a transaction on SQLite; autocommit
+        on PostgreSQL, where the decision commits as a single statement."""
+        if self.is_sqlite:
+            with self.engine.begin() as conn:
+                yield conn
+            return
+        if self._autocommit is None:
+            # Its own small pool: no pre-ping and no rollback-on-return, which would each
+            # cost a round trip per decision; a broken connection surfaces as an error.
+            self._autocommit = create_engine(
+                self.engine.url, isolation_level="AUTOCOMMIT", pool_reset_on_return=None,
+                pool_size=2, max_overflow=2,
+            )  # fmt: skip
+        with self._autocommit.connect() as conn:
             yield conn
 
     def lock_site(self, conn: Connection, site: str) -> None:
@@ -66,6 +85,8 @@ class Store:
 
     def dispose(self) -> None:
         self.engine.dispose()
+        if self._autocommit is not None:
+            self._autocommit.dispose()
 
 
 def open_store(url: str | None = None, *, upgrade: bool = False, pool: bool = True) -> Store:

@@ -1,0 +1,192 @@
+"""Benchmarks: ``gridcore bench selection``.
+
+Each decision is the live engine's hot path: read a snapshot of every site in one
+transaction, run the stateful policy, and commit the claim and the selection row
+(:func:`gridcore.engine.ledger.select_and_record`). Site I/O is left out on purpose: it
+is the sites' latency, not ours.
+
+* ``decisions_per_s``: one process, 100 sites, 1,000 in-flight rows, SQLite.
+* ``concurrent_decisions_per_s``: 8 processes against one PostgreSQL database, started
+  together; total decisions over the wall time of the slowest process.
+* ``overcommit_events``: after the concurrent run, sites whose claimed processors exceed
+  what they granted (reported idle minus others' queue) plus sites whose ledger counters
+  disagree with the selection rows; ``lost_rows``: decisions made but not in the DB.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from sqlalchemy import create_engine, func, insert, select, text, update
+
+from gridcore.engine import ledger
+from gridcore.model import ORIGIN, GridSpec, JobRequest, JobState, SiteKind, SiteSpec
+from gridcore.policies.selection import InsufficientMode, Protocol
+from gridcore.state.schema import selections, sites
+from gridcore.state.store import Store, open_store
+
+PG_ENV = "GRIDCORE_BENCH_PG_URL"
+DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+
+@dataclass(frozen=True)
+class BenchGrid:
+    grid: GridSpec
+    idle: dict[str, int]
+
+
+def make_grid(n_sites: int, seed: int) -> BenchGrid:
+    rng = random.Random(seed)
+    specs = tuple(
+        SiteSpec(f"site{i:03d}", SiteKind.SLURM, rng.choice((64, 128, 256, 512)), rng.uniform(1.0, 2.0))
+        for i in range(n_sites)
+    )
+    bandwidth = {(ORIGIN, s.name): rng.uniform(10.0, 1000.0) for s in specs}
+    grid = GridSpec(specs, MappingProxyType(bandwidth), 100.0, "<bench>")
+    idle = {s.name: rng.randint(s.processors // 4, s.processors) for s in specs}
+    return BenchGrid(grid, idle)
+
+
+def seed_state(store: Store, bench: BenchGrid, in_flight: int, seed: int) -> None:
+    """Register the sites, store an observation, and add ``in_flight`` of our jobs not
+    yet visible: claims where the site still has room, queued otherwise."""
+    rng = random.Random(seed)
+    names = bench.grid.site_names
+    free = dict(bench.idle)
+    rows = []
+    for i in range(in_flight):
+        site, procs = rng.choice(names), rng.randint(1, 4)
+        kind = "claimed" if free[site] >= procs else "queued"
+        free[site] -= procs if kind == "claimed" else 0
+        rows.append({"stream": "seed", "name": f"seed{i}", "site": site, "processors": procs,
+                     "protocol": "stateful", "mode": "best", "outcome": "fit" if kind == "claimed" else "queue",
+                     "ledger": kind, "reasons": "[]", "state": JobState.PENDING.value, "selected_at": 0.0})  # fmt: skip
+    with store.begin() as conn:
+        ledger.register_sites(conn, bench.grid)
+        conn.execute(insert(selections), rows)
+        for name in names:
+            mine = [r for r in rows if r["site"] == name]
+            conn.execute(
+                update(sites).where(sites.c.name == name).values(
+                    reported_idle=bench.idle[name], observed_at=1.0,
+                    claimed=sum(r["processors"] for r in mine if r["ledger"] == "claimed"),
+                    queued=sum(r["processors"] for r in mine if r["ledger"] == "queued"),
+                )  # fmt: skip
+            )
+
+
+def run_decisions(store: Store, bench: BenchGrid, count: int, seed: int, stream: str) -> float:
+    """Make ``count`` decisions; returns elapsed seconds."""
+    rng = random.Random(seed)
+    requests = [JobRequest(f"{stream}-{i}", rng.randint(1, 8), 600.0, rng.randint(0, 500) * 1_000_000) for i in range(count)]
+    start = time.perf_counter()
+    for req in requests:
+        ledger.select_and_record(
+            store, bench.grid, req, Protocol.STATEFUL, InsufficientMode.BEST, stream, time.time(), rng
+        )
+    return time.perf_counter() - start
+
+
+def bench_sqlite(n_sites: int = 100, in_flight: int = 1000, decisions: int = 2000, seed: int = 0) -> dict[str, Any]:
+    bench = make_grid(n_sites, seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = open_store(f"sqlite:///{tmp}/bench.db", upgrade=True)
+        seed_state(store, bench, in_flight, seed)
+        run_decisions(store, bench, 50, seed + 1, "warmup")
+        elapsed = run_decisions(store, bench, decisions, seed + 2, "bench")
+        problems = check_ledger(store, bench)
+        store.dispose()
+    return {"decisions": decisions, "seconds": round(elapsed, 4), "decisions_per_s": round(decisions / elapsed, 1),
+            "ledger_problems": problems}  # fmt: skip
+
+
+@contextmanager
+def pg_schema(base_url: str) -> Iterator[str]:
+    """A throw-away schema in the benchmark database, so nothing real is touched."""
+    schema = f"gc_bench_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(base_url)
+    with admin.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    sep = "&" if "?" in base_url else "?"
+    try:
+        yield f"{base_url}{sep}options=-csearch_path%3D{schema}"
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+def _worker(url: str, n_sites: int, seed: int, index: int, count: int, barrier: Any, out: Any) -> None:
+    bench = make_grid(n_sites, seed)
+    store = open_store(url, pool=True)
+    run_decisions(store, bench, 5, seed + 100 + index, f"warm{index}")
+    barrier.wait()
+    start = time.time()
+    elapsed = run_decisions(store, bench, count, seed + 200 + index, f"p{index}")
+    out.put((index, start, start + elapsed, count))
+    store.dispose()
+
+
+def bench_postgres(url: str, processes: int = 8, per_process: int = 250, n_sites: int = 100,
+                   in_flight: int = 1000, seed: int = 0) -> dict[str, Any]:  # fmt: skip
+    bench = make_grid(n_sites, seed)
+    with pg_schema(url) as scoped:
+        store = open_store(scoped, upgrade=True)
+        seed_state(store, bench, in_flight, seed)
+        ctx = multiprocessing.get_context("spawn")
+        barrier, out = ctx.Barrier(processes), ctx.Queue()
+        procs = [ctx.Process(target=_worker, args=(scoped, n_sites, seed, i, per_process, barrier, out))
+                 for i in range(processes)]  # fmt: skip
+        for p in procs:
+            p.start()
+        results = [out.get(timeout=600) for _ in procs]
+        for p in procs:
+            p.join(timeout=60)
+        starts, ends = min(r[1] for r in results), max(r[2] for r in results)
+        made = sum(r[3] for r in results) + 5 * processes
+        problems = check_ledger(store, bench)
+        with store.begin() as conn:
+            rows = conn.execute(select(func.count()).select_from(selections).where(selections.c.stream != "seed")).scalar_one()
+        store.dispose()
+    total = processes * per_process
+    return {"processes": processes, "decisions": total, "seconds": round(ends - starts, 4),
+            "concurrent_decisions_per_s": round(total / (ends - starts), 1),
+            "overcommit_events": len(problems), "lost_rows": made - int(rows), "ledger_problems": problems}  # fmt: skip
+
+
+def check_ledger(store: Store, bench: BenchGrid) -> list[str]:
+    """Every way the ledger could be wrong, as readable lines (empty when sound)."""
+    problems = []
+    with store.begin() as conn:
+        totals = ledger.ledger_totals(conn)
+        granted = {r.name: r.reported_idle - r.external_pending for r in conn.execute(select(sites))}
+    for site, (claimed, claimed_rows, queued, queued_rows) in totals.items():
+        if claimed != claimed_rows or queued != queued_rows:
+            problems.append(f"{site}: counters {claimed}/{queued} != rows {claimed_rows}/{queued_rows}")
+        if claimed > granted[site]:
+            problems.append(f"{site}: claimed {claimed} > granted {granted[site]}")
+    return problems
+
+
+def bench_selection(pg_url: str | None = None, decisions: int = 2000, per_process: int = 250) -> dict[str, Any]:
+    single = bench_sqlite(decisions=decisions)
+    concurrent = bench_postgres(pg_url or os.environ.get(PG_ENV) or DEFAULT_PG_URL, per_process=per_process)
+    return {
+        "decisions_per_s": single["decisions_per_s"],
+        "concurrent_decisions_per_s": concurrent["concurrent_decisions_per_s"],
+        "overcommit_events": concurrent["overcommit_events"] + len(single["ledger_problems"]),
+        "lost_rows": concurrent["lost_rows"],
+        "sqlite": single,
+        "postgres": concurrent,
+        "setup": {"sites": 100, "in_flight_rows": 1000, "protocol": "stateful", "mode": "best"},
+    }

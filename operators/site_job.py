@@ -1,0 +1,297 @@
+"""Run one job on a grid site chosen by gridcore's selection policy (or pinned).
+
+The operator is thin: validate, ``GridRuntime.select`` + ``submit``, then defer to
+:class:`~sensors.triggers.SiteJobTrigger`; the result is plain JSON for XCom.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import BaseOperator, Context
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from gridcore.engine.runtime import GridRuntime, JobRecord
+from gridcore.errors import ConfigError, GridError, RequestError, StateError
+from gridcore.model import JobRequest, JobState, JobSubmission
+from gridcore.policies.selection import InsufficientMode, Protocol
+from sensors.triggers import SiteJobTrigger, checked_event, event_for_record, wait_blocking
+
+AUTO_SITE = "auto"
+INPUTS_ENV = "GRIDCORE_INPUTS"
+SELECTION_KEY = "gridcore_selection_id"  # in the task state store, shared by all tries
+RESULT_KEYS = ("site", "job_id", "state", "selected_at", "started_at", "finished_at", "queued_s")
+_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+_NAME_MAX = 200  # Slurm truncates longer names in some views; selections.name is 256
+
+
+@dataclass(frozen=True)
+class _Validated:
+    request: JobRequest
+    submission: JobSubmission
+    protocol: Protocol
+    mode: InsufficientMode
+    stream: str
+
+
+class SiteJobOperator(BaseOperator):
+    """Run ``command`` with ``processors`` processors on a gridcore site.
+
+    :param command: shell command run at the site (templated). The job sees
+        ``GRIDCORE_SITE``, ``GRIDCORE_JOB_ID``, ``GRIDCORE_PROCESSORS`` and, if
+        ``input_files`` are given, ``GRIDCORE_INPUTS`` (their absolute paths joined by
+        ``os.pathsep``).
+    :param processors: processors the job needs (> 0).
+    :param input_files: paths whose total size is the request's ``input_bytes``
+        (templated); each must exist when the task runs.
+    :param runtime_s: estimated runtime on a reference site, seconds (>= 0).
+    :param site: ``"auto"`` for policy selection, or the name of a grid site to pin.
+    :param protocol: ``stateful`` | ``naive`` | ``random``.
+    :param insufficient_mode: ``best`` | ``random`` | ``earliest`` when no site has room.
+    :param stream: selection stream (templated); default: the DAG id.
+    :param env: extra environment for the job (templated).
+    :param grid_file: grid description; default ``$GRIDCORE_GRID`` or the embedded grid.
+    :param db_url: state database URL; default ``$GRIDCORE_DB_URL`` or SQLite.
+    :param poll_interval: seconds between status polls while waiting.
+    :param deferrable: wait in the triggerer (default) instead of holding a worker slot.
+
+    Returns (XCom) ``{"site", "job_id", "state", "selected_at", "started_at",
+    "finished_at", "queued_s", "selection_id"}``; times are epoch seconds.
+    """
+
+    template_fields: Sequence[str] = ("command", "input_files", "site", "stream", "env")
+    ui_color = "#d9ead3"
+
+    def __init__(
+        self,
+        *,
+        command: str,
+        processors: int = 1,
+        input_files: Sequence[str] | None = None,
+        runtime_s: float = 600.0,
+        site: str = AUTO_SITE,
+        protocol: str = Protocol.STATEFUL.value,
+        insufficient_mode: str = InsufficientMode.BEST.value,
+        stream: str | None = None,
+        env: Mapping[str, str] | None = None,
+        grid_file: str | None = None,
+        db_url: str | None = None,
+        poll_interval: float = 2.0,
+        deferrable: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.command = command
+        self.processors = processors
+        self.input_files = input_files
+        self.runtime_s = runtime_s
+        self.site = site
+        self.protocol = protocol
+        self.insufficient_mode = insufficient_mode
+        self.stream = stream
+        self.env = env
+        self.grid_file = grid_file
+        self.db_url = db_url
+        self.poll_interval = poll_interval
+        self.deferrable = deferrable
+        self._selection_id: int | None = None
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        job = self._validate(context)
+        state = _state_store(context)
+        with _translated(job.request.name):
+            runtime = GridRuntime.open(self.grid_file, self.db_url)
+        try:
+            with _translated(job.request.name):
+                record = self._resume(runtime, state, job)
+                if record is None:
+                    record = self._select_and_submit(runtime, state, job)
+            self._selection_id = record.selection_id
+            if record.finished:  # an earlier try's job completed: its result stands
+                return self.execute_complete(context, dict(event_for_record(record)))
+            if self.deferrable:
+                self.defer(
+                    trigger=SiteJobTrigger(
+                        record.selection_id, self.grid_file, self.db_url, self.poll_interval
+                    ),
+                    method_name="execute_complete",
+                )
+            event = wait_blocking(runtime, record.selection_id, self.poll_interval)
+        finally:
+            runtime.store.dispose()
+        return self.execute_complete(context, dict(event))
+
+    def _select_and_submit(self, runtime: GridRuntime, state: Any, job: _Validated) -> JobRecord:
+        pinned = _pinned_site(runtime, self.site)
+        record = runtime.select(job.request, job.protocol, job.mode, job.stream, site=pinned)
+        if state is not None:
+            # Persisted between select and submit, so a retry after a worker crash (or
+            # after Airflow failing the task on a stale executor event) finds the job
+            # instead of submitting a duplicate; submit() itself never submits twice.
+            state.set(SELECTION_KEY, record.selection_id)
+        record = runtime.submit(record.selection_id, job.submission)
+        self.log.info(
+            "selection %s: %s on site %s as job %s (%s)", record.selection_id,
+            job.request.name, record.site, record.job_id, "; ".join(record.reasons),
+        )  # fmt: skip
+        return record
+
+    def _resume(self, runtime: GridRuntime, state: Any, job: _Validated) -> JobRecord | None:
+        """The selection an earlier try of this task instance made, if it still counts:
+        running or queued (reattach), not yet submitted (submit it now), or completed
+        (its result stands). None when there is none or its job failed (start afresh)."""
+        prior = state.get(SELECTION_KEY) if state is not None else None
+        if isinstance(prior, bool) or not isinstance(prior, int):
+            return None
+        try:
+            record = runtime.record(prior)
+        except StateError:
+            return None  # a different state database than the earlier try used
+        if record.finished and record.state != JobState.COMPLETED.value:
+            self.log.info("selection %s of an earlier try %s; starting afresh", prior, record.state)
+            return None
+        if record.job_id is None and not record.finished:
+            record = runtime.submit(prior, job.submission)
+        self.log.info("resuming selection %s: job %s on site %s is %s", prior, record.job_id,
+                      record.site, record.state)  # fmt: skip
+        return record
+
+    def execute_complete(self, context: Context, event: Any = None) -> dict[str, Any]:
+        """Map the trigger's event to the XCom result or an Airflow failure. Everything
+        comes from the event: ``dag.test()`` in Airflow 3.3.2 drops ``defer(kwargs=)``."""
+        try:
+            checked = checked_event(event)
+        except ValueError as exc:
+            raise AirflowException(str(exc)) from exc
+        state = _state_store(context)
+        if state is not None and checked["status"] != "error":
+            # The job is over: a later clear or retry must run a new one. After an "error"
+            # (the job's fate unknown) the next try reattaches instead.
+            state.delete(SELECTION_KEY)
+        if checked["status"] != "success" or checked["record"] is None:
+            raise AirflowException(
+                f"selection {checked['selection_id']}: {checked['status']}: {checked['message']}"
+            )
+        record = checked["record"]
+        result = {key: record.get(key) for key in RESULT_KEYS}
+        result["selection_id"] = checked["selection_id"]
+        return result
+
+    def on_kill(self) -> None:
+        # Runs on the worker only while execute() is still here (selecting, submitting or
+        # polling without deferral); a deferred wait is cancelled by SiteJobTrigger.on_kill.
+        if self._selection_id is None:
+            return
+        runtime = GridRuntime.open(self.grid_file, self.db_url)
+        try:
+            record = runtime.cancel(self._selection_id)
+            self.log.info("cancelled selection %s (job %s)", record.selection_id, record.job_id)
+        except GridError as exc:
+            self.log.warning("could not cancel selection %s: %s", self._selection_id, exc)
+        finally:
+            runtime.store.dispose()
+
+    # -- validation: everything is checked before anything is selected or submitted --
+
+    def _validate(self, context: Context) -> _Validated:
+        command = self.command
+        if not isinstance(command, str) or not command.strip():
+            raise AirflowFailException(f"{self.task_id}: command must be a non-empty string")
+        processors = _positive_int("processors", self.processors)
+        runtime_s = _non_negative("runtime_s", self.runtime_s)
+        protocol = _enum(Protocol, "protocol", self.protocol)
+        mode = _enum(InsufficientMode, "insufficient_mode", self.insufficient_mode)
+        inputs = _input_paths(self.input_files)
+        name = job_name(self.dag_id, self.task_id, _map_index(context))
+        env = {str(k): str(v) for k, v in (self.env or {}).items()}
+        if inputs:
+            env[INPUTS_ENV] = os.pathsep.join(str(p) for p in inputs)
+        input_bytes = sum(p.stat().st_size for p in inputs)
+        stream = self.stream if self.stream else self.dag_id
+        return _Validated(
+            JobRequest(name, processors, runtime_s, input_bytes=input_bytes),
+            JobSubmission(name, command, processors, env=env),
+            protocol,
+            mode,
+            str(stream),
+        )
+
+
+@contextmanager
+def _translated(name: str) -> Iterator[None]:
+    """gridcore errors as Airflow failures: bad input (a malformed grid, an impossible
+    request) fails without retries, anything else (a site, the state DB) may be retried."""
+    try:
+        yield
+    except (ConfigError, RequestError) as exc:
+        raise AirflowFailException(f"{name}: {exc}") from exc
+    except GridError as exc:
+        raise AirflowException(f"{name}: {exc}") from exc
+
+
+def job_name(dag_id: str, task_id: str, map_index: int) -> str:
+    """``dag.task.map_index`` with anything a batch system might mangle replaced by ``_``."""
+    return _NAME_UNSAFE.sub("_", f"{dag_id}.{task_id}.{map_index}")[:_NAME_MAX]
+
+
+def _state_store(context: Mapping[str, Any] | None) -> Any:
+    """Airflow 3.3's per-task-instance store (shared by all tries); None outside a task."""
+    return context.get("task_state_store") if context else None
+
+
+def _map_index(context: Mapping[str, Any]) -> int:
+    ti = context.get("ti") if context else None
+    index = getattr(ti, "map_index", None)
+    return index if isinstance(index, int) else -1
+
+
+def _pinned_site(runtime: GridRuntime, site: Any) -> str | None:
+    if site == AUTO_SITE:
+        return None
+    names = runtime.grid.site_names
+    if not isinstance(site, str) or site not in names:
+        raise AirflowFailException(
+            f"site {site!r} is not in grid {runtime.grid.source} (sites: {', '.join(names)});"
+            f" use {AUTO_SITE!r} to let gridcore choose"
+        )
+    return site
+
+
+def _positive_int(field: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise AirflowFailException(f"{field}: must be a positive integer, got {value!r}")
+    return value
+
+
+def _non_negative(field: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise AirflowFailException(f"{field}: must be a number >= 0, got {value!r}")
+    return float(value)
+
+
+def _enum(kind: type[Protocol] | type[InsufficientMode], field: str, value: Any) -> Any:
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = ", ".join(m.value for m in kind)
+        raise AirflowFailException(f"{field}: must be one of {allowed}, got {value!r}") from None
+
+
+def _input_paths(files: Any) -> list[Path]:
+    if files is None:
+        return []
+    if isinstance(files, str):
+        files = [files]
+    if not isinstance(files, Sequence):
+        raise AirflowFailException(f"input_files: must be a list of paths, got {files!r}")
+    paths = [Path(str(f)).expanduser().resolve() for f in files]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise AirflowFailException(f"input_files: not found (or not a file): {', '.join(missing)}")
+    return paths

@@ -1,0 +1,39 @@
+"""Session setup every test tier shares: a private Airflow home.
+
+Airflow reads ``AIRFLOW_HOME`` (and writes ``airflow.cfg`` there) the first time it is
+imported, which can happen while collecting any test module (the operator and trigger
+unit tests import it). So the environment is set in ``pytest_configure``, before any
+test module is imported, and points at a temporary directory: tests never touch the
+developer's ``~/airflow``. The Airflow metadata database is created only by the tiers
+that need it (``tests/integration/conftest.py`` runs ``airflow db migrate``).
+
+Keep this file minimal: tier-specific setup belongs in the tier's own conftest.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+_HOME = pytest.StashKey[Path]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    home = Path(tempfile.mkdtemp(prefix="gridcore-airflow-"))
+    config.stash[_HOME] = home
+    os.environ["AIRFLOW_HOME"] = str(home)
+    os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")
+    os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+    # A DAG the tests run must not wait for someone to unpause it.
+    os.environ["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "False"
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    home = config.stash.get(_HOME, None)
+    if home is not None:
+        shutil.rmtree(home, ignore_errors=True)

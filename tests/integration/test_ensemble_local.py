@@ -1,0 +1,121 @@
+"""The ensemble_surge example DAG end to end on the embedded local sites.
+
+Two runs, because Airflow offers two ways and each hides something the other shows:
+
+* ``dag.test()`` (in-process, triggers inline): the operator -> trigger -> execute_complete
+  contract, XComs, and agreement with gridcore's state DB.
+* the real scheduler, dag-processor, triggerer and LocalExecutor: a forcing file dropped
+  into the watched directory triggers the run through the asset watcher, and the members
+  arrive as a burst. ``dag.test()`` cannot show that: it runs mapped task instances one
+  at a time and each trigger to completion before the next member starts, so every
+  member sees idle sites and the stateful selection never has anything to spread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gridcore.engine.ledger import ledger_totals
+from gridcore.engine.runtime import GridRuntime
+from tests.integration.airflow_services import (
+    AirflowServices,
+    task_states,
+    wait_for_run,
+    xcom_values,
+)
+from tests.integration.conftest import IntegrationEnv
+
+pytestmark = pytest.mark.airflow
+DAG_ID = "ensemble_surge"
+RESULT_KEYS = {"site", "job_id", "state", "selected_at", "started_at", "finished_at",
+               "queued_s", "selection_id"}  # fmt: skip
+
+
+def test_dag_test_runs_every_member_to_completion(dagbag: Any, airflow_env: IntegrationEnv) -> None:
+    dag = dagbag.dags[DAG_ID]
+    members = 4
+    run = dag.test(run_conf={"storm": "manual", "members": members, "runtime_s": 1})
+
+    states = task_states(DAG_ID, run.run_id)
+    assert run.state == "success", states
+    results = xcom_values(DAG_ID, run.run_id, "member")
+    assert sorted(results) == list(range(members))
+    assert_members_completed(results)
+    assert_state_db_agrees(results, f"{DAG_ID}.member")
+    summary = xcom_values(DAG_ID, run.run_id, "summary")[-1]
+    assert [row["site"] for row in summary["members"]] == [
+        results[i]["site"] for i in range(members)
+    ]
+    assert sum(summary["per_site"].values()) == members
+
+
+@pytest.fixture(scope="module")
+def services(airflow_env: IntegrationEnv) -> Iterator[AirflowServices]:
+    running = AirflowServices.start(airflow_env.base / "services-local")
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def test_forcing_file_burst_spreads_over_sites(
+    services: AirflowServices, airflow_env: IntegrationEnv
+) -> None:
+    # 6 members x 2 processors = 12 > the 8 processors of the best site (local-a).
+    forcing = {"storm": "alberto", "members": 6, "processors": 2, "runtime_s": 2}
+    drop_forcing_file(airflow_env.forcing_dir, "alberto.json", forcing)
+
+    run = wait_for_run(DAG_ID, "asset_triggered", 180, services)
+
+    states = task_states(DAG_ID, run.run_id)
+    assert run.state == "success", (states, services.log_tail("scheduler"))
+    results = xcom_values(DAG_ID, run.run_id, "member")
+    assert sorted(results) == list(range(forcing["members"]))
+    assert_members_completed(results)
+    sites = {r["site"] for r in results.values()}
+    assert len(sites) > 1, f"the burst all went to {sites}"
+    assert_state_db_agrees(results, f"{DAG_ID}.member")
+    # The watcher consumed the file: it fired once and cannot fire again.
+    assert not (airflow_env.forcing_dir / "alberto.json").exists()
+    consumed = list((airflow_env.forcing_dir / "consumed").glob("*alberto.json"))
+    assert len(consumed) == 1
+
+
+def drop_forcing_file(directory: Path, name: str, forcing: Mapping[str, Any]) -> None:
+    """Write under a name the watcher ignores, then rename into place (atomic)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    partial = directory / f".{name}.partial"
+    partial.write_text(json.dumps(forcing))
+    os.rename(partial, directory / name)
+
+
+def assert_members_completed(results: Mapping[int, Mapping[str, Any]]) -> None:
+    for index, result in results.items():
+        assert set(result) == RESULT_KEYS, index
+        assert result["state"] == "completed", (index, result)
+        assert result["job_id"], (index, result)
+        assert result["queued_s"] is not None and result["queued_s"] >= 0, (index, result)
+
+
+def assert_state_db_agrees(results: Mapping[int, Mapping[str, Any]], name_prefix: str) -> None:
+    runtime = GridRuntime.open()
+    try:
+        for index, result in results.items():
+            record = runtime.record(result["selection_id"])
+            assert record.name == f"{name_prefix}.{index}"
+            assert (record.site, record.job_id, record.state) == (
+                result["site"], result["job_id"], "completed",
+            )  # fmt: skip
+        with runtime.store.begin() as conn:
+            totals = ledger_totals(conn)
+    finally:
+        runtime.store.dispose()
+    # Nothing is left in flight: every claimed/queued processor was released.
+    assert {site: t for site, t in totals.items() if any(t)} == {}
+    assert set(totals) == {"local-a", "local-b", "local-c"}

@@ -1,0 +1,65 @@
+"""The real three-cluster Slurm grid, started once per test session.
+
+If the grid cannot start, the tests skip -- except on CI (``CI=true``), where a missing
+grid is a broken environment and must fail loudly instead of passing vacuously.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gridcore.errors import GridError
+from gridcore.model import CredentialRef, SiteKind, SiteSpec
+from gridcore.sites.slurm import SlurmSite
+from tests.slurmgrid import SlurmCluster, SlurmGrid, start_grid, stop_grid
+
+
+@pytest.fixture(scope="session")
+def slurm_grid() -> Iterator[SlurmGrid]:
+    # Not tmp_path_factory: its 0700 directories keep out slurmrestd, which runs as nobody.
+    base = Path(tempfile.mkdtemp(prefix="gridcore-slurm-"))
+    try:
+        grid = start_grid(base)
+    except (GridError, OSError, subprocess.SubprocessError) as exc:
+        shutil.rmtree(base, ignore_errors=True)
+        reason = f"cannot start the Slurm test grid: {exc}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    try:
+        yield grid
+    finally:
+        stop_grid(grid)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def site_spec(cluster: SlurmCluster) -> SiteSpec:
+    """The SiteSpec the grid TOML describes for ``cluster``."""
+    return SiteSpec(
+        name=cluster.name,
+        kind=SiteKind.SLURM,
+        processors=cluster.cpus,
+        url=cluster.rest_url,
+        partition="debug",
+        user="root",
+        token=CredentialRef(env=cluster.token_env),
+        storage_dir=str(cluster.storage_dir),
+        timeout_s=15.0,
+    )
+
+
+@pytest.fixture(scope="session")
+def slurm_sites(slurm_grid: SlurmGrid) -> Iterator[dict[str, SlurmSite]]:
+    sites = {c.name: SlurmSite(site_spec(c), c.token) for c in slurm_grid.clusters}
+    try:
+        yield sites
+    finally:
+        for site in sites.values():
+            site.close()

@@ -1,0 +1,324 @@
+"""SiteJobTrigger and ForcingFileTrigger against a real GridRuntime (temp SQLite + the
+embedded local sites) and a real directory."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import os
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gridcore.engine.runtime import GridRuntime, JobRecord
+from gridcore.errors import SiteUnavailable
+from gridcore.model import JobRequest, JobSubmission
+from sensors import triggers
+from sensors.triggers import (
+    REQUIRED_EVENT_KEYS,
+    ForcingFileTrigger,
+    SiteJobTrigger,
+    consume_next_file,
+)
+
+EVENT_TIMEOUT_S = 30.0
+
+
+@pytest.fixture
+def db_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """gridcore on the embedded local sites, with all state under ``tmp_path``."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    monkeypatch.setenv("GRIDCORE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("GRIDCORE_DB_URL", url)
+    monkeypatch.delenv("GRIDCORE_GRID", raising=False)
+    return url
+
+
+def submit(db_url: str, command: str, name: str = "t.job.0", site: str | None = None) -> int:
+    runtime = GridRuntime.open(db_url=db_url)
+    try:
+        record = runtime.select(JobRequest(name, 1, runtime_s=1), site=site)
+        runtime.submit(record.selection_id, JobSubmission(name, command, 1))
+        return record.selection_id
+    finally:
+        runtime.store.dispose()
+
+
+def record_of(db_url: str, selection_id: int) -> JobRecord:
+    runtime = GridRuntime.open(db_url=db_url)
+    try:
+        return runtime.record(selection_id)
+    finally:
+        runtime.store.dispose()
+
+
+async def all_events(run: AsyncIterator[Any]) -> list[Any]:
+    async def collect() -> list[Any]:
+        return [event async for event in run]
+
+    return await asyncio.wait_for(collect(), EVENT_TIMEOUT_S)
+
+
+# -- SiteJobTrigger ------------------------------------------------------------------------
+
+
+def test_site_job_trigger_serialize_round_trips_through_its_class_path() -> None:
+    trigger = SiteJobTrigger(7, grid_file="/g.toml", db_url="sqlite:///x.db", poll_interval=0.5)
+    classpath, kwargs = trigger.serialize()
+
+    module, _, name = classpath.rpartition(".")
+    rebuilt = getattr(importlib.import_module(module), name)(**kwargs)
+
+    assert classpath == "sensors.triggers.SiteJobTrigger"
+    assert json.loads(json.dumps(kwargs)) == kwargs  # plain JSON, as the triggerer stores it
+    assert rebuilt.serialize() == (classpath, kwargs)
+
+
+@pytest.mark.asyncio
+async def test_run_yields_one_success_event_for_a_quick_job(db_url: str) -> None:
+    selection_id = submit(db_url, "echo surge")
+
+    events = await all_events(SiteJobTrigger(selection_id, None, db_url, 0.1).run())
+
+    assert len(events) == 1
+    payload = events[0].payload
+    assert set(payload) == REQUIRED_EVENT_KEYS
+    assert payload["status"] == "success"
+    assert payload["selection_id"] == selection_id
+    assert payload["record"]["state"] == "completed"
+    assert payload["record"]["exit_code"] == 0
+    assert "completed" in payload["message"]
+
+
+@pytest.mark.asyncio
+async def test_run_yields_one_failed_event_for_exit_3(db_url: str) -> None:
+    selection_id = submit(db_url, "exit 3")
+
+    events = await all_events(SiteJobTrigger(selection_id, None, db_url, 0.1).run())
+
+    assert [e.payload["status"] for e in events] == ["failed"]
+    payload = events[0].payload
+    assert payload["record"]["exit_code"] == 3
+    assert "exit code 3" in payload["message"]
+
+
+@pytest.mark.asyncio
+async def test_an_unknown_selection_becomes_an_error_event_not_an_exception(db_url: str) -> None:
+    submit(db_url, "true")  # migrates the database
+
+    events = await all_events(SiteJobTrigger(999, None, db_url, 0.1).run())
+
+    assert len(events) == 1
+    assert events[0].payload["status"] == "error"
+    assert events[0].payload["record"] is None
+    assert "no selection 999" in events[0].payload["message"]
+
+
+class FlakySite:
+    """A runtime whose site fails ``failures`` polls in a row before the job completes."""
+
+    def __init__(self, failures: int, done: JobRecord) -> None:
+        self.failures = failures
+        self.done = done
+        self.polls = 0
+
+    def poll(self, selection_id: int) -> JobRecord:
+        self.polls += 1
+        if self.polls <= self.failures:
+            raise SiteUnavailable("alpha", "connection refused")
+        return self.done
+
+
+class FlakyTrigger(SiteJobTrigger):
+    site: FlakySite
+
+    def _open_runtime(self) -> Any:  # the seam: no database, a scripted site
+        return self.site
+
+
+def flaky_trigger(failures: int, done: JobRecord, max_retries: int) -> FlakyTrigger:
+    trigger = FlakyTrigger(1, None, None, 0.01, max_retries=max_retries)
+    trigger.site = FlakySite(failures, done)
+    return trigger
+
+
+@pytest.fixture
+def finished(db_url: str) -> JobRecord:
+    selection_id = submit(db_url, "true")
+    deadline = time.monotonic() + EVENT_TIMEOUT_S
+    runtime = GridRuntime.open(db_url=db_url)
+    try:
+        while not (record := runtime.poll(selection_id)).finished:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        runtime.store.dispose()
+    return record
+
+
+@pytest.fixture
+def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(triggers, "_BACKOFF_CAP_S", 0.001)
+
+
+@pytest.mark.asyncio
+@pytest.mark.usefixtures("no_backoff")
+async def test_transient_site_errors_are_retried_with_backoff(finished: JobRecord) -> None:
+    trigger = flaky_trigger(failures=3, done=finished, max_retries=3)
+
+    events = await all_events(trigger.run())
+
+    assert [e.payload["status"] for e in events] == ["success"]
+    assert trigger.site.polls == 4
+
+
+@pytest.mark.asyncio
+@pytest.mark.usefixtures("no_backoff")
+async def test_retries_are_bounded_then_reported_as_an_error_event(finished: JobRecord) -> None:
+    trigger = flaky_trigger(failures=10, done=finished, max_retries=2)
+
+    events = await all_events(trigger.run())
+
+    assert [e.payload["status"] for e in events] == ["error"]
+    assert "gave up after 3 failed polls" in events[0].payload["message"]
+    assert "connection refused" in events[0].payload["message"]
+
+
+def test_backoff_is_jittered_and_capped() -> None:
+    delays = [triggers.backoff_delay(attempt) for attempt in (1, 1, 1, 1, 20)]
+    assert all(0.1 <= d <= 1.0 for d in delays[:4])
+    assert len(set(delays[:4])) > 1
+    assert delays[4] <= triggers._BACKOFF_CAP_S
+
+
+async def wait_until_running(db_url: str, selection_id: int) -> None:
+    deadline = time.monotonic() + EVENT_TIMEOUT_S
+    while record_of(db_url, selection_id).state != "running":
+        assert time.monotonic() < deadline, record_of(db_url, selection_id)
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.asyncio
+async def test_on_kill_cancels_the_remote_job(db_url: str) -> None:
+    selection_id = submit(db_url, "sleep 60")
+    trigger = SiteJobTrigger(selection_id, None, db_url, 0.05)
+    waiting = asyncio.ensure_future(trigger.run().__anext__())
+    await wait_until_running(db_url, selection_id)
+
+    # What the triggerer does when a user marks the task failed: cancel run(), on_kill().
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    await trigger.on_kill()
+    await trigger.cleanup()
+
+    record = record_of(db_url, selection_id)
+    assert record.state == "cancelled"
+    assert record.finished_at is not None
+
+
+@pytest.mark.asyncio
+async def test_cleanup_alone_leaves_the_remote_job_running(db_url: str) -> None:
+    # cleanup() also runs when a triggerer restarts: the job must survive it.
+    selection_id = submit(db_url, "sleep 60")
+    trigger = SiteJobTrigger(selection_id, None, db_url, 0.05)
+    waiting = asyncio.ensure_future(trigger.run().__anext__())
+    await wait_until_running(db_url, selection_id)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    await trigger.cleanup()
+
+    assert record_of(db_url, selection_id).state == "running"
+    await SiteJobTrigger(selection_id, None, db_url).on_kill()  # don't leave it behind
+    assert record_of(db_url, selection_id).state == "cancelled"
+
+
+# -- ForcingFileTrigger ----------------------------------------------------------------------
+
+
+def test_forcing_trigger_serialize_round_trips_through_its_class_path(tmp_path: Path) -> None:
+    trigger = ForcingFileTrigger(directory=str(tmp_path), pattern="*.nc", poll_interval=1.0)
+    classpath, kwargs = trigger.serialize()
+
+    module, _, name = classpath.rpartition(".")
+    rebuilt = getattr(importlib.import_module(module), name)(**kwargs)
+
+    assert classpath == "sensors.triggers.ForcingFileTrigger"
+    assert rebuilt.serialize() == (classpath, kwargs)
+
+
+@pytest.mark.asyncio
+async def test_two_triggers_racing_for_one_file_fire_once(tmp_path: Path) -> None:
+    inbox = tmp_path / "forcing"
+    inbox.mkdir()
+    (inbox / "alberto.json").write_text('{"storm": "alberto"}')
+    racers = [
+        asyncio.ensure_future(ForcingFileTrigger(str(inbox), "*.json", 0.02).run().__anext__())
+        for _ in range(2)
+    ]
+
+    done, pending = await asyncio.wait(racers, timeout=EVENT_TIMEOUT_S)
+    if len(done) == 1:  # give the loser a few more polls to (wrongly) fire too
+        more, pending = await asyncio.wait(pending, timeout=0.3)
+        done |= more
+    for task in pending:
+        task.cancel()
+
+    assert len(done) == 1
+    payload = done.pop().result().payload
+    consumed = Path(payload["path"])
+    assert payload["name"] == "alberto.json"
+    assert payload["size"] == len('{"storm": "alberto"}')
+    assert consumed.parent == inbox / "consumed"
+    assert consumed.read_text() == '{"storm": "alberto"}'
+    assert not (inbox / "alberto.json").exists()
+
+
+@pytest.mark.asyncio
+async def test_only_matching_visible_files_fire_and_a_missing_directory_is_awaited(
+    tmp_path: Path,
+) -> None:
+    inbox = tmp_path / "not-yet"
+    waiting = asyncio.ensure_future(ForcingFileTrigger(str(inbox), "*.nc", 0.02).run().__anext__())
+    await asyncio.sleep(0.1)
+    assert not waiting.done()  # no directory yet: keep polling, no error
+
+    inbox.mkdir()
+    (inbox / "notes.txt").write_text("x")
+    (inbox / ".half-written.nc").write_text("x")
+    await asyncio.sleep(0.1)
+    assert not waiting.done()
+
+    (inbox / "surge.nc").write_bytes(b"\x00" * 5)
+    event = await asyncio.wait_for(waiting, EVENT_TIMEOUT_S)
+
+    assert event.payload["name"] == "surge.nc"
+    assert event.payload["size"] == 5
+    assert sorted(p.name for p in inbox.iterdir()) == [".half-written.nc", "consumed", "notes.txt"]
+
+
+def test_concurrent_consumers_take_each_file_exactly_once(tmp_path: Path) -> None:
+    for i in range(40):
+        (tmp_path / f"member-{i:02d}.json").write_text(str(i))
+    taken: list[str] = []
+    lock = threading.Lock()
+
+    def consume() -> None:
+        while (event := consume_next_file(str(tmp_path), "*.json")) is not None:
+            with lock:
+                taken.append(event["name"])
+
+    workers = [threading.Thread(target=consume) for _ in range(8)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+
+    assert sorted(taken) == [f"member-{i:02d}.json" for i in range(40)]
+    assert len(os.listdir(tmp_path / "consumed")) == 40
