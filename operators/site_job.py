@@ -32,7 +32,9 @@ _NAME_MAX = 200  # Slurm truncates longer names in some views; selections.name i
 
 
 @dataclass(frozen=True)
-class _Validated:
+class JobPlan:
+    """What one task instance will ask gridcore for, fully validated."""
+
     request: JobRequest
     submission: JobSubmission
     protocol: Protocol
@@ -63,6 +65,12 @@ class SiteJobOperator(BaseOperator):
 
     Returns (XCom) ``{"site", "job_id", "state", "selected_at", "started_at",
     "finished_at", "queued_s", "selection_id"}``; times are epoch seconds.
+
+    Tries of one task instance share its selection through Airflow 3.3's task state store
+    (the ``ResumableJobMixin`` convention): a retry reattaches to a job still queued or
+    running, returns the result of one that completed, and starts afresh only after a
+    failed or cancelled job. A cleared task instance follows the same rule; a new DAG run
+    always starts new jobs.
     """
 
     template_fields: Sequence[str] = ("command", "input_files", "site", "stream", "env")
@@ -103,7 +111,7 @@ class SiteJobOperator(BaseOperator):
         self._selection_id: int | None = None
 
     def execute(self, context: Context) -> dict[str, Any]:
-        job = self._validate(context)
+        job = self.plan_job(context)
         state = _state_store(context)
         with _translated(job.request.name):
             runtime = GridRuntime.open(self.grid_file, self.db_url)
@@ -127,7 +135,7 @@ class SiteJobOperator(BaseOperator):
             runtime.store.dispose()
         return self.execute_complete(context, dict(event))
 
-    def _select_and_submit(self, runtime: GridRuntime, state: Any, job: _Validated) -> JobRecord:
+    def _select_and_submit(self, runtime: GridRuntime, state: Any, job: JobPlan) -> JobRecord:
         pinned = _pinned_site(runtime, self.site)
         record = runtime.select(job.request, job.protocol, job.mode, job.stream, site=pinned)
         if state is not None:
@@ -142,7 +150,7 @@ class SiteJobOperator(BaseOperator):
         )  # fmt: skip
         return record
 
-    def _resume(self, runtime: GridRuntime, state: Any, job: _Validated) -> JobRecord | None:
+    def _resume(self, runtime: GridRuntime, state: Any, job: JobPlan) -> JobRecord | None:
         """The selection an earlier try of this task instance made, if it still counts:
         running or queued (reattach), not yet submitted (submit it now), or completed
         (its result stands). None when there is none or its job failed (start afresh)."""
@@ -169,11 +177,6 @@ class SiteJobOperator(BaseOperator):
             checked = checked_event(event)
         except ValueError as exc:
             raise AirflowException(str(exc)) from exc
-        state = _state_store(context)
-        if state is not None and checked["status"] != "error":
-            # The job is over: a later clear or retry must run a new one. After an "error"
-            # (the job's fate unknown) the next try reattaches instead.
-            state.delete(SELECTION_KEY)
         if checked["status"] != "success" or checked["record"] is None:
             raise AirflowException(
                 f"selection {checked['selection_id']}: {checked['status']}: {checked['message']}"
@@ -197,9 +200,11 @@ class SiteJobOperator(BaseOperator):
         finally:
             runtime.store.dispose()
 
-    # -- validation: everything is checked before anything is selected or submitted --
+    # -- validation: everything is checked before anything is selected or submitted ---
 
-    def _validate(self, context: Context) -> _Validated:
+    def plan_job(self, context: Context) -> JobPlan:
+        """Validate the (rendered) arguments into a plan; AirflowFailException naming the
+        field otherwise. Touches nothing but the input files' metadata."""
         command = self.command
         if not isinstance(command, str) or not command.strip():
             raise AirflowFailException(f"{self.task_id}: command must be a non-empty string")
@@ -214,7 +219,7 @@ class SiteJobOperator(BaseOperator):
             env[INPUTS_ENV] = os.pathsep.join(str(p) for p in inputs)
         input_bytes = sum(p.stat().st_size for p in inputs)
         stream = self.stream if self.stream else self.dag_id
-        return _Validated(
+        return JobPlan(
             JobRequest(name, processors, runtime_s, input_bytes=input_bytes),
             JobSubmission(name, command, processors, env=env),
             protocol,

@@ -263,12 +263,15 @@ async def test_two_triggers_racing_for_one_file_fire_once(tmp_path: Path) -> Non
         for _ in range(2)
     ]
 
-    done, pending = await asyncio.wait(racers, timeout=EVENT_TIMEOUT_S)
+    done, pending = await asyncio.wait(
+        racers, timeout=EVENT_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED
+    )
     if len(done) == 1:  # give the loser a few more polls to (wrongly) fire too
         more, pending = await asyncio.wait(pending, timeout=0.3)
         done |= more
     for task in pending:
         task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
 
     assert len(done) == 1
     payload = done.pop().result().payload

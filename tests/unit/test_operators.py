@@ -1,0 +1,304 @@
+"""SiteJobOperator against a real GridRuntime: temp SQLite + the embedded local sites."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
+from sqlalchemy import func, inspect, select
+
+from gridcore.engine.runtime import GridRuntime, JobRecord
+from gridcore.state.schema import selections
+from gridcore.state.store import open_store
+from operators.site_job import (
+    INPUTS_ENV,
+    SELECTION_KEY,
+    SiteJobOperator,
+    job_name,
+)
+from sensors.triggers import SiteJobTrigger, error_event
+
+RESULT_KEYS = {"site", "job_id", "state", "selected_at", "started_at", "finished_at",
+               "queued_s", "selection_id"}  # fmt: skip
+WAIT_S = 30.0
+
+
+@pytest.fixture
+def db_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    monkeypatch.setenv("GRIDCORE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("GRIDCORE_DB_URL", url)
+    monkeypatch.delenv("GRIDCORE_GRID", raising=False)
+    return url
+
+
+@pytest.fixture
+def runtime(db_url: str) -> Iterator[GridRuntime]:
+    opened = GridRuntime.open(db_url=db_url)
+    try:
+        yield opened
+    finally:
+        opened.store.dispose()
+
+
+def operator(**kwargs: Any) -> SiteJobOperator:
+    defaults: dict[str, Any] = {"task_id": "member", "command": "true", "processors": 1,
+                                "runtime_s": 1, "poll_interval": 0.05}  # fmt: skip
+    return SiteJobOperator(**{**defaults, **kwargs})
+
+
+def deferred(op: SiteJobOperator, context: dict[str, Any] | None = None) -> SiteJobTrigger:
+    with pytest.raises(TaskDeferred) as exc:
+        op.execute(context=context or {})
+    assert exc.value.method_name == "execute_complete"
+    assert isinstance(exc.value.trigger, SiteJobTrigger)
+    return exc.value.trigger
+
+
+def event_of(trigger: SiteJobTrigger) -> dict[str, Any]:
+    async def first() -> Any:
+        return await asyncio.wait_for(trigger.run().__anext__(), WAIT_S)
+
+    payload: dict[str, Any] = asyncio.run(first()).payload
+    return payload
+
+
+def selection_rows(db_url: str) -> int:
+    store = open_store(db_url)
+    try:
+        if not inspect(store.engine).has_table(selections.name):
+            return 0
+        with store.begin() as conn:
+            return int(conn.execute(select(func.count()).select_from(selections)).scalar_one())
+    finally:
+        store.dispose()
+
+
+class FakeTaskStateStore:
+    """Airflow 3.3's ``context["task_state_store"]``: one per task instance, all tries."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+    def set(self, key: str, value: Any, *, retention: Any = None) -> None:
+        self.values[key] = value
+
+    def delete(self, key: str) -> None:
+        self.values.pop(key, None)
+
+
+# -- execute -> defer -> trigger -> execute_complete ----------------------------------------
+
+
+def test_execute_selects_submits_and_defers_to_a_trigger_for_the_selection(
+    runtime: GridRuntime, db_url: str
+) -> None:
+    op = operator(command="echo $GRIDCORE_SITE")
+
+    trigger = deferred(op)
+
+    record = runtime.record(trigger.selection_id)
+    assert record.name == "adhoc_airflow.member.-1"
+    assert record.site == "local-a"  # all idle: the fastest site with the best bandwidth
+    assert record.job_id is not None
+    assert trigger.poll_interval == 0.05
+
+    result = op.execute_complete({}, event_of(trigger))
+
+    assert set(result) == RESULT_KEYS
+    assert (result["site"], result["state"]) == ("local-a", "completed")
+    assert result["selection_id"] == trigger.selection_id
+    assert result["job_id"] == record.job_id
+    assert result["queued_s"] >= 0
+
+
+def test_a_pinned_site_is_used_as_given(runtime: GridRuntime) -> None:
+    trigger = deferred(operator(site="local-c"))
+
+    assert runtime.record(trigger.selection_id).site == "local-c"
+    assert runtime.record(trigger.selection_id).outcome == "fit"
+
+
+def test_input_files_size_the_request_and_reach_the_job(tmp_path: Path, db_url: str) -> None:
+    inputs = [tmp_path / "wind.nc", tmp_path / "tide.nc"]
+    inputs[0].write_bytes(b"\x00" * 300)
+    inputs[1].write_bytes(b"\x00" * 200)
+    seen = tmp_path / "seen.txt"
+    op = operator(input_files=[str(p) for p in inputs],
+                  command=f'printf %s "${INPUTS_ENV}" > {seen}')  # fmt: skip
+
+    plan = op.plan_job({})
+    result = op.execute_complete({}, event_of(deferred(op)))
+
+    assert plan.request.input_bytes == 500
+    assert result["state"] == "completed"
+    assert seen.read_text().split(":") == [str(p) for p in inputs]
+
+
+def test_job_names_are_safe_for_batch_systems() -> None:
+    assert job_name("surge ensemble", "member/x", 3) == "surge_ensemble.member_x.3"
+    assert job_name("d", "t", -1) == "d.t.-1"
+    assert len(job_name("d" * 300, "t", 1)) == 200
+
+
+# -- execute_complete: the event contract -----------------------------------------------------
+
+
+def test_execute_complete_raises_the_sites_message_for_a_failed_job(db_url: str) -> None:
+    op = operator(command="exit 3")
+    event = event_of(deferred(op))
+
+    with pytest.raises(
+        AirflowException, match=r"failed: job \d+ on site local-a failed, exit code 3"
+    ):
+        op.execute_complete({}, event)
+
+
+def test_execute_complete_raises_for_an_error_event() -> None:
+    with pytest.raises(AirflowException, match="selection 4: error: site alpha: unreachable"):
+        operator().execute_complete({}, dict(error_event(4, "site alpha: unreachable")))
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        None,
+        "success",
+        {"status": "success", "message": "", "selection_id": 1},
+        {"status": "weird", "message": "", "selection_id": 1, "record": None},
+        {"status": "success", "message": "", "selection_id": 1, "record": None},
+    ],
+    ids=["none", "not-a-dict", "missing-record", "unknown-status", "success-without-record"],
+)
+def test_execute_complete_rejects_events_that_break_the_contract(event: Any) -> None:
+    with pytest.raises(AirflowException, match="SiteJobTrigger"):
+        operator().execute_complete({}, event)
+
+
+# -- bad input: a clear error before anything is recorded ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"site": "nowhere"}, r"site 'nowhere' is not in grid .*local-a, local-b, local-c"),
+        ({"processors": 0}, "processors: must be a positive integer, got 0"),
+        ({"processors": -2}, "processors: must be a positive integer, got -2"),
+        ({"processors": 64}, "no site can run 64 processors"),
+        ({"input_files": ["/no/such/forcing.nc"]}, "input_files: not found .*/no/such/forcing.nc"),
+        ({"runtime_s": -1}, "runtime_s: must be a number >= 0"),
+        ({"protocol": "clever"}, "protocol: must be one of naive, stateful, random"),
+        ({"insufficient_mode": "wait"}, "insufficient_mode: must be one of"),
+        ({"command": "  "}, "command must be a non-empty string"),
+    ],
+    ids=["unknown-site", "zero-processors", "negative-processors", "too-big-for-every-site",
+         "missing-input", "negative-runtime", "bad-protocol", "bad-mode", "blank-command"],
+)  # fmt: skip
+def test_bad_input_fails_before_anything_is_recorded(
+    db_url: str, kwargs: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(AirflowFailException, match=message):
+        operator(**kwargs).execute(context={})
+
+    assert selection_rows(db_url) == 0
+
+
+# -- without deferral, and on_kill ----------------------------------------------------------------
+
+
+def test_non_deferrable_waits_on_the_worker_and_returns_the_result(db_url: str) -> None:
+    result = operator(deferrable=False).execute(context={})
+
+    assert set(result) == RESULT_KEYS
+    assert result["state"] == "completed"
+
+
+def test_non_deferrable_failed_job_raises(db_url: str) -> None:
+    with pytest.raises(AirflowException, match="exit code 3"):
+        operator(deferrable=False, command="exit 3").execute(context={})
+
+
+def test_on_kill_cancels_the_job_of_a_running_execute(runtime: GridRuntime) -> None:
+    op = operator(deferrable=False, command="sleep 60")
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            op.execute(context={})
+        except BaseException as exc:  # collected for the assertion below
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    deadline = time.monotonic() + WAIT_S
+    while op._selection_id is None or runtime.record(op._selection_id).job_id is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+    op.on_kill()
+    worker.join(WAIT_S)
+
+    assert runtime.record(op._selection_id).state == "cancelled"
+    assert len(outcome) == 1 and isinstance(outcome[0], AirflowException)
+    assert "cancelled" in str(outcome[0])
+
+
+# -- retries reattach through the task state store ----------------------------------------
+
+
+def wait_finished(runtime: GridRuntime, selection_id: int) -> JobRecord:
+    deadline = time.monotonic() + WAIT_S
+    while not (record := runtime.poll(selection_id)).finished:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return record
+
+
+def test_a_retry_reattaches_to_the_running_job_instead_of_submitting_again(
+    runtime: GridRuntime, db_url: str
+) -> None:
+    state = FakeTaskStateStore()
+    first = deferred(operator(command="sleep 0.5"), {"task_state_store": state})
+    assert state.values == {SELECTION_KEY: first.selection_id}
+
+    # The first try was lost (worker crash, stale executor event): a new try, same store.
+    retry = deferred(operator(command="sleep 0.5"), {"task_state_store": state})
+
+    assert retry.selection_id == first.selection_id
+    assert selection_rows(db_url) == 1
+    result = operator().execute_complete({"task_state_store": state}, event_of(retry))
+    assert result["state"] == "completed"
+
+
+def test_a_retry_after_the_job_completed_returns_its_result(
+    runtime: GridRuntime, db_url: str
+) -> None:
+    state = FakeTaskStateStore()
+    first = deferred(operator(), {"task_state_store": state})
+    wait_finished(runtime, first.selection_id)
+
+    result = operator().execute(context={"task_state_store": state})
+
+    assert (result["selection_id"], result["state"]) == (first.selection_id, "completed")
+    assert selection_rows(db_url) == 1
+
+
+def test_a_retry_after_the_job_failed_starts_a_new_one(runtime: GridRuntime, db_url: str) -> None:
+    state = FakeTaskStateStore()
+    first = deferred(operator(command="exit 3"), {"task_state_store": state})
+    wait_finished(runtime, first.selection_id)
+
+    retry = deferred(operator(command="exit 3"), {"task_state_store": state})
+
+    assert retry.selection_id != first.selection_id
+    assert state.values == {SELECTION_KEY: retry.selection_id}
+    assert selection_rows(db_url) == 2
