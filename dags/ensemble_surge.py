@@ -67,7 +67,8 @@ import numpy as np
 G, RHO_W, RHO_A, CD, L = 9.81, 1025.0, 1.2, 1.5e-3, 150e3
 cells, hours = int(os.environ["SURGE_CELLS"]), float(os.environ["SURGE_HOURS"])
 wind = float(os.environ["WIND_MS"])
-variants = max(1, int(os.environ.get("GRIDCORE_PROCESSORS") or 1))
+cpus = os.environ.get("GRIDCORE_PROCESSORS") or os.environ.get("SLURM_CPUS_PER_TASK")
+variants = max(1, int(cpus or 1))
 dx = L / cells
 x = (np.arange(cells) + 0.5) * dx
 h = 4.0 + 196.0 * (1.0 - x / L) ** 2
@@ -86,14 +87,15 @@ for n in range(steps):
     eta[:, 0] = 0.0
     np.maximum(peak, eta[:, -1], out=peak)
 print(f"RESULT storm={os.environ['STORM']} member={os.environ['MEMBER']}",
-      f"site={os.environ.get('GRIDCORE_SITE', '?')} wind_ms={wind:.1f} variants={variants}",
+      f"site={os.environ.get('GRIDCORE_SITE') or os.environ.get('SLURM_CLUSTER_NAME', '?')}",
+      f"wind_ms={wind:.1f} variants={variants}",
       f"steps={steps} peak_surge_m={peak.max():.3f} mean_peak_m={peak.mean():.3f}",
       f"wall_s={time.time() - t0:.2f}")
 """
 # The DAG-processing interpreter has numpy; local sites and same-host Slurm clusters
 # can run it by path.
 MEMBER_COMMAND = (
-    "OMP_NUM_THREADS=${GRIDCORE_PROCESSORS:-1} "
+    "OMP_NUM_THREADS=${GRIDCORE_PROCESSORS:-${SLURM_CPUS_PER_TASK:-1}} "
     f"{shlex.quote(sys.executable)} -c {shlex.quote(SURGE_MODEL)}"
 )
 

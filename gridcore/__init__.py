@@ -1,3 +1,5 @@
 """gridcore: co-allocation and data-driven scheduling across compute sites."""
 
+from __future__ import annotations
+
 __version__ = "0.1.0"

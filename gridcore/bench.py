@@ -48,7 +48,9 @@ class BenchGrid:
 def make_grid(n_sites: int, seed: int) -> BenchGrid:
     rng = random.Random(seed)
     specs = tuple(
-        SiteSpec(f"site{i:03d}", SiteKind.SLURM, rng.choice((64, 128, 256, 512)), rng.uniform(1.0, 2.0))
+        SiteSpec(
+            f"site{i:03d}", SiteKind.SLURM, rng.choice((64, 128, 256, 512)), rng.uniform(1.0, 2.0)
+        )
         for i in range(n_sites)
     )
     bandwidth = {(ORIGIN, s.name): rng.uniform(10.0, 1000.0) for s in specs}
@@ -68,36 +70,63 @@ def seed_state(store: Store, bench: BenchGrid, in_flight: int, seed: int) -> Non
         site, procs = rng.choice(names), rng.randint(1, 4)
         kind = "claimed" if free[site] >= procs else "queued"
         free[site] -= procs if kind == "claimed" else 0
-        rows.append({"stream": "seed", "name": f"seed{i}", "site": site, "processors": procs,
-                     "protocol": "stateful", "mode": "best", "outcome": "fit" if kind == "claimed" else "queue",
-                     "ledger": kind, "reasons": "[]", "state": JobState.PENDING.value, "selected_at": 0.0})  # fmt: skip
+        rows.append(
+            {
+                "stream": "seed",
+                "name": f"seed{i}",
+                "site": site,
+                "processors": procs,
+                "protocol": "stateful",
+                "mode": "best",
+                "outcome": "fit" if kind == "claimed" else "queue",
+                "ledger": kind,
+                "reasons": "[]",
+                "state": JobState.PENDING.value,
+                "selected_at": 0.0,
+            }
+        )
     with store.begin() as conn:
         ledger.register_sites(conn, bench.grid)
         conn.execute(insert(selections), rows)
         for name in names:
             mine = [r for r in rows if r["site"] == name]
             conn.execute(
-                update(sites).where(sites.c.name == name).values(
-                    reported_idle=bench.idle[name], observed_at=1.0,
+                update(sites)
+                .where(sites.c.name == name)
+                .values(
+                    reported_idle=bench.idle[name],
+                    observed_at=1.0,
                     claimed=sum(r["processors"] for r in mine if r["ledger"] == "claimed"),
                     queued=sum(r["processors"] for r in mine if r["ledger"] == "queued"),
-                )  # fmt: skip
+                )
             )
 
 
 def run_decisions(store: Store, bench: BenchGrid, count: int, seed: int, stream: str) -> float:
     """Make ``count`` decisions; returns elapsed seconds."""
     rng = random.Random(seed)
-    requests = [JobRequest(f"{stream}-{i}", rng.randint(1, 8), 600.0, rng.randint(0, 500) * 1_000_000) for i in range(count)]
+    requests = [
+        JobRequest(f"{stream}-{i}", rng.randint(1, 8), 600.0, rng.randint(0, 500) * 1_000_000)
+        for i in range(count)
+    ]
     start = time.perf_counter()
     for req in requests:
         ledger.select_and_record(
-            store, bench.grid, req, Protocol.STATEFUL, InsufficientMode.BEST, stream, time.time(), rng
+            store,
+            bench.grid,
+            req,
+            Protocol.STATEFUL,
+            InsufficientMode.BEST,
+            stream,
+            time.time(),
+            rng,
         )
     return time.perf_counter() - start
 
 
-def bench_sqlite(n_sites: int = 100, in_flight: int = 1000, decisions: int = 2000, seed: int = 0) -> dict[str, Any]:
+def bench_sqlite(
+    n_sites: int = 100, in_flight: int = 1000, decisions: int = 2000, seed: int = 0
+) -> dict[str, Any]:
     bench = make_grid(n_sites, seed)
     with tempfile.TemporaryDirectory() as tmp:
         store = open_store(f"sqlite:///{tmp}/bench.db", upgrade=True)
@@ -106,8 +135,12 @@ def bench_sqlite(n_sites: int = 100, in_flight: int = 1000, decisions: int = 200
         elapsed = run_decisions(store, bench, decisions, seed + 2, "bench")
         problems = check_ledger(store, bench)
         store.dispose()
-    return {"decisions": decisions, "seconds": round(elapsed, 4), "decisions_per_s": round(decisions / elapsed, 1),
-            "ledger_problems": problems}  # fmt: skip
+    return {
+        "decisions": decisions,
+        "seconds": round(elapsed, 4),
+        "decisions_per_s": round(decisions / elapsed, 1),
+        "ledger_problems": problems,
+    }
 
 
 @contextmanager
@@ -126,7 +159,9 @@ def pg_schema(base_url: str) -> Iterator[str]:
         admin.dispose()
 
 
-def _worker(url: str, n_sites: int, seed: int, index: int, count: int, barrier: Any, out: Any) -> None:
+def _worker(
+    url: str, n_sites: int, seed: int, index: int, count: int, barrier: Any, out: Any
+) -> None:
     bench = make_grid(n_sites, seed)
     store = open_store(url, pool=True)
     run_decisions(store, bench, 5, seed + 100 + index, f"warm{index}")
@@ -137,16 +172,24 @@ def _worker(url: str, n_sites: int, seed: int, index: int, count: int, barrier: 
     store.dispose()
 
 
-def bench_postgres(url: str, processes: int = 8, per_process: int = 250, n_sites: int = 100,
-                   in_flight: int = 1000, seed: int = 0) -> dict[str, Any]:  # fmt: skip
+def bench_postgres(
+    url: str,
+    processes: int = 8,
+    per_process: int = 250,
+    n_sites: int = 100,
+    in_flight: int = 1000,
+    seed: int = 0,
+) -> dict[str, Any]:
     bench = make_grid(n_sites, seed)
     with pg_schema(url) as scoped:
         store = open_store(scoped, upgrade=True)
         seed_state(store, bench, in_flight, seed)
         ctx = multiprocessing.get_context("spawn")
         barrier, out = ctx.Barrier(processes), ctx.Queue()
-        procs = [ctx.Process(target=_worker, args=(scoped, n_sites, seed, i, per_process, barrier, out))
-                 for i in range(processes)]  # fmt: skip
+        procs = [
+            ctx.Process(target=_worker, args=(scoped, n_sites, seed, i, per_process, barrier, out))
+            for i in range(processes)
+        ]
         for p in procs:
             p.start()
         results = [out.get(timeout=600) for _ in procs]
@@ -156,12 +199,20 @@ def bench_postgres(url: str, processes: int = 8, per_process: int = 250, n_sites
         made = sum(r[3] for r in results) + 5 * processes
         problems = check_ledger(store, bench)
         with store.begin() as conn:
-            rows = conn.execute(select(func.count()).select_from(selections).where(selections.c.stream != "seed")).scalar_one()
+            rows = conn.execute(
+                select(func.count()).select_from(selections).where(selections.c.stream != "seed")
+            ).scalar_one()
         store.dispose()
     total = processes * per_process
-    return {"processes": processes, "decisions": total, "seconds": round(ends - starts, 4),
-            "concurrent_decisions_per_s": round(total / (ends - starts), 1),
-            "overcommit_events": len(problems), "lost_rows": made - int(rows), "ledger_problems": problems}  # fmt: skip
+    return {
+        "processes": processes,
+        "decisions": total,
+        "seconds": round(ends - starts, 4),
+        "concurrent_decisions_per_s": round(total / (ends - starts), 1),
+        "overcommit_events": len(problems),
+        "lost_rows": made - int(rows),
+        "ledger_problems": problems,
+    }
 
 
 def check_ledger(store: Store, bench: BenchGrid) -> list[str]:
@@ -169,18 +220,26 @@ def check_ledger(store: Store, bench: BenchGrid) -> list[str]:
     problems = []
     with store.begin() as conn:
         totals = ledger.ledger_totals(conn)
-        granted = {r.name: r.reported_idle - r.external_pending for r in conn.execute(select(sites))}
+        granted = {
+            r.name: r.reported_idle - r.external_pending for r in conn.execute(select(sites))
+        }
     for site, (claimed, claimed_rows, queued, queued_rows) in totals.items():
         if claimed != claimed_rows or queued != queued_rows:
-            problems.append(f"{site}: counters {claimed}/{queued} != rows {claimed_rows}/{queued_rows}")
+            problems.append(
+                f"{site}: counters {claimed}/{queued} != rows {claimed_rows}/{queued_rows}"
+            )
         if claimed > granted[site]:
             problems.append(f"{site}: claimed {claimed} > granted {granted[site]}")
     return problems
 
 
-def bench_selection(pg_url: str | None = None, decisions: int = 2000, per_process: int = 250) -> dict[str, Any]:
+def bench_selection(
+    pg_url: str | None = None, decisions: int = 2000, per_process: int = 250
+) -> dict[str, Any]:
     single = bench_sqlite(decisions=decisions)
-    concurrent = bench_postgres(pg_url or os.environ.get(PG_ENV) or DEFAULT_PG_URL, per_process=per_process)
+    concurrent = bench_postgres(
+        pg_url or os.environ.get(PG_ENV) or DEFAULT_PG_URL, per_process=per_process
+    )
     return {
         "decisions_per_s": single["decisions_per_s"],
         "concurrent_decisions_per_s": concurrent["concurrent_decisions_per_s"],

@@ -35,9 +35,14 @@ def _parser() -> argparse.ArgumentParser:
 
     def common(p: argparse.ArgumentParser, grid: bool = True) -> None:
         p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-        p.add_argument("--db", help="state DB URL (default $GRIDCORE_DB_URL or SQLite in $GRIDCORE_HOME)")
+        p.add_argument(
+            "--db", help="state DB URL (default $GRIDCORE_DB_URL or SQLite in $GRIDCORE_HOME)"
+        )
         if grid:
-            p.add_argument("--grid", help="grid description file (default $GRIDCORE_GRID or the embedded local sites)")
+            p.add_argument(
+                "--grid",
+                help="grid description file (default $GRIDCORE_GRID or the embedded local sites)",
+            )
 
     p = sub.add_parser("sites", help="idle/total processors, in-flight work and health per site")
     common(p)
@@ -61,7 +66,9 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="measure decision throughput")
     p.add_argument("name", choices=["selection"])
     p.add_argument("--json", action="store_true")
-    p.add_argument("--pg-url", help="PostgreSQL URL (default $GRIDCORE_BENCH_PG_URL or the local test DB)")
+    p.add_argument(
+        "--pg-url", help="PostgreSQL URL (default $GRIDCORE_BENCH_PG_URL or the local test DB)"
+    )
     p.add_argument("--decisions", type=int, default=2000)
     p.add_argument("--per-process", type=int, default=250)
     p.set_defaults(handler=_bench)
@@ -92,7 +99,10 @@ def _sites(args: argparse.Namespace) -> int:
     rt = _runtime(args)
     errors = {} if args.no_refresh else rt.refresh()
     rows = rt.site_rows()
-    header = f"{'site':<12} {'kind':<6} {'idle/total':>10} {'in-flight':>9} {'procs':>6} {'others q':>8} {'usable':>6}"
+    header = (
+        f"{'site':<12} {'kind':<6} {'idle/total':>10} {'in-flight':>9} {'procs':>6}"
+        f" {'others q':>8} {'usable':>6}"
+    )
     lines = [header]
     for r in rows:
         lines.append(
@@ -110,7 +120,9 @@ def _demo(args: argparse.Namespace) -> int:
     from gridcore.demo import format_table, run_demo
 
     rt = _runtime(args)
-    result = run_demo(rt, members=args.members, steps=args.steps, log=lambda m: print(m, file=sys.stderr))
+    result = run_demo(
+        rt, members=args.members, steps=args.steps, log=lambda m: print(m, file=sys.stderr)
+    )
     data = {
         "ok": result.ok,
         "wall_s": round(result.wall_s, 3),
@@ -131,7 +143,10 @@ def _experiment(args: argparse.Namespace) -> int:
         result["plot"] = args.plot
     lines = [f"{'protocol':<22} {'completion_s':>12} {'total_queue_s':>13} {'mean_queue_s':>12}"]
     for name, m in result["protocols"].items():
-        lines.append(f"{name:<22} {m['completion_s']:>12.1f} {m['total_queue_s']:>13.1f} {m['mean_queue_s']:>12.1f}")
+        lines.append(
+            f"{name:<22} {m['completion_s']:>12.1f} {m['total_queue_s']:>13.1f}"
+            f" {m['mean_queue_s']:>12.1f}"
+        )
     _emit(args, result, "\n".join(lines))
     return 0
 

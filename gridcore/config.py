@@ -47,9 +47,18 @@ from gridcore.model import ORIGIN, CredentialRef, GridSpec, SiteKind, SiteSpec
 FORMAT_VERSION = 1
 GRID_ENV = "GRIDCORE_GRID"
 _SITE_KEYS = {
-    "kind", "processors", "slowness", "storage_dir", "storage_gb", "url", "partition",
-    "user", "token", "api_version", "timeout_s",
-}  # fmt: skip
+    "kind",
+    "processors",
+    "slowness",
+    "storage_dir",
+    "storage_gb",
+    "url",
+    "partition",
+    "user",
+    "token",
+    "api_version",
+    "timeout_s",
+}
 _SLURM_ONLY = {"url", "partition", "user", "token", "api_version", "timeout_s"}
 _API_VERSIONS = {"v0.0.36", "v0.0.37", "v0.0.38"}
 
@@ -75,7 +84,9 @@ def parse_grid(raw: Mapping[str, Any], source: str = "<memory>") -> GridSpec:
     version = raw.get("version")
     if version != FORMAT_VERSION:
         raise where.error("version", f"must be {FORMAT_VERSION}, got {version!r}")
-    default_bw = _positive_float(where, "default_bandwidth_mbps", raw.get("default_bandwidth_mbps", 100.0))
+    default_bw = _positive_float(
+        where, "default_bandwidth_mbps", raw.get("default_bandwidth_mbps", 100.0)
+    )
     sites_raw = raw.get("sites")
     if not isinstance(sites_raw, Mapping) or not sites_raw:
         raise where.error("sites", "at least one [sites.NAME] table is required")
@@ -146,13 +157,19 @@ def _parse_kind(where: _Where, field: str, kind: Any) -> SiteKind:
         raise where.error(f"{field}.kind", f"must be {allowed}, got {kind!r}") from None
 
 
-def _with_slurm_fields(where: _Where, field: str, spec: SiteSpec, body: Mapping[str, Any]) -> SiteSpec:
+def _with_slurm_fields(
+    where: _Where, field: str, spec: SiteSpec, body: Mapping[str, Any]
+) -> SiteSpec:
     url = body.get("url")
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise where.error(f"{field}.url", f"slurm sites need an http(s) slurmrestd URL, got {url!r}")
+        raise where.error(
+            f"{field}.url", f"slurm sites need an http(s) slurmrestd URL, got {url!r}"
+        )
     api_version = body.get("api_version", "v0.0.38")
     if api_version not in _API_VERSIONS:
-        raise where.error(f"{field}.api_version", f"must be one of {sorted(_API_VERSIONS)}, got {api_version!r}")
+        raise where.error(
+            f"{field}.api_version", f"must be one of {sorted(_API_VERSIONS)}, got {api_version!r}"
+        )
     return SiteSpec(
         name=spec.name,
         kind=spec.kind,
@@ -172,11 +189,15 @@ def _with_slurm_fields(where: _Where, field: str, spec: SiteSpec, body: Mapping[
 def _parse_credential(where: _Where, field: str, raw: Any) -> CredentialRef:
     if not isinstance(raw, Mapping) or len(raw) != 1:
         raise where.error(
-            field, 'must be a reference { env = "VAR" } or { airflow_conn = "conn_id" }, never the token itself'
+            field,
+            'must be a reference { env = "VAR" } or { airflow_conn = "conn_id" },'
+            " never the token itself",
         )
-    (key, value), = raw.items()
+    ((key, value),) = raw.items()
     if key not in ("env", "airflow_conn") or not isinstance(value, str) or not value:
-        raise where.error(field, f'unknown credential reference {{ {key} = ... }}: use env or airflow_conn')
+        raise where.error(
+            field, f"unknown credential reference {{ {key} = ... }}: use env or airflow_conn"
+        )
     return CredentialRef(env=value) if key == "env" else CredentialRef(airflow_conn=value)
 
 
@@ -192,7 +213,9 @@ def _parse_bandwidth(where: _Where, raw: Any, sites: set[str]) -> dict[tuple[str
             raise where.error(f"bandwidth.{src}", "must be a table { dst = MB/s }")
         for dst, value in row.items():
             if dst not in known:
-                raise where.error(f"bandwidth.{src}.{dst}", f"unknown site (known: {sorted(known)})")
+                raise where.error(
+                    f"bandwidth.{src}.{dst}", f"unknown site (known: {sorted(known)})"
+                )
             if dst == src:
                 raise where.error(f"bandwidth.{src}.{dst}", "a site to itself needs no bandwidth")
             matrix[(src, dst)] = _positive_float(where, f"bandwidth.{src}.{dst}", value)

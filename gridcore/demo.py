@@ -59,7 +59,8 @@ def run_demo(
         procs = rng.choice((2, 2, 3, 4))
         request = JobRequest(f"member-{i:02d}", procs, runtime_s=10.0)
         record = runtime.select(request, stream="demo")
-        command = f"{shlex.quote(sys.executable)} -c {shlex.quote(MEMBER_PROGRAM)} {steps} {rng.uniform(0.2, 0.8):.3f}"
+        program = f"{shlex.quote(sys.executable)} -c {shlex.quote(MEMBER_PROGRAM)}"
+        command = f"{program} {steps} {rng.uniform(0.2, 0.8):.3f}"
         runtime.submit(record.selection_id, JobSubmission(request.name, command, procs))
         log(f"selected {request.name} ({procs} procs) -> {record.site} [{record.outcome}]")
         ids.append(record.selection_id)
@@ -89,5 +90,8 @@ def format_table(result: DemoResult) -> str:
             f"{r.name:<10} {r.processors:>5} {r.site:<10} {r.state:<10} "
             f"{(r.queued_s or 0.0):>8.2f} {ran:>6.2f}"
         )
-    lines.append(f"{len(result.records)} members on {len(result.sites_used())} sites in {result.wall_s:.1f} s")
+    lines.append(
+        f"{len(result.records)} members on {len(result.sites_used())} sites"
+        f" in {result.wall_s:.1f} s"
+    )
     return "\n".join(lines)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Iterable, Sequence
-from typing import Any
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import Connection, and_, bindparam, case, func, insert, select, update
 
@@ -60,24 +60,39 @@ def register_sites(conn: Connection, grid: GridSpec) -> None:
 
 def _site_row(spec: SiteSpec) -> dict[str, object]:
     return {
-        "name": spec.name, "kind": spec.kind.value, "total_processors": spec.processors,
-        "reported_idle": spec.processors, "external_pending": 0, "pending_jobs": 0,
-        "observed_at": 0.0, "claimed": 0, "queued": 0, "usable": True,
-        "consecutive_errors": 0, "finished_jobs": 0,
-    }  # fmt: skip
+        "name": spec.name,
+        "kind": spec.kind.value,
+        "total_processors": spec.processors,
+        "reported_idle": spec.processors,
+        "external_pending": 0,
+        "pending_jobs": 0,
+        "observed_at": 0.0,
+        "claimed": 0,
+        "queued": 0,
+        "usable": True,
+        "consecutive_errors": 0,
+        "finished_jobs": 0,
+    }
 
 
 _SNAPSHOT_COLUMNS = select(
-    sites.c.name, sites.c.total_processors, sites.c.reported_idle, sites.c.claimed,
-    sites.c.queued, sites.c.external_pending, sites.c.pending_jobs, sites.c.usable,
-    sites.c.mean_queue_wait_s, sites.c.mean_runtime_s,
-)  # fmt: skip
+    sites.c.name,
+    sites.c.total_processors,
+    sites.c.reported_idle,
+    sites.c.claimed,
+    sites.c.queued,
+    sites.c.external_pending,
+    sites.c.pending_jobs,
+    sites.c.usable,
+    sites.c.mean_queue_wait_s,
+    sites.c.mean_runtime_s,
+)
 _FREE = sites.c.reported_idle - sites.c.external_pending - sites.c.claimed - sites.c.queued
 # Bind names carry a "b_" prefix: a parameter named like a column (``name``) would
 # otherwise be taken by SQLAlchemy as an extra SET clause of the UPDATE.
 _CLAIM = (
     update(sites)
-    .where(and_(sites.c.name == bindparam("b_site"), _FREE >= bindparam("b_processors")))
+    .where(and_(sites.c.name == bindparam("b_site"), bindparam("b_processors") <= _FREE))
     .values(claimed=sites.c.claimed + bindparam("b_processors"))
 )
 _ADD = {
@@ -88,19 +103,26 @@ _ADD = {
 }
 _INSERT_SELECTION = insert(selections)
 _SELECTION_FIELDS = (
-    "stream", "name", "site", "processors", "protocol", "mode", "outcome", "ledger",
-    "reasons", "state", "selected_at",
-)  # fmt: skip
+    "stream",
+    "name",
+    "site",
+    "processors",
+    "protocol",
+    "mode",
+    "outcome",
+    "ledger",
+    "reasons",
+    "state",
+    "selected_at",
+)
 
 
 def _pg_insert_from(cte_update: Any) -> Any:
     """INSERT the selection row only if the ledger UPDATE in the CTE matched its row."""
     changed = cte_update.returning(sites.c.name).cte("changed")
-    values = select(*(bindparam(f"b_{f}") for f in _SELECTION_FIELDS)).select_from(changed)
+    values: Any = select(*(bindparam(f"b_{f}") for f in _SELECTION_FIELDS)).select_from(changed)
     return (
-        insert(selections)
-        .from_select(list(_SELECTION_FIELDS), values)
-        .returning(selections.c.id)
+        insert(selections).from_select(list(_SELECTION_FIELDS), values).returning(selections.c.id)
     )
 
 
@@ -113,11 +135,30 @@ def read_snapshots(conn: Connection, grid: GridSpec) -> list[SiteSnapshot]:
     slowness = grid.slowness_by_site
     return [
         SiteSnapshot(
-            name, total, idle, slowness[name], claimed + queued, 0, pending_p, pending_n,
-            bool(usable), wait, runtime,
-        )  # fmt: skip
-        for (name, total, idle, claimed, queued, pending_p, pending_n, usable, wait, runtime)
-        in conn.execute(_SNAPSHOT_COLUMNS).all()
+            name,
+            total,
+            idle,
+            slowness[name],
+            claimed + queued,
+            0,
+            pending_p,
+            pending_n,
+            bool(usable),
+            wait,
+            runtime,
+        )
+        for (
+            name,
+            total,
+            idle,
+            claimed,
+            queued,
+            pending_p,
+            pending_n,
+            usable,
+            wait,
+            runtime,
+        ) in conn.execute(_SNAPSHOT_COLUMNS).all()
         if name in slowness
     ]
 
@@ -218,12 +259,18 @@ def _selection_params(
     request: JobRequest, decision: SiteSelection, ledger: str, stream: str, now: float
 ) -> dict[str, object]:
     return {
-        "stream": stream, "name": request.name, "site": decision.site,
-        "processors": request.processors, "protocol": decision.protocol,
-        "mode": decision.mode, "outcome": "fit" if decision.outcome is Outcome.FIT else "queue",
-        "ledger": ledger, "reasons": json.dumps(list(decision.reasons)),
-        "state": JobState.SELECTED.value, "selected_at": now,
-    }  # fmt: skip
+        "stream": stream,
+        "name": request.name,
+        "site": decision.site,
+        "processors": request.processors,
+        "protocol": decision.protocol,
+        "mode": decision.mode,
+        "outcome": "fit" if decision.outcome is Outcome.FIT else "queue",
+        "ledger": ledger,
+        "reasons": json.dumps(list(decision.reasons)),
+        "state": JobState.SELECTED.value,
+        "selected_at": now,
+    }
 
 
 def _insert_selection(conn: Connection, params: dict[str, object]) -> int:
@@ -306,7 +353,9 @@ def record_site_error(conn: Connection, site: str, message: str) -> bool:
     return not usable
 
 
-def record_finished_stats(conn: Connection, site: str, queue_wait_s: float, runtime_s: float) -> None:
+def record_finished_stats(
+    conn: Connection, site: str, queue_wait_s: float, runtime_s: float
+) -> None:
     """Fold a finished job's observed queue wait and runtime into the site averages."""
     w = EWMA_WEIGHT
 
@@ -317,7 +366,9 @@ def record_finished_stats(conn: Connection, site: str, queue_wait_s: float, runt
         update(sites)
         .where(sites.c.name == site)
         .values(
-            mean_queue_wait_s=ewma(func.coalesce(sites.c.mean_queue_wait_s, queue_wait_s), queue_wait_s),
+            mean_queue_wait_s=ewma(
+                func.coalesce(sites.c.mean_queue_wait_s, queue_wait_s), queue_wait_s
+            ),
             mean_runtime_s=ewma(func.coalesce(sites.c.mean_runtime_s, runtime_s), runtime_s),
             finished_jobs=sites.c.finished_jobs + 1,
         )
@@ -335,12 +386,25 @@ def ledger_totals(conn: Connection) -> dict[str, tuple[int, int, int, int]]:
     ):
         sums[(site, ledger)] = int(total)
     return {
-        row.name: (row.claimed, sums.get((row.name, "claimed"), 0), row.queued, sums.get((row.name, "queued"), 0))
+        row.name: (
+            row.claimed,
+            sums.get((row.name, "claimed"), 0),
+            row.queued,
+            sums.get((row.name, "queued"), 0),
+        )
         for row in conn.execute(select(sites.c.name, sites.c.claimed, sites.c.queued))
     }
 
 
 __all__: Sequence[str] = (
-    "Recorded", "ledger_totals", "read_snapshots", "record_finished_stats", "record_pinned",
-    "record_site_error", "register_sites", "release", "select_and_record", "store_observation",
-)  # fmt: skip
+    "Recorded",
+    "ledger_totals",
+    "read_snapshots",
+    "record_finished_stats",
+    "record_pinned",
+    "record_site_error",
+    "register_sites",
+    "release",
+    "select_and_record",
+    "store_observation",
+)

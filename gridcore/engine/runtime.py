@@ -103,7 +103,9 @@ class GridRuntime:
             ledger.register_sites(conn, grid)
 
     @classmethod
-    def open(cls, grid_file: str | None = None, db_url: str | None = None, *, upgrade: bool = True) -> GridRuntime:
+    def open(
+        cls, grid_file: str | None = None, db_url: str | None = None, *, upgrade: bool = True
+    ) -> GridRuntime:
         """The grid from ``grid_file`` / $GRIDCORE_GRID, else the embedded default."""
         path = grid_file or os.environ.get(GRID_ENV)
         grid = load_grid(path) if path else default_grid(state_dir())
@@ -151,8 +153,11 @@ class GridRuntime:
         with self.store.begin() as conn:
             own = conn.execute(
                 select(selections.c.job_id).where(
-                    and_(selections.c.site == site, selections.c.job_id.is_not(None),
-                         selections.c.ledger.is_not(None))  # fmt: skip
+                    and_(
+                        selections.c.site == site,
+                        selections.c.job_id.is_not(None),
+                        selections.c.ledger.is_not(None),
+                    )
                 )
             ).scalars()
             ledger.store_observation(conn, obs, [j for j in own if j])
@@ -195,9 +200,9 @@ class GridRuntime:
             raise
         with self.store.begin() as conn:
             conn.execute(
-                update(selections).where(selections.c.id == selection_id).values(
-                    job_id=job_id, state=JobState.PENDING.value, submitted_at=self.clock()
-                )
+                update(selections)
+                .where(selections.c.id == selection_id)
+                .values(job_id=job_id, state=JobState.PENDING.value, submitted_at=self.clock())
             )
         return self.record(selection_id)
 
@@ -214,11 +219,20 @@ class GridRuntime:
             raise
         if status.state.finished:
             started = status.started_at or current.started_at
-            self._finish(selection_id, status.state, status.exit_code, status.reason, status.finished_at, started)
+            self._finish(
+                selection_id,
+                status.state,
+                status.exit_code,
+                status.reason,
+                status.finished_at,
+                started,
+            )
         elif status.state is JobState.RUNNING and current.state != JobState.RUNNING.value:
             with self.store.begin() as conn:
                 conn.execute(
-                    update(selections).where(selections.c.id == selection_id).values(
+                    update(selections)
+                    .where(selections.c.id == selection_id)
+                    .values(
                         state=JobState.RUNNING.value, started_at=status.started_at or self.clock()
                     )
                 )
@@ -243,50 +257,88 @@ class GridRuntime:
         started_at: float | None = None,
     ) -> None:
         with self.store.begin() as conn:
-            row = conn.execute(select(selections).where(selections.c.id == selection_id)).mappings().one()
+            row = (
+                conn.execute(select(selections).where(selections.c.id == selection_id))
+                .mappings()
+                .one()
+            )
             if JobState(row["state"]).finished:
                 return
             done = finished_at or self.clock()
             conn.execute(
-                update(selections).where(selections.c.id == selection_id).values(
-                    state=state.value, exit_code=exit_code, message=message,
-                    finished_at=done, started_at=started_at or row["started_at"],
-                )  # fmt: skip
+                update(selections)
+                .where(selections.c.id == selection_id)
+                .values(
+                    state=state.value,
+                    exit_code=exit_code,
+                    message=message,
+                    finished_at=done,
+                    started_at=started_at or row["started_at"],
+                )
             )
             ledger.release(conn, selection_id)
             start = started_at or row["started_at"]
-            if state is JobState.COMPLETED and start is not None and row["submitted_at"] is not None:
-                ledger.record_finished_stats(conn, row["site"], max(0.0, start - row["submitted_at"]), done - start)
+            if (
+                state is JobState.COMPLETED
+                and start is not None
+                and row["submitted_at"] is not None
+            ):
+                ledger.record_finished_stats(
+                    conn, row["site"], max(0.0, start - row["submitted_at"]), done - start
+                )
 
     # -- views ----------------------------------------------------------------------------
 
     def record(self, selection_id: int) -> JobRecord:
         with self.store.begin() as conn:
-            row = conn.execute(select(selections).where(selections.c.id == selection_id)).mappings().one_or_none()
+            row = (
+                conn.execute(select(selections).where(selections.c.id == selection_id))
+                .mappings()
+                .one_or_none()
+            )
         if row is None:
             raise StateError(f"no selection {selection_id} in the state database")
         return JobRecord(
-            row["id"], row["name"], row["site"], row["processors"], row["outcome"], row["state"],
-            row["job_id"], row["exit_code"], row["message"] or "", tuple(json.loads(row["reasons"])),
-            row["selected_at"], row["submitted_at"], row["started_at"], row["finished_at"],
-        )  # fmt: skip
+            row["id"],
+            row["name"],
+            row["site"],
+            row["processors"],
+            row["outcome"],
+            row["state"],
+            row["job_id"],
+            row["exit_code"],
+            row["message"] or "",
+            tuple(json.loads(row["reasons"])),
+            row["selected_at"],
+            row["submitted_at"],
+            row["started_at"],
+            row["finished_at"],
+        )
 
     def site_rows(self) -> list[SiteRow]:
         names = set(self.grid.site_names)
         with self.store.begin() as conn:
-            counts = dict(
+            counts: dict[str, int] = dict(
                 conn.execute(
                     select(selections.c.site, func.count())
-                    .where(selections.c.ledger.is_not(None)).group_by(selections.c.site)
+                    .where(selections.c.ledger.is_not(None))
+                    .group_by(selections.c.site)
                 ).all()
-            )  # fmt: skip
+            )
             rows = conn.execute(select(sites).order_by(sites.c.name)).mappings().all()
         return [
             SiteRow(
-                r["name"], r["kind"], r["total_processors"], r["reported_idle"],
-                int(counts.get(r["name"], 0)), r["claimed"] + r["queued"], r["external_pending"],
-                r["usable"], r["last_error"], r["observed_at"],
-            )  # fmt: skip
+                r["name"],
+                r["kind"],
+                r["total_processors"],
+                r["reported_idle"],
+                int(counts.get(r["name"], 0)),
+                r["claimed"] + r["queued"],
+                r["external_pending"],
+                r["usable"],
+                r["last_error"],
+                r["observed_at"],
+            )
             for r in rows
             if r["name"] in names
         ]
@@ -296,7 +348,9 @@ def _validate(request: JobRequest) -> None:
     if not request.name:
         raise RequestError("request.name: must not be empty")
     if request.processors <= 0:
-        raise RequestError(f"request.processors: must be a positive integer, got {request.processors}")
+        raise RequestError(
+            f"request.processors: must be a positive integer, got {request.processors}"
+        )
     if request.runtime_s < 0:
         raise RequestError(f"request.runtime_s: must be >= 0, got {request.runtime_s}")
     if request.input_bytes < 0 or request.output_bytes < 0:

@@ -121,10 +121,18 @@ def estimate_site(
     wait = expected_wait(request, snapshot, idle)
     completion = wait + transfer + compute
     return SiteEstimate(
-        snapshot.site, idle, fits, transfer, compute, wait, completion, request.processors,
-        snapshot.idle_processors, snapshot.in_flight_processors,
+        snapshot.site,
+        idle,
+        fits,
+        transfer,
+        compute,
+        wait,
+        completion,
+        request.processors,
+        snapshot.idle_processors,
+        snapshot.in_flight_processors,
         snapshot.external_pending_processors,
-    )  # fmt: skip
+    )
 
 
 def _candidates(

@@ -390,7 +390,11 @@ class _SelectionModel:
         snapshots = [self._snapshot(site, state, config) for site in self._sites.values()]
         request = JobRequest(job.name, job.processors, job.runtime_s)
         decision = select_site(
-            request, snapshots, _no_transfer, config.protocol, config.mode,
+            request,
+            snapshots,
+            _no_transfer,
+            config.protocol,
+            config.mode,
             rng=self._rngs[job.stream],
         )
         if decision.site is None:

@@ -10,6 +10,7 @@ started them has died.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -37,16 +38,15 @@ from gridcore.state.store import Store, state_dir
 # A job marked running whose process never got a pid within this time was lost by a
 # worker that died between the commit and the spawn.
 SPAWN_GRACE_S = 30.0
-_WRAPPER = (
-    "sh job.sh > stdout.txt 2> stderr.txt; "
-    "echo $? > rc.tmp && mv rc.tmp rc"
-)
+_WRAPPER = "sh job.sh > stdout.txt 2> stderr.txt; echo $? > rc.tmp && mv rc.tmp rc"
 
 
 class LocalSite:
     """A process-pool site. ``clock`` is injectable for tests."""
 
-    def __init__(self, spec: SiteSpec, store: Store, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, spec: SiteSpec, store: Store, clock: Callable[[], float] = time.time
+    ) -> None:
         self.spec = spec
         self.store = store
         self.clock = clock
@@ -71,44 +71,68 @@ class LocalSite:
             ).all()
         jobs = tuple(ObservedJob(str(r.id), r.processors, JobState(r.state)) for r in rows)
         busy = sum(j.processors for j in jobs if j.state is JobState.RUNNING)
-        return SiteObservation(self.spec.name, self.spec.processors, self.spec.processors - busy, jobs, now)
+        return SiteObservation(
+            self.spec.name, self.spec.processors, self.spec.processors - busy, jobs, now
+        )
 
     def submit(self, job: JobSubmission) -> str:
         if job.processors > self.spec.processors:
             raise SiteRejected(
                 self.spec.name,
-                f"job {job.name!r} needs {job.processors} processors, the site has {self.spec.processors}",
+                f"job {job.name!r} needs {job.processors} processors,"
+                f" the site has {self.spec.processors}",
             )
         with self.store.begin() as conn:
             job_id = conn.execute(
                 insert(local_jobs).values(
-                    site=self.spec.name, name=job.name, processors=job.processors, workdir="",
-                    state=JobState.PENDING.value, submitted_at=self.clock(),
-                )  # fmt: skip
+                    site=self.spec.name,
+                    name=job.name,
+                    processors=job.processors,
+                    workdir="",
+                    state=JobState.PENDING.value,
+                    submitted_at=self.clock(),
+                )
             ).inserted_primary_key
         assert job_id is not None
         jid = int(job_id[0])
         workdir = self._write_job_files(jid, job)
         with self.store.begin() as conn:
-            conn.execute(update(local_jobs).where(local_jobs.c.id == jid).values(workdir=str(workdir)))
+            conn.execute(
+                update(local_jobs).where(local_jobs.c.id == jid).values(workdir=str(workdir))
+            )
         self.reconcile()
         return str(jid)
 
     def status(self, job_id: str) -> JobStatus:
         self.reconcile()
         with self.store.begin() as conn:
-            row = conn.execute(select(local_jobs).where(local_jobs.c.id == _int_id(self.spec.name, job_id))).mappings().one_or_none()
+            row = (
+                conn.execute(
+                    select(local_jobs).where(local_jobs.c.id == _int_id(self.spec.name, job_id))
+                )
+                .mappings()
+                .one_or_none()
+            )
         if row is None or row["site"] != self.spec.name:
             raise UnknownJob(self.spec.name, f"no local job {job_id}")
         return JobStatus(
-            job_id, JobState(row["state"]), row["exit_code"], row["submitted_at"],
-            row["started_at"], row["finished_at"], row["message"] or "",
-        )  # fmt: skip
+            job_id,
+            JobState(row["state"]),
+            row["exit_code"],
+            row["submitted_at"],
+            row["started_at"],
+            row["finished_at"],
+            row["message"] or "",
+        )
 
     def cancel(self, job_id: str) -> None:
         jid = _int_id(self.spec.name, job_id)
         with self.store.begin() as conn:
-            row = conn.execute(select(local_jobs).where(local_jobs.c.id == jid)).mappings().one_or_none()
+            row = (
+                conn.execute(select(local_jobs).where(local_jobs.c.id == jid))
+                .mappings()
+                .one_or_none()
+            )
             if row is None or row["site"] != self.spec.name:
                 raise UnknownJob(self.spec.name, f"no local job {job_id}")
             if JobState(row["state"]).finished:
@@ -116,7 +140,9 @@ class LocalSite:
             conn.execute(
                 update(local_jobs)
                 .where(local_jobs.c.id == jid)
-                .values(state=JobState.CANCELLED.value, finished_at=self.clock(), message="cancelled")
+                .values(
+                    state=JobState.CANCELLED.value, finished_at=self.clock(), message="cancelled"
+                )
             )
         if row["pgid"]:
             _kill_group(int(row["pgid"]))
@@ -134,44 +160,71 @@ class LocalSite:
             self._spawn(jid, Path(workdir))
 
     def _reap(self, conn: Connection) -> None:
-        running = conn.execute(
-            select(local_jobs).where(
-                and_(local_jobs.c.site == self.spec.name, local_jobs.c.state == JobState.RUNNING.value)
+        running = (
+            conn.execute(
+                select(local_jobs).where(
+                    and_(
+                        local_jobs.c.site == self.spec.name,
+                        local_jobs.c.state == JobState.RUNNING.value,
+                    )
+                )
             )
-        ).mappings().all()
+            .mappings()
+            .all()
+        )
         for row in running:
             outcome = self._outcome(row)
             if outcome is not None:
-                conn.execute(update(local_jobs).where(local_jobs.c.id == row["id"]).values(**outcome))
+                conn.execute(
+                    update(local_jobs).where(local_jobs.c.id == row["id"]).values(**outcome)
+                )
 
     def _outcome(self, row: Any) -> dict[str, Any] | None:
         rc_file = Path(row["workdir"]) / "rc"
         if rc_file.exists():
             code = int(rc_file.read_text().strip() or "255")
             state = JobState.COMPLETED if code == 0 else JobState.FAILED
-            return {"state": state.value, "exit_code": code, "finished_at": rc_file.stat().st_mtime,
-                    "message": "" if code == 0 else f"exit code {code}"}  # fmt: skip
+            return {
+                "state": state.value,
+                "exit_code": code,
+                "finished_at": rc_file.stat().st_mtime,
+                "message": "" if code == 0 else f"exit code {code}",
+            }
         if row["pid"] is None:
             if self.clock() - (row["started_at"] or 0) > SPAWN_GRACE_S:
-                return {"state": JobState.FAILED.value, "finished_at": self.clock(),
-                        "message": "the worker that started this job died before spawning it"}  # fmt: skip
+                return {
+                    "state": JobState.FAILED.value,
+                    "finished_at": self.clock(),
+                    "message": "the worker that started this job died before spawning it",
+                }
             return None
         if not _alive(int(row["pid"]), Path(row["workdir"])):
-            return {"state": JobState.FAILED.value, "finished_at": self.clock(),
-                    "message": "process vanished without an exit code"}  # fmt: skip
+            return {
+                "state": JobState.FAILED.value,
+                "finished_at": self.clock(),
+                "message": "process vanished without an exit code",
+            }
         return None
 
     def _admit(self, conn: Connection) -> list[tuple[int, str]]:
         busy = conn.execute(
             select(func.coalesce(func.sum(local_jobs.c.processors), 0)).where(
-                and_(local_jobs.c.site == self.spec.name, local_jobs.c.state == JobState.RUNNING.value)
+                and_(
+                    local_jobs.c.site == self.spec.name,
+                    local_jobs.c.state == JobState.RUNNING.value,
+                )
             )
         ).scalar_one()
         free = self.spec.processors - int(busy)
         pending = conn.execute(
             select(local_jobs.c.id, local_jobs.c.processors, local_jobs.c.workdir)
-            .where(and_(local_jobs.c.site == self.spec.name, local_jobs.c.state == JobState.PENDING.value,
-                        local_jobs.c.workdir != ""))  # fmt: skip
+            .where(
+                and_(
+                    local_jobs.c.site == self.spec.name,
+                    local_jobs.c.state == JobState.PENDING.value,
+                    local_jobs.c.workdir != "",
+                )
+            )
             .order_by(local_jobs.c.id)
         ).all()
         started: list[tuple[int, str]] = []
@@ -180,9 +233,10 @@ class LocalSite:
                 break  # strict FIFO: no overtaking, like a batch queue without backfill
             free -= row.processors
             conn.execute(
-                update(local_jobs).where(local_jobs.c.id == row.id)
+                update(local_jobs)
+                .where(local_jobs.c.id == row.id)
                 .values(state=JobState.RUNNING.value, started_at=self.clock())
-            )  # fmt: skip
+            )
             started.append((row.id, row.workdir))
         return started
 
@@ -191,17 +245,28 @@ class LocalSite:
         # the job is reparented away from this (possibly short-lived) process, and the
         # whole group can be signalled by the intermediate's pgid.
         proc = subprocess.run(
-            ["/bin/sh", "-c", f"/bin/sh -c {shlex.quote(_WRAPPER)} </dev/null >/dev/null 2>&1 & echo $!"],
-            cwd=workdir, env=self._job_env(workdir), capture_output=True, text=True,
-            start_new_session=True, check=False,
-        )  # fmt: skip
+            [
+                "/bin/sh",
+                "-c",
+                f"/bin/sh -c {shlex.quote(_WRAPPER)} </dev/null >/dev/null 2>&1 & echo $!",
+            ],
+            cwd=workdir,
+            env=self._job_env(workdir),
+            capture_output=True,
+            text=True,
+            start_new_session=True,
+            check=False,
+        )
         values: dict[str, Any]
         if proc.returncode == 0 and proc.stdout.strip().isdigit():
             pid = int(proc.stdout.strip())
             values = {"pid": pid, "pgid": _pgid(pid)}
         else:
-            values = {"state": JobState.FAILED.value, "finished_at": self.clock(),
-                      "message": f"could not start: {proc.stderr.strip()[:200]}"}  # fmt: skip
+            values = {
+                "state": JobState.FAILED.value,
+                "finished_at": self.clock(),
+                "message": f"could not start: {proc.stderr.strip()[:200]}",
+            }
         with self.store.begin() as conn:
             conn.execute(update(local_jobs).where(local_jobs.c.id == jid).values(**values))
 
@@ -254,7 +319,5 @@ def _alive(pid: int, workdir: Path) -> bool:
 
 
 def _kill_group(pgid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGTERM)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -60,9 +60,12 @@ class Store:
             # Its own small pool: no pre-ping and no rollback-on-return, which would each
             # cost a round trip per decision; a broken connection surfaces as an error.
             self._autocommit = create_engine(
-                self.engine.url, isolation_level="AUTOCOMMIT", pool_reset_on_return=None,
-                pool_size=2, max_overflow=2,
-            )  # fmt: skip
+                self.engine.url,
+                isolation_level="AUTOCOMMIT",
+                pool_reset_on_return=None,
+                pool_size=2,
+                max_overflow=2,
+            )
         with self._autocommit.connect() as conn:
             yield conn
 

@@ -23,6 +23,7 @@ import time
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -125,8 +126,19 @@ def _free_port() -> int:
 # -- reading a run's outcome from the metadata DB (the test process is not a task) --
 
 
-def wait_for_run(dag_id: str, run_type: str, timeout_s: float, services: AirflowServices) -> Any:
-    """The first finished DagRun of ``run_type``; fails with the service logs on timeout."""
+def migrate_metadata_db() -> None:
+    """``airflow db migrate`` as an operator would run it (idempotent, ~3 s on SQLite)."""
+    done = subprocess.run(
+        [AIRFLOW_BIN, "db", "migrate"], env=os.environ.copy(), capture_output=True, text=True,
+        timeout=300, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"airflow db migrate failed:\n{done.stderr[-3000:]}")
+
+
+def wait_for_run(dag_id: str, since: datetime, timeout_s: float, services: AirflowServices) -> Any:
+    """The first DagRun of ``dag_id`` started at or after ``since`` to finish; fails with
+    the service logs on timeout."""
     from airflow.models.dagrun import DagRun
     from airflow.utils.session import create_session
     from airflow.utils.state import DagRunState
@@ -135,17 +147,18 @@ def wait_for_run(dag_id: str, run_type: str, timeout_s: float, services: Airflow
     while time.monotonic() < deadline:
         services.check_alive()
         with create_session() as session:
-            runs = session.query(DagRun).filter(DagRun.dag_id == dag_id).all()
-            done = [
-                r for r in runs
-                if r.run_type == run_type and r.state in (DagRunState.SUCCESS, DagRunState.FAILED)
-            ]  # fmt: skip
-            if done:
-                session.expunge_all()
-                return done[0]
+            runs = session.query(DagRun).filter(
+                DagRun.dag_id == dag_id,
+                DagRun.start_date >= since,
+                DagRun.state.in_([DagRunState.SUCCESS, DagRunState.FAILED]),
+            )
+            done = runs.order_by(DagRun.start_date).first()
+            if done is not None:
+                session.expunge(done)
+                return done
         time.sleep(1.0)
     raise TimeoutError(
-        f"no finished {run_type} run of {dag_id} within {timeout_s:.0f} s\n"
+        f"no run of {dag_id} since {since} finished within {timeout_s:.0f} s\n"
         f"--- scheduler ---\n{services.log_tail('scheduler')}\n"
         f"--- triggerer ---\n{services.log_tail('triggerer')}"
     )

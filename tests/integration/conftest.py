@@ -9,8 +9,6 @@ migrate`` creates the metadata DB (a subprocess, as an operator would run it).
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.airflow_services import AIRFLOW_BIN
+from tests.integration.airflow_services import migrate_metadata_db
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
 
@@ -45,11 +43,7 @@ def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Integratio
         mp.setenv("GRIDCORE_DB_URL", env.db_url)
         mp.setenv("GRIDCORE_FORCING_DIR", str(env.forcing_dir))
         mp.delenv("GRIDCORE_GRID", raising=False)  # the embedded local sites
-        migrated = subprocess.run(
-            [AIRFLOW_BIN, "db", "migrate"], env=os.environ.copy(), capture_output=True,
-            text=True, timeout=300, check=False,
-        )  # fmt: skip
-        assert migrated.returncode == 0, f"airflow db migrate failed:\n{migrated.stderr[-3000:]}"
+        migrate_metadata_db()
         yield env
 
 

@@ -16,13 +16,17 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from gridcore.engine.ledger import ledger_totals
 from gridcore.engine.runtime import GridRuntime
+from gridcore.state.schema import selections
+from gridcore.state.store import open_store
 from tests.integration.airflow_services import (
     AirflowServices,
     task_states,
@@ -69,9 +73,11 @@ def test_forcing_file_burst_spreads_over_sites(
 ) -> None:
     # 6 members x 2 processors = 12 > the 8 processors of the best site (local-a).
     forcing = {"storm": "alberto", "members": 6, "processors": 2, "runtime_s": 2}
+    since = datetime.now(UTC)
     drop_forcing_file(airflow_env.forcing_dir, "alberto.json", forcing)
 
-    run = wait_for_run(DAG_ID, "asset_triggered", 180, services)
+    run = wait_for_run(DAG_ID, since, 180, services)
+    assert run.run_type == "asset_triggered"
 
     states = task_states(DAG_ID, run.run_id)
     assert run.state == "success", (states, services.log_tail("scheduler"))
@@ -81,6 +87,10 @@ def test_forcing_file_burst_spreads_over_sites(
     sites = {r["site"] for r in results.values()}
     assert len(sites) > 1, f"the burst all went to {sites}"
     assert_state_db_agrees(results, f"{DAG_ID}.member")
+    # Exactly one job per member, even if Airflow failed and retried a member meanwhile.
+    assert sorted(selection_names_since(since.timestamp())) == [
+        f"{DAG_ID}.member.{i}" for i in range(forcing["members"])
+    ]
     # The watcher consumed the file: it fired once and cannot fire again.
     assert not (airflow_env.forcing_dir / "alberto.json").exists()
     consumed = list((airflow_env.forcing_dir / "consumed").glob("*alberto.json"))
@@ -101,6 +111,16 @@ def assert_members_completed(results: Mapping[int, Mapping[str, Any]]) -> None:
         assert result["state"] == "completed", (index, result)
         assert result["job_id"], (index, result)
         assert result["queued_s"] is not None and result["queued_s"] >= 0, (index, result)
+
+
+def selection_names_since(timestamp: float) -> list[str]:
+    store = open_store()
+    try:
+        with store.begin() as conn:
+            query = select(selections.c.name).where(selections.c.selected_at >= timestamp)
+            return list(conn.execute(query).scalars())
+    finally:
+        store.dispose()
 
 
 def assert_state_db_agrees(results: Mapping[int, Mapping[str, Any]], name_prefix: str) -> None:

@@ -23,7 +23,10 @@ from gridcore.state.store import Store, open_store
 
 pytestmark = pytest.mark.postgres
 
-GRID = GridSpec(tuple(SiteSpec(f"s{i}", SiteKind.SLURM, 32, 1.0 + i / 10) for i in range(8)), MappingProxyType({}))
+GRID = GridSpec(
+    tuple(SiteSpec(f"s{i}", SiteKind.SLURM, 32, 1.0 + i / 10) for i in range(8)),
+    MappingProxyType({}),
+)
 IDLE = {f"s{i}": 8 + 3 * i for i in range(8)}  # 8..29 processors granted per site
 PER_PROCESS = 200
 
@@ -33,9 +36,15 @@ def _selector(url: str, index: int, count: int) -> None:
     rng = random.Random(index)
     for i in range(count):
         ledger.select_and_record(
-            store, GRID, JobRequest(f"p{index}-{i}", rng.randint(1, 4)), Protocol.STATEFUL,
-            InsufficientMode.BEST, f"p{index}", time.time(), rng,
-        )  # fmt: skip
+            store,
+            GRID,
+            JobRequest(f"p{index}-{i}", rng.randint(1, 4)),
+            Protocol.STATEFUL,
+            InsufficientMode.BEST,
+            f"p{index}",
+            time.time(),
+            rng,
+        )
     store.dispose()
 
 
@@ -46,7 +55,11 @@ def _finisher(url: str, stop_after: float) -> None:
     end = time.time() + stop_after
     while time.time() < end:
         with store.begin() as conn:
-            ids = list(conn.execute(select(selections.c.id).where(selections.c.ledger.is_not(None)).limit(50)).scalars())
+            ids = list(
+                conn.execute(
+                    select(selections.c.id).where(selections.c.ledger.is_not(None)).limit(50)
+                ).scalars()
+            )
             for sid in rng.sample(ids, min(5, len(ids))):
                 ledger.release(conn, sid)
         time.sleep(0.01)
@@ -64,7 +77,11 @@ def test_eight_processes_never_overcommit_and_lose_no_row(pg_url: str, store: St
     with store.begin() as conn:
         ledger.register_sites(conn, GRID)
         for name, idle in IDLE.items():
-            conn.execute(update(sites).where(sites.c.name == name).values(reported_idle=idle, observed_at=1.0))
+            conn.execute(
+                update(sites)
+                .where(sites.c.name == name)
+                .values(reported_idle=idle, observed_at=1.0)
+            )
     ctx = multiprocessing.get_context("spawn")
     workers = [ctx.Process(target=_selector, args=(pg_url, i, PER_PROCESS)) for i in range(8)]
     victim = ctx.Process(target=_selector, args=(pg_url, 99, 100_000))
@@ -78,10 +95,18 @@ def test_eight_processes_never_overcommit_and_lose_no_row(pg_url: str, store: St
 
     with store.begin() as conn:
         totals = ledger.ledger_totals(conn)
-        per_stream = dict(conn.execute(select(selections.c.stream, func.count()).group_by(selections.c.stream)).all())
-        fits = conn.execute(select(func.count()).select_from(selections).where(selections.c.outcome == "fit")).scalar_one()
+        per_stream = dict(
+            conn.execute(
+                select(selections.c.stream, func.count()).group_by(selections.c.stream)
+            ).all()
+        )
+        fits = conn.execute(
+            select(func.count()).select_from(selections).where(selections.c.outcome == "fit")
+        ).scalar_one()
     for site, (claimed, claimed_rows, queued, queued_rows) in totals.items():
-        assert (claimed, queued) == (claimed_rows, queued_rows), f"{site}: counters drifted from rows"
+        assert (claimed, queued) == (claimed_rows, queued_rows), (
+            f"{site}: counters drifted from rows"
+        )
         assert claimed <= IDLE[site], f"{site}: {claimed} claimed > {IDLE[site]} granted"
     assert all(per_stream[f"p{i}"] == PER_PROCESS for i in range(8)), per_stream
     assert per_stream["p99"] >= 50
@@ -94,7 +119,11 @@ def test_claims_at_every_instant_stay_within_the_grant(pg_url: str, store: Store
     with store.begin() as conn:
         ledger.register_sites(conn, GRID)
         for name, idle in IDLE.items():
-            conn.execute(update(sites).where(sites.c.name == name).values(reported_idle=idle, observed_at=1.0))
+            conn.execute(
+                update(sites)
+                .where(sites.c.name == name)
+                .values(reported_idle=idle, observed_at=1.0)
+            )
     ctx = multiprocessing.get_context("spawn")
     workers = [ctx.Process(target=_selector, args=(pg_url, i, 60)) for i in range(8)]
     for p in workers:
@@ -103,14 +132,19 @@ def test_claims_at_every_instant_stay_within_the_grant(pg_url: str, store: Store
         p.join(300)
         assert p.exitcode == 0
     with store.begin() as conn:
-        fit = dict(conn.execute(
-            select(selections.c.site, func.sum(selections.c.processors))
-            .where(selections.c.outcome == "fit").group_by(selections.c.site)
-        ).all())  # fmt: skip
+        fit = dict(
+            conn.execute(
+                select(selections.c.site, func.sum(selections.c.processors))
+                .where(selections.c.outcome == "fit")
+                .group_by(selections.c.site)
+            ).all()
+        )
         rows = conn.execute(select(func.count()).select_from(selections)).scalar_one()
     assert rows == 8 * 60
     for site, granted in IDLE.items():
-        assert int(fit.get(site, 0)) <= granted, f"{site}: {fit.get(site)} granted twice over {granted}"
+        assert int(fit.get(site, 0)) <= granted, (
+            f"{site}: {fit.get(site)} granted twice over {granted}"
+        )
     # Every site was filled exactly to what the 480 requests could use.
     assert sum(int(v) for v in fit.values()) >= sum(IDLE.values()) - 8 * 3
 
@@ -119,7 +153,9 @@ def _kill_after_rows(store, victim, stream: str, rows: int) -> None:  # type: ig
     deadline = time.time() + 120
     while time.time() < deadline:
         with store.begin() as conn:
-            done = conn.execute(select(func.count()).select_from(selections).where(selections.c.stream == stream)).scalar_one()
+            done = conn.execute(
+                select(func.count()).select_from(selections).where(selections.c.stream == stream)
+            ).scalar_one()
         if done >= rows:
             break
         time.sleep(0.02)

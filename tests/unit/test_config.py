@@ -54,18 +54,71 @@ BASE = {"version": 1, "sites": {"a": {"kind": "local", "processors": 4}}}
     [
         ({"version": 2}, "version: must be 1, got 2"),
         ({"sites": {}}, "sites: at least one [sites.NAME] table is required"),
-        ({"sites": {"a": {"kind": "pbs", "processors": 4}}}, "sites.a.kind: must be local | slurm, got 'pbs'"),
-        ({"sites": {"a": {"kind": "local", "processors": 0}}}, "sites.a.processors: must be a positive integer, got 0"),
-        ({"sites": {"a": {"kind": "local", "processors": 4, "slowness": -1}}}, "sites.a.slowness: must be a positive number"),
-        ({"sites": {"a": {"kind": "local", "processors": 4, "cpus": 4}}}, "sites.a: unknown key(s) ['cpus']"),
-        ({"sites": {"a": {"kind": "local", "processors": 4, "url": "http://x"}}}, "only apply to slurm"),
-        ({"sites": {"a": {"kind": "slurm", "processors": 4, "token": {"env": "T"}}}}, "sites.a.url: slurm sites need an http(s) slurmrestd URL"),
-        ({"sites": {"a": {"kind": "slurm", "processors": 4, "url": "http://x", "token": "s3cret"}}}, "never the token itself"),
-        ({"sites": {"a": {"kind": "slurm", "processors": 4, "url": "http://x", "token": {"vault": "x"}}}}, "unknown credential reference"),
-        ({"sites": {"a": {"kind": "slurm", "processors": 4, "url": "http://x", "token": {"env": "T"}, "api_version": "v0.0.40"}}}, "sites.a.api_version"),
+        (
+            {"sites": {"a": {"kind": "pbs", "processors": 4}}},
+            "sites.a.kind: must be local | slurm, got 'pbs'",
+        ),
+        (
+            {"sites": {"a": {"kind": "local", "processors": 0}}},
+            "sites.a.processors: must be a positive integer, got 0",
+        ),
+        (
+            {"sites": {"a": {"kind": "local", "processors": 4, "slowness": -1}}},
+            "sites.a.slowness: must be a positive number",
+        ),
+        (
+            {"sites": {"a": {"kind": "local", "processors": 4, "cpus": 4}}},
+            "sites.a: unknown key(s) ['cpus']",
+        ),
+        (
+            {"sites": {"a": {"kind": "local", "processors": 4, "url": "http://x"}}},
+            "only apply to slurm",
+        ),
+        (
+            {"sites": {"a": {"kind": "slurm", "processors": 4, "token": {"env": "T"}}}},
+            "sites.a.url: slurm sites need an http(s) slurmrestd URL",
+        ),
+        (
+            {
+                "sites": {
+                    "a": {"kind": "slurm", "processors": 4, "url": "http://x", "token": "s3cret"}
+                }
+            },
+            "never the token itself",
+        ),
+        (
+            {
+                "sites": {
+                    "a": {
+                        "kind": "slurm",
+                        "processors": 4,
+                        "url": "http://x",
+                        "token": {"vault": "x"},
+                    }
+                }
+            },
+            "unknown credential reference",
+        ),
+        (
+            {
+                "sites": {
+                    "a": {
+                        "kind": "slurm",
+                        "processors": 4,
+                        "url": "http://x",
+                        "token": {"env": "T"},
+                        "api_version": "v0.0.40",
+                    }
+                }
+            },
+            "sites.a.api_version",
+        ),
         ({"sites": {"origin": {"kind": "local", "processors": 4}}}, "sites.origin: site name"),
         ({"bandwidth": {"origin": {"b": 10}}}, "bandwidth.origin.b: unknown site"),
-        ({"bandwidth": {"origin": {"a": 0}}}, "bandwidth.origin.a: must be a positive number, got 0"),
+        (
+            {"bandwidth": {"origin": {"a": 0}}},
+            "bandwidth.origin.a: must be a positive number, got 0",
+        ),
         ({"extra": 1}, "unknown top-level key(s) ['extra']"),
     ],
 )
@@ -87,5 +140,5 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
 
 def test_unknown_site_lookup_lists_known_sites(tmp_path: Path) -> None:
     grid = parse_grid(BASE, source="g.toml")
-    with pytest.raises(ConfigError, match="unknown site 'zz' .*has: a"):
+    with pytest.raises(ConfigError, match=r"unknown site 'zz' .*has: a"):
         grid.site("zz")

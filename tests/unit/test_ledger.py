@@ -16,13 +16,25 @@ from sqlalchemy import func, select, update
 
 from gridcore.engine import ledger
 from gridcore.errors import RequestError
-from gridcore.model import GridSpec, JobRequest, JobState, ObservedJob, SiteKind, SiteObservation, SiteSpec
+from gridcore.model import (
+    GridSpec,
+    JobRequest,
+    JobState,
+    ObservedJob,
+    SiteKind,
+    SiteObservation,
+    SiteSpec,
+)
 from gridcore.policies.selection import InsufficientMode, Protocol
 from gridcore.state.schema import selections, sites
 from gridcore.state.store import Store, open_store
 
 GRID = GridSpec(
-    (SiteSpec("a", SiteKind.SLURM, 16), SiteSpec("b", SiteKind.SLURM, 8), SiteSpec("c", SiteKind.SLURM, 4)),
+    (
+        SiteSpec("a", SiteKind.SLURM, 16),
+        SiteSpec("b", SiteKind.SLURM, 8),
+        SiteSpec("c", SiteKind.SLURM, 4),
+    ),
     MappingProxyType({}),
 )
 
@@ -34,16 +46,29 @@ def make_store(tmp_path: Path) -> Store:
     return store
 
 
-def decide(store: Store, name: str, procs: int, protocol: Protocol = Protocol.STATEFUL) -> ledger.Recorded:
+def decide(
+    store: Store, name: str, procs: int, protocol: Protocol = Protocol.STATEFUL
+) -> ledger.Recorded:
     return ledger.select_and_record(
-        store, GRID, JobRequest(name, procs), protocol, InsufficientMode.BEST, "t", time.time(), random.Random(1)
+        store,
+        GRID,
+        JobRequest(name, procs),
+        protocol,
+        InsufficientMode.BEST,
+        "t",
+        time.time(),
+        random.Random(1),
     )
 
 
 def assert_sound(store: Store) -> None:
     with store.begin() as conn:
         totals = ledger.ledger_totals(conn)
-        granted = dict(conn.execute(select(sites.c.name, sites.c.reported_idle - sites.c.external_pending)).all())
+        granted = dict(
+            conn.execute(
+                select(sites.c.name, sites.c.reported_idle - sites.c.external_pending)
+            ).all()
+        )
     for site, (claimed, claimed_rows, queued, queued_rows) in totals.items():
         assert (claimed, queued) == (claimed_rows, queued_rows), site
         assert claimed <= granted[site], f"{site}: claimed {claimed} > granted {granted[site]}"
@@ -55,7 +80,11 @@ def test_claims_until_full_then_queues(tmp_path: Path) -> None:
     assert [d.outcome.name for d in outcomes] == ["FIT"] * 7 + ["QUEUE"] * 2
     assert_sound(store)
     with store.begin() as conn:
-        assert dict(conn.execute(select(sites.c.name, sites.c.claimed)).all()) == {"a": 16, "b": 8, "c": 4}
+        assert dict(conn.execute(select(sites.c.name, sites.c.claimed)).all()) == {
+            "a": 16,
+            "b": 8,
+            "c": 4,
+        }
     store.dispose()
 
 
@@ -74,7 +103,9 @@ def test_observation_releases_visible_jobs_and_ignores_older_reports(tmp_path: P
         conn.execute(update(selections).where(selections.c.id == first.id).values(job_id="101"))
         stale = SiteObservation("a", 16, 16, (), observed_at=5.0)
         assert ledger.store_observation(conn, stale, ["101"]) == 0  # job not visible yet
-        running = SiteObservation("a", 16, 0, (ObservedJob("101", 16, JobState.RUNNING),), observed_at=10.0)
+        running = SiteObservation(
+            "a", 16, 0, (ObservedJob("101", 16, JobState.RUNNING),), observed_at=10.0
+        )
         assert ledger.store_observation(conn, running, ["101"]) == 1
         older = SiteObservation("a", 16, 16, (), observed_at=7.0)
         assert ledger.store_observation(conn, older, ["101"]) == 0
@@ -107,10 +138,22 @@ def test_release_happens_exactly_once(tmp_path: Path) -> None:
 def test_site_errors_make_a_site_unusable_and_an_observation_restores_it(tmp_path: Path) -> None:
     store = make_store(tmp_path)
     with store.begin() as conn:
-        assert [ledger.record_site_error(conn, "a", "refused") for _ in range(3)] == [False, False, True]
+        assert [ledger.record_site_error(conn, "a", "refused") for _ in range(3)] == [
+            False,
+            False,
+            True,
+        ]
     with pytest.raises(RequestError, match="a: marked unusable"):
-        ledger.select_and_record(store, GRID, JobRequest("big", 12), Protocol.STATEFUL, InsufficientMode.BEST,
-                                 "t", 0.0, random.Random(0))  # fmt: skip
+        ledger.select_and_record(
+            store,
+            GRID,
+            JobRequest("big", 12),
+            Protocol.STATEFUL,
+            InsufficientMode.BEST,
+            "t",
+            0.0,
+            random.Random(0),
+        )
     with store.begin() as conn:
         ledger.store_observation(conn, SiteObservation("a", 16, 16, (), observed_at=9.0), [])
     assert decide(store, "big", 12).decision.site == "a"
@@ -127,7 +170,10 @@ def _hammer(url: str, index: int, count: int) -> None:
 def test_concurrent_processes_never_grant_the_same_processors_twice(tmp_path: Path) -> None:
     store = make_store(tmp_path)
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_hammer, args=(f"sqlite:///{tmp_path}/state.db", i, 40)) for i in range(4)]
+    procs = [
+        ctx.Process(target=_hammer, args=(f"sqlite:///{tmp_path}/state.db", i, 40))
+        for i in range(4)
+    ]
     for p in procs:
         p.start()
     for p in procs:

@@ -22,7 +22,9 @@ from gridcore.state.store import open_store
 
 
 def runtime(tmp_path: Path) -> GridRuntime:
-    return GridRuntime(default_grid(tmp_path), open_store(f"sqlite:///{tmp_path}/state.db", upgrade=True))
+    return GridRuntime(
+        default_grid(tmp_path), open_store(f"sqlite:///{tmp_path}/state.db", upgrade=True)
+    )
 
 
 def run(rt: GridRuntime, name: str, procs: int, command: str, site: str | None = None) -> int:
@@ -52,7 +54,9 @@ def test_job_runs_on_its_site_and_releases_its_processors(tmp_path: Path) -> Non
     assert (rec.state, rec.exit_code) == ("completed", 0)
     out = Path(rt.grid.site(rec.site).storage_dir or "") / "jobs" / str(rec.job_id) / "stdout.txt"
     assert out.read_text().strip() == f"on {rec.site} with 2"
-    assert rec.started_at is not None and rec.finished_at is not None and rec.submitted_at is not None
+    assert (
+        rec.started_at is not None and rec.finished_at is not None and rec.submitted_at is not None
+    )
     in_flight_zero(rt)
 
 
@@ -87,7 +91,7 @@ def test_a_vanished_process_is_a_failure_not_a_hang(tmp_path: Path) -> None:
 
 def test_bad_requests_fail_before_anything_is_recorded(tmp_path: Path) -> None:
     rt = runtime(tmp_path)
-    with pytest.raises(RequestError, match="request.processors: must be a positive integer"):
+    with pytest.raises(RequestError, match=r"request\.processors: must be a positive integer"):
         rt.select(JobRequest("zero", 0))
     with pytest.raises(RequestError, match="no site can run 64 processors"):
         rt.select(JobRequest("huge", 64))
@@ -114,7 +118,9 @@ def _submit_many(home: str, start: int) -> None:
         run(rt, f"w{i}", 4, "sleep 0.4", site="local-a")
 
 
-def test_workers_in_different_processes_share_one_site_without_oversubscribing(tmp_path: Path) -> None:
+def test_workers_in_different_processes_share_one_site_without_oversubscribing(
+    tmp_path: Path,
+) -> None:
     rt = runtime(tmp_path)
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_submit_many, args=(str(tmp_path), i * 4)) for i in range(3)]
@@ -128,7 +134,9 @@ def test_workers_in_different_processes_share_one_site_without_oversubscribing(t
     for sid in ids:
         assert wait(rt, sid).state == "completed"
     with rt.store.begin() as conn:
-        spans = conn.execute(select(local_jobs.c.started_at, local_jobs.c.finished_at, local_jobs.c.processors)).all()
+        spans = conn.execute(
+            select(local_jobs.c.started_at, local_jobs.c.finished_at, local_jobs.c.processors)
+        ).all()
     # At every start instant, the processors of jobs running then never exceed 8.
     for t, _, _ in spans:
         busy = sum(p for s, f, p in spans if s <= t < f)

@@ -24,8 +24,16 @@ from operators.site_job import (
 )
 from sensors.triggers import SiteJobTrigger, error_event
 
-RESULT_KEYS = {"site", "job_id", "state", "selected_at", "started_at", "finished_at",
-               "queued_s", "selection_id"}  # fmt: skip
+RESULT_KEYS = {
+    "site",
+    "job_id",
+    "state",
+    "selected_at",
+    "started_at",
+    "finished_at",
+    "queued_s",
+    "selection_id",
+}
 WAIT_S = 30.0
 
 
@@ -48,8 +56,13 @@ def runtime(db_url: str) -> Iterator[GridRuntime]:
 
 
 def operator(**kwargs: Any) -> SiteJobOperator:
-    defaults: dict[str, Any] = {"task_id": "member", "command": "true", "processors": 1,
-                                "runtime_s": 1, "poll_interval": 0.05}  # fmt: skip
+    defaults: dict[str, Any] = {
+        "task_id": "member",
+        "command": "true",
+        "processors": 1,
+        "runtime_s": 1,
+        "poll_interval": 0.05,
+    }
     return SiteJobOperator(**{**defaults, **kwargs})
 
 
@@ -133,8 +146,9 @@ def test_input_files_size_the_request_and_reach_the_job(tmp_path: Path, db_url: 
     inputs[0].write_bytes(b"\x00" * 300)
     inputs[1].write_bytes(b"\x00" * 200)
     seen = tmp_path / "seen.txt"
-    op = operator(input_files=[str(p) for p in inputs],
-                  command=f'printf %s "${INPUTS_ENV}" > {seen}')  # fmt: skip
+    op = operator(
+        input_files=[str(p) for p in inputs], command=f'printf %s "${INPUTS_ENV}" > {seen}'
+    )
 
     plan = op.plan_job({})
     result = op.execute_complete({}, event_of(deferred(op)))
@@ -200,9 +214,18 @@ def test_execute_complete_rejects_events_that_break_the_contract(event: Any) -> 
         ({"insufficient_mode": "wait"}, "insufficient_mode: must be one of"),
         ({"command": "  "}, "command must be a non-empty string"),
     ],
-    ids=["unknown-site", "zero-processors", "negative-processors", "too-big-for-every-site",
-         "missing-input", "negative-runtime", "bad-protocol", "bad-mode", "blank-command"],
-)  # fmt: skip
+    ids=[
+        "unknown-site",
+        "zero-processors",
+        "negative-processors",
+        "too-big-for-every-site",
+        "missing-input",
+        "negative-runtime",
+        "bad-protocol",
+        "bad-mode",
+        "blank-command",
+    ],
+)
 def test_bad_input_fails_before_anything_is_recorded(
     db_url: str, kwargs: dict[str, Any], message: str
 ) -> None:

@@ -30,9 +30,10 @@ def test_providers_manager_discovers_gridcore_and_its_connection_type() -> None:
     manager = ProvidersManager()
     assert "gridcore" in manager.providers
     (slurm,) = [
-        m for m in manager.iter_connection_type_hook_ui_metadata()
+        m
+        for m in manager.iter_connection_type_hook_ui_metadata()
         if m.connection_type == "gridcore_slurm"
-    ]  # fmt: skip
+    ]
     assert slurm.hook_class_name == "operators.hooks.GridcoreHook"
     assert slurm.hook_name == "gridcore Slurm site"
     triggers = {(t.package_name, t.trigger_class_name) for t in manager.trigger}
@@ -48,8 +49,10 @@ def test_an_airflow_connection_supplies_a_sites_token(monkeypatch: pytest.Monkey
 
     assert credentials.resolve(CredentialRef(airflow_conn="alpha_slurm")) == "t0k"
     assert GridcoreHook("alpha_slurm").get_conn() == {
-        "url": "http://alpha:6820", "user": None, "token": "t0k",
-    }  # fmt: skip
+        "url": "http://alpha:6820",
+        "user": None,
+        "token": "t0k",
+    }
 
 
 def test_a_connection_without_a_token_is_a_credential_error(

@@ -24,13 +24,24 @@ def flat(src: str, dst: str) -> float:
     return 100.0
 
 
-def pick(request: JobRequest, snaps: tuple[SiteSnapshot, ...] | list[SiteSnapshot], protocol: Protocol = Protocol.STATEFUL,
-         mode: InsufficientMode = InsufficientMode.BEST, seed: int = 0, bandwidth=flat):  # type: ignore[no-untyped-def]
+def pick(
+    request: JobRequest,
+    snaps: tuple[SiteSnapshot, ...] | list[SiteSnapshot],
+    protocol: Protocol = Protocol.STATEFUL,
+    mode: InsufficientMode = InsufficientMode.BEST,
+    seed: int = 0,
+    bandwidth=flat,
+):  # type: ignore[no-untyped-def]
     return select_site(request, snaps, bandwidth, protocol, mode, rng=random.Random(seed))
 
 
 def with_in_flight(snaps, site: str, processors: int):  # type: ignore[no-untyped-def]
-    return [replace(s, in_flight_processors=s.in_flight_processors + processors) if s.site == site else s for s in snaps]
+    return [
+        replace(s, in_flight_processors=s.in_flight_processors + processors)
+        if s.site == site
+        else s
+        for s in snaps
+    ]
 
 
 def burst(protocol: Protocol, n: int, procs: int) -> list[str]:
@@ -39,7 +50,9 @@ def burst(protocol: Protocol, n: int, procs: int) -> list[str]:
     snaps = list(BENCH)
     chosen = []
     for i in range(n):
-        decision = pick(JobRequest(f"m{i}", procs), snaps, protocol, InsufficientMode.RANDOM, seed=i)
+        decision = pick(
+            JobRequest(f"m{i}", procs), snaps, protocol, InsufficientMode.RANDOM, seed=i
+        )
         assert decision.site is not None
         chosen.append(decision.site)
         snaps = with_in_flight(snaps, decision.site, procs)
@@ -66,37 +79,104 @@ def test_burst_stateful_uses_every_site_before_any_queue() -> None:
 @pytest.mark.parametrize(
     ("scenario", "snaps", "request_", "protocol", "mode", "expected_site", "expected_outcome"),
     [
-        ("slowness: equal room, the faster site finishes first",
-         [SiteSnapshot("slow", 8, 8, slowness=2.0), SiteSnapshot("fast", 8, 8, slowness=1.0)],
-         JobRequest("j", 4, 100.0), Protocol.STATEFUL, InsufficientMode.BEST, "fast", Outcome.FIT),
-        ("a site too small in total is never chosen, even if fastest",
-         [SiteSnapshot("tiny", 2, 2, slowness=0.5), SiteSnapshot("big", 16, 16, slowness=1.0)],
-         JobRequest("j", 4), Protocol.STATEFUL, InsufficientMode.BEST, "big", Outcome.FIT),
-        ("an unusable site is skipped",
-         [SiteSnapshot("down", 16, 16, usable=False), SiteSnapshot("up", 8, 8, slowness=3.0)],
-         JobRequest("j", 4), Protocol.STATEFUL, InsufficientMode.BEST, "up", Outcome.FIT),
-        ("stateful counts other users' queued jobs; naive does not",
-         [SiteSnapshot("busy", 8, 8, external_pending_processors=8), SiteSnapshot("other", 8, 8, slowness=1.5)],
-         JobRequest("j", 4), Protocol.STATEFUL, InsufficientMode.BEST, "other", Outcome.FIT),
-        ("naive ignores other users' queued jobs",
-         [SiteSnapshot("busy", 8, 8, external_pending_processors=8), SiteSnapshot("other", 8, 8, slowness=1.5)],
-         JobRequest("j", 4), Protocol.NAIVE, InsufficientMode.BEST, "busy", Outcome.FIT),
-        ("best: all full, the largest idle count wins even when negative",
-         [SiteSnapshot("a", 8, 2, in_flight_processors=6), SiteSnapshot("b", 8, 0, in_flight_processors=2)],
-         JobRequest("j", 4), Protocol.STATEFUL, InsufficientMode.BEST, "b", Outcome.QUEUE),
-        ("best: ties go to the alphabetically first site, also for prefixed names",
-         [SiteSnapshot("site10", 4, 0), SiteSnapshot("site1", 4, 0)],
-         JobRequest("j", 4), Protocol.STATEFUL, InsufficientMode.BEST, "site1", Outcome.QUEUE),
-        ("earliest: the site whose observed queue drains first",
-         [SiteSnapshot("longq", 16, 0, mean_queue_wait_s=900.0, mean_runtime_s=600.0),
-          SiteSnapshot("shortq", 16, 0, mean_queue_wait_s=30.0, mean_runtime_s=600.0)],
-         JobRequest("j", 4, 600.0), Protocol.STATEFUL, InsufficientMode.EARLIEST, "shortq", Outcome.QUEUE),
-        ("earliest: no history, the backlog relative to size decides",
-         [SiteSnapshot("small", 4, -8), SiteSnapshot("large", 32, -8)],
-         JobRequest("j", 4, 600.0), Protocol.STATEFUL, InsufficientMode.EARLIEST, "large", Outcome.QUEUE),
+        (
+            "slowness: equal room, the faster site finishes first",
+            [SiteSnapshot("slow", 8, 8, slowness=2.0), SiteSnapshot("fast", 8, 8, slowness=1.0)],
+            JobRequest("j", 4, 100.0),
+            Protocol.STATEFUL,
+            InsufficientMode.BEST,
+            "fast",
+            Outcome.FIT,
+        ),
+        (
+            "a site too small in total is never chosen, even if fastest",
+            [SiteSnapshot("tiny", 2, 2, slowness=0.5), SiteSnapshot("big", 16, 16, slowness=1.0)],
+            JobRequest("j", 4),
+            Protocol.STATEFUL,
+            InsufficientMode.BEST,
+            "big",
+            Outcome.FIT,
+        ),
+        (
+            "an unusable site is skipped",
+            [SiteSnapshot("down", 16, 16, usable=False), SiteSnapshot("up", 8, 8, slowness=3.0)],
+            JobRequest("j", 4),
+            Protocol.STATEFUL,
+            InsufficientMode.BEST,
+            "up",
+            Outcome.FIT,
+        ),
+        (
+            "stateful counts other users' queued jobs; naive does not",
+            [
+                SiteSnapshot("busy", 8, 8, external_pending_processors=8),
+                SiteSnapshot("other", 8, 8, slowness=1.5),
+            ],
+            JobRequest("j", 4),
+            Protocol.STATEFUL,
+            InsufficientMode.BEST,
+            "other",
+            Outcome.FIT,
+        ),
+        (
+            "naive ignores other users' queued jobs",
+            [
+                SiteSnapshot("busy", 8, 8, external_pending_processors=8),
+                SiteSnapshot("other", 8, 8, slowness=1.5),
+            ],
+            JobRequest("j", 4),
+            Protocol.NAIVE,
+            InsufficientMode.BEST,
+            "busy",
+            Outcome.FIT,
+        ),
+        (
+            "best: all full, the largest idle count wins even when negative",
+            [
+                SiteSnapshot("a", 8, 2, in_flight_processors=6),
+                SiteSnapshot("b", 8, 0, in_flight_processors=2),
+            ],
+            JobRequest("j", 4),
+            Protocol.STATEFUL,
+            InsufficientMode.BEST,
+            "b",
+            Outcome.QUEUE,
+        ),
+        (
+            "best: ties go to the alphabetically first site, also for prefixed names",
+            [SiteSnapshot("site10", 4, 0), SiteSnapshot("site1", 4, 0)],
+            JobRequest("j", 4),
+            Protocol.STATEFUL,
+            InsufficientMode.BEST,
+            "site1",
+            Outcome.QUEUE,
+        ),
+        (
+            "earliest: the site whose observed queue drains first",
+            [
+                SiteSnapshot("longq", 16, 0, mean_queue_wait_s=900.0, mean_runtime_s=600.0),
+                SiteSnapshot("shortq", 16, 0, mean_queue_wait_s=30.0, mean_runtime_s=600.0),
+            ],
+            JobRequest("j", 4, 600.0),
+            Protocol.STATEFUL,
+            InsufficientMode.EARLIEST,
+            "shortq",
+            Outcome.QUEUE,
+        ),
+        (
+            "earliest: no history, the backlog relative to size decides",
+            [SiteSnapshot("small", 4, -8), SiteSnapshot("large", 32, -8)],
+            JobRequest("j", 4, 600.0),
+            Protocol.STATEFUL,
+            InsufficientMode.EARLIEST,
+            "large",
+            Outcome.QUEUE,
+        ),
     ],
 )
-def test_selection_scenarios(scenario, snaps, request_, protocol, mode, expected_site, expected_outcome) -> None:  # type: ignore[no-untyped-def]
+def test_selection_scenarios(
+    scenario, snaps, request_, protocol, mode, expected_site, expected_outcome
+) -> None:  # type: ignore[no-untyped-def]
     decision = pick(request_, snaps, protocol, mode)
     assert (decision.site, decision.outcome) == (expected_site, expected_outcome), scenario
     assert decision.reasons, "every decision explains itself"
@@ -106,7 +186,9 @@ def test_transfer_time_over_the_bandwidth_matrix_decides_between_equal_sites() -
     snaps = [SiteSnapshot("near", 8, 8), SiteSnapshot("far", 8, 8)]
     links = {("origin", "near"): 100.0, ("origin", "far"): 1.0}
     request = JobRequest("j", 4, 60.0, input_bytes=500 * MB)
-    decision = pick(request, snaps, bandwidth=lambda a, b: links.get((a, b), links.get((b, a), 10.0)))
+    decision = pick(
+        request, snaps, bandwidth=lambda a, b: links.get((a, b), links.get((b, a), 10.0))
+    )
     assert decision.site == "near"
     far = decision.estimate_for("far")
     assert far is not None and far.transfer_s == pytest.approx(500.0)
@@ -116,9 +198,15 @@ def test_transfer_time_over_the_bandwidth_matrix_decides_between_equal_sites() -
 
 def test_insufficient_random_draws_from_the_injected_rng_only() -> None:
     snaps = [SiteSnapshot(n, 4, 0) for n in "abcd"]
-    runs = [pick(JobRequest("j", 4), snaps, mode=InsufficientMode.RANDOM, seed=s).site for s in range(40)]
+    runs = [
+        pick(JobRequest("j", 4), snaps, mode=InsufficientMode.RANDOM, seed=s).site
+        for s in range(40)
+    ]
     assert set(runs) == set("abcd")
-    again = [pick(JobRequest("j", 4), snaps, mode=InsufficientMode.RANDOM, seed=s).site for s in range(40)]
+    again = [
+        pick(JobRequest("j", 4), snaps, mode=InsufficientMode.RANDOM, seed=s).site
+        for s in range(40)
+    ]
     assert runs == again
 
 
