@@ -35,8 +35,9 @@ from sensors.triggers import ForcingFileTrigger
 
 MAX_MEMBERS = 256
 DEFAULT_WIND_MS = 35.0
-# Simulated storm hours per estimated runtime second: ~0.3 s of compute per storm hour
-# for one drag variant on this model's 2000-cell shelf, so estimates stay conservative.
+# Simulated storm hours per second of a member's runtime estimate. One storm hour costs
+# about 0.1 s of one core here (2000 cells, a few drag variants batched), so a member
+# needs about a third of its estimate alone, leaving room for a burst sharing the cores.
 STORM_HOURS_PER_RUNTIME_S = 3.0
 
 
@@ -121,19 +122,23 @@ def member_rows(
     for i in range(members):
         spread = 0.8 + 0.4 * (i / (members - 1) if members > 1 else 0.5)
         env = {
-            "STORM": storm, "MEMBER": str(i), "WIND_MS": f"{wind_ms * spread:.2f}",
-            "SURGE_CELLS": "2000", "SURGE_HOURS": f"{runtime_s * STORM_HOURS_PER_RUNTIME_S:g}",
-        }  # fmt: skip
+            "STORM": storm,
+            "MEMBER": str(i),
+            "WIND_MS": f"{wind_ms * spread:.2f}",
+            "SURGE_CELLS": "2000",
+            "SURGE_HOURS": f"{runtime_s * STORM_HOURS_PER_RUNTIME_S:g}",
+        }
         rows.append(
             {"processors": cycle[i % len(cycle)], "runtime_s": float(runtime_s), "env": env}
         )
     return rows
 
 
-def plan_from_forcing(forcing: Mapping[str, Any], source: str) -> list[dict[str, Any]]:
+def plan_from_forcing(forcing: Mapping[str, Any], name: str, source: str) -> list[dict[str, Any]]:
+    """Rows for one forcing file (``name`` as dropped, read from ``source``)."""
     try:
         return member_rows(
-            storm=str(forcing.get("storm") or Path(source).stem),
+            storm=str(forcing.get("storm") or Path(name).stem),
             members=forcing.get("members", 8),
             processors=forcing.get("processors", 2),
             runtime_s=forcing.get("runtime_s", 2),
@@ -177,7 +182,7 @@ def ensemble_surge() -> None:
         rows: list[dict[str, Any]] = []
         for payload in payloads:
             path = Path(payload["path"])
-            rows += plan_from_forcing(json.loads(path.read_text()), str(path))
+            rows += plan_from_forcing(json.loads(path.read_text()), payload["name"], str(path))
         return rows
 
     # Retries are safe: a retry reattaches to the selection its earlier try made (task

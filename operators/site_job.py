@@ -142,12 +142,20 @@ class SiteJobOperator(BaseOperator):
             # Persisted between select and submit, so a retry after a worker crash (or
             # after Airflow failing the task on a stale executor event) finds the job
             # instead of submitting a duplicate; submit() itself never submits twice.
-            state.set(SELECTION_KEY, record.selection_id)
+            try:
+                state.set(SELECTION_KEY, record.selection_id)
+            except Exception:
+                runtime.cancel(record.selection_id)  # release the claimed processors
+                raise
         record = runtime.submit(record.selection_id, job.submission)
         self.log.info(
-            "selection %s: %s on site %s as job %s (%s)", record.selection_id,
-            job.request.name, record.site, record.job_id, "; ".join(record.reasons),
-        )  # fmt: skip
+            "selection %s: %s on site %s as job %s (%s)",
+            record.selection_id,
+            job.request.name,
+            record.site,
+            record.job_id,
+            "; ".join(record.reasons),
+        )
         return record
 
     def _resume(self, runtime: GridRuntime, state: Any, job: JobPlan) -> JobRecord | None:
@@ -166,8 +174,13 @@ class SiteJobOperator(BaseOperator):
             return None
         if record.job_id is None and not record.finished:
             record = runtime.submit(prior, job.submission)
-        self.log.info("resuming selection %s: job %s on site %s is %s", prior, record.job_id,
-                      record.site, record.state)  # fmt: skip
+        self.log.info(
+            "resuming selection %s: job %s on site %s is %s",
+            prior,
+            record.job_id,
+            record.site,
+            record.state,
+        )
         return record
 
     def execute_complete(self, context: Context, event: Any = None) -> dict[str, Any]:
@@ -191,7 +204,11 @@ class SiteJobOperator(BaseOperator):
         # polling without deferral); a deferred wait is cancelled by SiteJobTrigger.on_kill.
         if self._selection_id is None:
             return
-        runtime = GridRuntime.open(self.grid_file, self.db_url)
+        try:
+            runtime = GridRuntime.open(self.grid_file, self.db_url, upgrade=False)
+        except GridError as exc:
+            self.log.warning("could not cancel selection %s: %s", self._selection_id, exc)
+            return
         try:
             record = runtime.cancel(self._selection_id)
             self.log.info("cancelled selection %s (job %s)", record.selection_id, record.job_id)

@@ -13,6 +13,7 @@ import fnmatch
 import os
 import random
 import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal, TypedDict
@@ -82,9 +83,11 @@ def checked_event(event: Any) -> SiteJobEvent:
     if event["status"] == "success" and not isinstance(event["record"], dict):
         raise ValueError(f"SiteJobTrigger success event has no record: {event!r}")
     return SiteJobEvent(
-        status=event["status"], message=str(event["message"]),
-        selection_id=int(event["selection_id"]), record=event["record"],
-    )  # fmt: skip
+        status=event["status"],
+        message=str(event["message"]),
+        selection_id=int(event["selection_id"]),
+        record=event["record"],
+    )
 
 
 def wait_blocking(
@@ -201,8 +204,9 @@ class SiteJobTrigger(BaseTrigger):
         record = await asyncio.wait_for(
             asyncio.to_thread(runtime.cancel, self.selection_id), _CANCEL_TIMEOUT_S
         )
-        self.log.info("cancelled selection %s: job %s is %s", record.selection_id,
-                      record.job_id, record.state)  # fmt: skip
+        self.log.info(
+            "cancelled selection %s: job %s is %s", record.selection_id, record.job_id, record.state
+        )
 
     async def cleanup(self) -> None:
         # Local resources only (the state DB connection pool): the remote job must
@@ -213,7 +217,9 @@ class SiteJobTrigger(BaseTrigger):
 
 
 def backoff_delay(attempt: int, rng: random.Random | None = None) -> float:
-    """Full-jitter exponential back-off: uniform in [0, min(cap, base * 2**attempt)]."""
+    """Jittered exponential back-off for the ``attempt``-th failure in a row: uniform in
+    [0.1 c, c] with c = min(cap, base * 2**(attempt - 1)), so retries of many triggers
+    that failed together (one site went down) spread out instead of arriving at once."""
     ceiling = min(_BACKOFF_CAP_S, _BACKOFF_BASE_S * 2 ** max(0, attempt - 1))
     return (rng or random).uniform(0.1 * ceiling, ceiling)
 
@@ -234,7 +240,9 @@ class ForcingFileTrigger(BaseEventTrigger):
     is the consumed location, which is where tasks read the file.
 
     Producers should write under a name that does not match ``pattern`` (or outside the
-    directory) and rename into place, so a half-written file is never consumed.
+    directory) and rename into place, so a half-written file is never consumed. Consumed
+    files are kept: if a triggerer dies between the rename and persisting the event, the
+    file can be moved back into the directory to fire again.
     """
 
     def __init__(self, directory: str, pattern: str = "*", poll_interval: float = 5.0) -> None:
@@ -273,8 +281,9 @@ def consume_next_file(directory: str, pattern: str) -> ForcingFileEvent | None:
     target_dir = root / CONSUMED_DIR
     target_dir.mkdir(exist_ok=True)
     for name in candidates:
-        # A unique target name keeps an older consumed file of the same name intact.
-        target = target_dir / f"{time.time_ns()}-{os.getpid()}-{name}"
+        # Unique per consumer and call (rename silently replaces an existing target), and
+        # time-prefixed so consumed/ lists in arrival order.
+        target = target_dir / f"{time.time_ns()}-{uuid.uuid4().hex[:12]}-{name}"
         try:
             os.rename(root / name, target)
         except FileNotFoundError:

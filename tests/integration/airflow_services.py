@@ -51,12 +51,21 @@ class AirflowServices:
         services = cls(log_dir, env)
         log_dir.mkdir(parents=True, exist_ok=True)
         commands = {
-            "api-server": ["api-server", "--apps", "execution", "-H", "127.0.0.1",
-                           "-p", str(port), "-w", "1"],
+            "api-server": [
+                "api-server",
+                "--apps",
+                "execution",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "-w",
+                "1",
+            ],
             "scheduler": ["scheduler", "--skip-serve-logs"],
             "dag-processor": ["dag-processor"],
             "triggerer": ["triggerer", "--skip-serve-logs"],
-        }  # fmt: skip
+        }
         try:
             for name, args in commands.items():
                 services._spawn(name, args)
@@ -69,9 +78,13 @@ class AirflowServices:
     def _spawn(self, name: str, args: list[str]) -> None:
         with open(self.log_dir / f"{name}.log", "wb") as out:
             self.processes[name] = subprocess.Popen(
-                [AIRFLOW_BIN, *args], env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
+                [AIRFLOW_BIN, *args],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
     def _wait_http(self, url: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -129,9 +142,13 @@ def _free_port() -> int:
 def migrate_metadata_db() -> None:
     """``airflow db migrate`` as an operator would run it (idempotent, ~3 s on SQLite)."""
     done = subprocess.run(
-        [AIRFLOW_BIN, "db", "migrate"], env=os.environ.copy(), capture_output=True, text=True,
-        timeout=300, check=False,
-    )  # fmt: skip
+        [AIRFLOW_BIN, "db", "migrate"],
+        env=os.environ.copy(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"airflow db migrate failed:\n{done.stderr[-3000:]}")
 

@@ -37,8 +37,16 @@ from tests.integration.conftest import IntegrationEnv
 
 pytestmark = pytest.mark.airflow
 DAG_ID = "ensemble_surge"
-RESULT_KEYS = {"site", "job_id", "state", "selected_at", "started_at", "finished_at",
-               "queued_s", "selection_id"}  # fmt: skip
+RESULT_KEYS = {
+    "site",
+    "job_id",
+    "state",
+    "selected_at",
+    "started_at",
+    "finished_at",
+    "queued_s",
+    "selection_id",
+}
 
 
 def test_dag_test_runs_every_member_to_completion(dagbag: Any, airflow_env: IntegrationEnv) -> None:
@@ -130,8 +138,10 @@ def assert_state_db_agrees(results: Mapping[int, Mapping[str, Any]], name_prefix
             record = runtime.record(result["selection_id"])
             assert record.name == f"{name_prefix}.{index}"
             assert (record.site, record.job_id, record.state) == (
-                result["site"], result["job_id"], "completed",
-            )  # fmt: skip
+                result["site"],
+                result["job_id"],
+                "completed",
+            )
         with runtime.store.begin() as conn:
             totals = ledger_totals(conn)
     finally:

@@ -33,11 +33,13 @@ DAG_ID = "ensemble_surge"
 
 
 @pytest.fixture(scope="module")
-def slurm_services(slurm_grid: SlurmGrid, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
-    tuple[AirflowServices, Path]
-]:  # fmt: skip
+def slurm_services(
+    slurm_grid: SlurmGrid, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[AirflowServices, Path]]:
     base = tmp_path_factory.mktemp("ensemble-slurm")
-    forcing_dir = base / "forcing"
+    # Keep the inbox of an earlier tier in this session: a new directory would change the
+    # asset watcher's trigger, which waits for the dag-processor's next re-parse.
+    forcing_dir = Path(os.environ.get("GRIDCORE_FORCING_DIR") or base / "forcing")
     env = {
         "GRIDCORE_GRID": str(slurm_grid.grid_toml),
         "GRIDCORE_HOME": str(base / "gridcore"),

@@ -13,6 +13,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 from sqlalchemy import func, inspect, select
 
+from gridcore.engine.ledger import ledger_totals
 from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.state.schema import selections
 from gridcore.state.store import open_store
@@ -325,3 +326,19 @@ def test_a_retry_after_the_job_failed_starts_a_new_one(runtime: GridRuntime, db_
     assert retry.selection_id != first.selection_id
     assert state.values == {SELECTION_KEY: retry.selection_id}
     assert selection_rows(db_url) == 2
+
+
+class BrokenTaskStateStore(FakeTaskStateStore):
+    def set(self, key: str, value: Any, *, retention: Any = None) -> None:
+        raise RuntimeError("execution API unavailable")
+
+
+def test_a_selection_that_cannot_be_persisted_is_released(runtime: GridRuntime) -> None:
+    with pytest.raises(RuntimeError, match="execution API unavailable"):
+        operator().execute(context={"task_state_store": BrokenTaskStateStore()})
+
+    with runtime.store.begin() as conn:
+        totals = ledger_totals(conn)
+        states = list(conn.execute(select(selections.c.state)).scalars())
+    assert states == ["cancelled"]
+    assert {site: t for site, t in totals.items() if any(t)} == {}
