@@ -131,36 +131,47 @@ _PG_ADD_INSERT = {column: _pg_insert_from(stmt) for column, stmt in _ADD.items()
 
 
 def read_snapshots(conn: Connection, grid: GridSpec) -> list[SiteSnapshot]:
-    """One snapshot of every grid site, read in the caller's transaction."""
+    """One snapshot of every grid site, read in the caller's transaction.
+
+    The hot path of every decision: the rows come straight from the driver cursor
+    (SQLAlchemy's result processing cost as much as the policy itself), and a row equal
+    to one seen before reuses its snapshot, since a decision changes one site's row.
+    """
     slowness = grid.slowness_by_site
-    return [
-        SiteSnapshot(
-            name,
-            total,
-            idle,
-            slowness[name],
-            claimed + queued,
-            0,
-            pending_p,
-            pending_n,
-            bool(usable),
-            wait,
-            runtime,
-        )
-        for (
-            name,
-            total,
-            idle,
-            claimed,
-            queued,
-            pending_p,
-            pending_n,
-            usable,
-            wait,
-            runtime,
-        ) in conn.execute(_SNAPSHOT_COLUMNS).all()
-        if name in slowness
-    ]
+    cache = grid.snapshot_cache
+    cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    try:
+        cursor.execute(_snapshot_sql(conn))
+        rows = cursor.fetchall()
+    finally:
+        cursor.close()
+    snaps = []
+    for row in rows:
+        snap = cache.get(row)
+        if snap is None:
+            name, total, idle, claimed, queued, pending_p, pending_n, usable, wait, runtime = row
+            if name not in slowness:
+                continue
+            snap = SiteSnapshot(
+                name, total, idle, slowness[name], claimed + queued, 0, pending_p, pending_n,
+                bool(usable), wait, runtime,
+            )  # fmt: skip
+            if len(cache) > _SNAPSHOT_CACHE_MAX:
+                cache.clear()
+            cache[row] = snap
+        snaps.append(snap)
+    return snaps
+
+
+_SNAPSHOT_CACHE_MAX = 20_000
+_snapshot_sql_by_dialect: dict[str, str] = {}
+
+
+def _snapshot_sql(conn: Connection) -> str:
+    name = conn.dialect.name
+    if name not in _snapshot_sql_by_dialect:
+        _snapshot_sql_by_dialect[name] = str(_SNAPSHOT_COLUMNS.compile(dialect=conn.dialect))
+    return _snapshot_sql_by_dialect[name]
 
 
 def select_and_record(
@@ -298,6 +309,34 @@ def release(conn: Connection, selection_id: int) -> bool:
         return False
     _add(conn, row.site, row.ledger, -row.processors)
     return True
+
+
+def expire_unsubmitted(conn: Connection, older_than: float, now: float) -> list[int]:
+    """Fail selections never submitted since ``older_than`` (their worker died between
+    select and submit) and return their processors; returns the expired ids."""
+    stale = list(
+        conn.execute(
+            select(selections.c.id).where(
+                and_(
+                    selections.c.state == JobState.SELECTED.value,
+                    selections.c.job_id.is_(None),
+                    selections.c.selected_at < older_than,
+                )
+            )
+        ).scalars()
+    )
+    for sid in stale:
+        conn.execute(
+            update(selections)
+            .where(and_(selections.c.id == sid, selections.c.state == JobState.SELECTED.value))
+            .values(
+                state=JobState.FAILED.value,
+                finished_at=now,
+                message="abandoned: selected but never submitted (the worker died?)",
+            )
+        )
+        release(conn, sid)
+    return stale
 
 
 def store_observation(conn: Connection, obs: SiteObservation, own_job_ids: Iterable[str]) -> int:

@@ -30,6 +30,8 @@ from gridcore.state.store import Store, open_store, state_dir
 
 # Observations older than this are refreshed before a decision (monitoring period).
 DEFAULT_MAX_AGE_S = 5.0
+# A selection not submitted within this time lost its worker; its claim is returned.
+SUBMIT_DEADLINE_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -134,9 +136,10 @@ class GridRuntime:
     def refresh(self, max_age_s: float = 0.0) -> dict[str, str | None]:
         """Observe every site whose stored report is older than ``max_age_s``.
         Returns site -> error message (None when the observation succeeded)."""
+        now = self.clock()
         with self.store.begin() as conn:
             ages = dict(conn.execute(select(sites.c.name, sites.c.observed_at)).all())
-        now = self.clock()
+            ledger.expire_unsubmitted(conn, now - SUBMIT_DEADLINE_S, now)
         results: dict[str, str | None] = {}
         for spec in self.grid.sites:
             if now - ages.get(spec.name, 0.0) >= max_age_s:

@@ -143,3 +143,27 @@ def test_workers_in_different_processes_share_one_site_without_oversubscribing(
         assert busy <= 8, f"{busy} processors busy at {t} on an 8-processor site"
     assert len(spans) == 12
     in_flight_zero(rt)
+
+
+def test_a_selection_never_submitted_gives_its_processors_back(tmp_path: Path) -> None:
+    now = [1_000_000.0]
+    rt = GridRuntime(
+        default_grid(tmp_path),
+        open_store(f"sqlite:///{tmp_path}/state.db", upgrade=True),
+        clock=lambda: now[0],
+    )
+    orphan = rt.select(JobRequest("orphan", 8, 1.0), site="local-a")  # worker dies here
+    kept = rt.select(JobRequest("kept", 2, 1.0), site="local-b")
+    rt.submit(kept.selection_id, JobSubmission("kept", "sleep 5", 2))
+    now[0] += 599
+    rt.refresh()
+    assert rt.record(orphan.selection_id).state == "selected"
+    now[0] += 2
+    rt.refresh()
+    record = rt.record(orphan.selection_id)
+    assert record.state == "failed" and "never submitted" in record.message
+    assert rt.record(kept.selection_id).state != "failed", "submitted jobs are not expired"
+    with rt.store.begin() as conn:
+        totals = ledger.ledger_totals(conn)
+    assert totals["local-a"] == (0, 0, 0, 0)
+    rt.cancel(kept.selection_id)
