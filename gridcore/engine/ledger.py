@@ -141,7 +141,7 @@ def read_snapshots(conn: Connection, grid: GridSpec) -> list[SiteSnapshot]:
     cache = grid.snapshot_cache
     cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
     try:
-        cursor.execute(_snapshot_sql(conn))
+        cursor.execute(_driver_sql(conn, _SNAPSHOT_COLUMNS))
         rows = cursor.fetchall()
     finally:
         cursor.close()
@@ -164,14 +164,25 @@ def read_snapshots(conn: Connection, grid: GridSpec) -> list[SiteSnapshot]:
 
 
 _SNAPSHOT_CACHE_MAX = 20_000
-_snapshot_sql_by_dialect: dict[str, str] = {}
+_compiled_sql: dict[tuple[str, int], str] = {}
 
 
-def _snapshot_sql(conn: Connection) -> str:
-    name = conn.dialect.name
-    if name not in _snapshot_sql_by_dialect:
-        _snapshot_sql_by_dialect[name] = str(_SNAPSHOT_COLUMNS.compile(dialect=conn.dialect))
-    return _snapshot_sql_by_dialect[name]
+def _driver_sql(conn: Connection, statement: Any) -> str:
+    """The statement compiled once per dialect, for the driver cursor. Its placeholders
+    are our own bind names (pyformat on psycopg, and no parameters for the snapshot)."""
+    key = (conn.dialect.name, id(statement))
+    if key not in _compiled_sql:
+        _compiled_sql[key] = str(statement.compile(dialect=conn.dialect))
+    return _compiled_sql[key]
+
+
+def _driver_fetchone(conn: Connection, statement: Any, params: dict[str, Any]) -> Any:
+    cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    try:
+        cursor.execute(_driver_sql(conn, statement), params)
+        return cursor.fetchone()
+    finally:
+        cursor.close()
 
 
 def select_and_record(
@@ -225,8 +236,8 @@ def _claim_and_insert(
     if not store.is_sqlite:
         statement = _PG_CLAIM_INSERT if conditional else _PG_ADD_INSERT[ledger]
         bound = {f"b_{key}": value for key, value in params.items()}
-        bound["b_processors"] = request.processors
-        return conn.execute(statement, bound).scalar_one_or_none()
+        row = _driver_fetchone(conn, statement, bound)
+        return None if row is None else int(row[0])
     if conditional:
         claim = {"b_site": decision.site, "b_processors": request.processors}
         if conn.execute(_CLAIM, claim).rowcount != 1:
