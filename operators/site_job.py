@@ -21,7 +21,7 @@ from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.errors import ConfigError, GridError, RequestError, StateError
 from gridcore.model import JobRequest, JobState, JobSubmission
 from gridcore.policies.selection import InsufficientMode, Protocol
-from sensors.triggers import SiteJobTrigger, checked_event, event_for_record, wait_blocking
+from sensors.triggers import SiteJobTrigger, completed_record, event_for_record, wait_blocking
 
 AUTO_SITE = "auto"
 INPUTS_ENV = "GRIDCORE_INPUTS"
@@ -186,17 +186,9 @@ class SiteJobOperator(BaseOperator):
     def execute_complete(self, context: Context, event: Any = None) -> dict[str, Any]:
         """Map the trigger's event to the XCom result or an Airflow failure. Everything
         comes from the event: ``dag.test()`` in Airflow 3.3.2 drops ``defer(kwargs=)``."""
-        try:
-            checked = checked_event(event)
-        except ValueError as exc:
-            raise AirflowException(str(exc)) from exc
-        if checked["status"] != "success" or checked["record"] is None:
-            raise AirflowException(
-                f"selection {checked['selection_id']}: {checked['status']}: {checked['message']}"
-            )
-        record = checked["record"]
+        record = completed_record(event)
         result = {key: record.get(key) for key in RESULT_KEYS}
-        result["selection_id"] = checked["selection_id"]
+        result["selection_id"] = record["selection_id"]
         return result
 
     def on_kill(self) -> None:

@@ -11,7 +11,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from gridcore.engine.runtime import GridRuntime
 from gridcore.errors import GridError, SiteError
-from sensors.triggers import SiteJobTrigger, checked_event, event_for_record
+from sensors.triggers import SiteJobTrigger, completed_record, event_for_record
 
 
 class SiteJobSensor(BaseSensorOperator):
@@ -78,15 +78,7 @@ class SiteJobSensor(BaseSensorOperator):
         return PokeReturnValue(True, self.execute_complete(context, dict(event_for_record(record))))
 
     def execute_complete(self, context: Context, event: Any = None) -> dict[str, Any]:
-        try:
-            checked = checked_event(event)
-        except ValueError as exc:
-            raise AirflowException(str(exc)) from exc
-        if checked["status"] != "success" or checked["record"] is None:
-            raise AirflowException(
-                f"selection {checked['selection_id']}: {checked['status']}: {checked['message']}"
-            )
-        return checked["record"]
+        return completed_record(event)
 
     def _selection(self) -> int:
         value = self.selection_id

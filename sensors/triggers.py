@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
+from airflow.sdk.exceptions import AirflowException
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
 from gridcore.engine.runtime import GridRuntime, JobRecord
@@ -88,6 +89,20 @@ def checked_event(event: Any) -> SiteJobEvent:
         selection_id=int(event["selection_id"]),
         record=event["record"],
     )
+
+
+def completed_record(event: Any) -> dict[str, Any]:
+    """The job record of a successful event; any other event becomes the Airflow
+    failure that ``execute_complete`` of the operator and the sensor raise."""
+    try:
+        checked = checked_event(event)
+    except ValueError as exc:
+        raise AirflowException(str(exc)) from exc
+    if checked["status"] != "success" or checked["record"] is None:
+        raise AirflowException(
+            f"selection {checked['selection_id']}: {checked['status']}: {checked['message']}"
+        )
+    return checked["record"]
 
 
 def wait_blocking(

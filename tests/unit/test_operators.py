@@ -39,15 +39,6 @@ WAIT_S = 30.0
 
 
 @pytest.fixture
-def db_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    url = f"sqlite:///{tmp_path / 'state.db'}"
-    monkeypatch.setenv("GRIDCORE_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("GRIDCORE_DB_URL", url)
-    monkeypatch.delenv("GRIDCORE_GRID", raising=False)
-    return url
-
-
-@pytest.fixture
 def runtime(db_url: str) -> Iterator[GridRuntime]:
     opened = GridRuntime.open(db_url=db_url)
     try:

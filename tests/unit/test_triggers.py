@@ -29,16 +29,6 @@ from sensors.triggers import (
 EVENT_TIMEOUT_S = 30.0
 
 
-@pytest.fixture
-def db_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """gridcore on the embedded local sites, with all state under ``tmp_path``."""
-    url = f"sqlite:///{tmp_path / 'state.db'}"
-    monkeypatch.setenv("GRIDCORE_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("GRIDCORE_DB_URL", url)
-    monkeypatch.delenv("GRIDCORE_GRID", raising=False)
-    return url
-
-
 def submit(db_url: str, command: str, name: str = "t.job.0", site: str | None = None) -> int:
     runtime = GridRuntime.open(db_url=db_url)
     try:
