@@ -152,7 +152,6 @@ class SiteSnapshot:
     idle_processors: int
     slowness: float = 1.0
     in_flight_processors: int = 0
-    in_flight_jobs: int = 0
     external_pending_processors: int = 0
     pending_jobs: int = 0
     usable: bool = True

@@ -153,7 +153,7 @@ def read_snapshots(conn: Connection, grid: GridSpec) -> list[SiteSnapshot]:
             if name not in slowness:
                 continue
             snap = SiteSnapshot(
-                name, total, idle, slowness[name], claimed + queued, 0, pending_p, pending_n,
+                name, total, idle, slowness[name], claimed + queued, pending_p, pending_n,
                 bool(usable), wait, runtime,
             )  # fmt: skip
             if len(cache) > _SNAPSHOT_CACHE_MAX:
@@ -261,14 +261,18 @@ def record_pinned(
             f"request {request.name!r}: site {site} has {row['total_processors']} processors"
             f" in all < {request.processors} needed"
         )
+    # The same conditional UPDATE as a policy decision: a concurrent selector cannot
+    # take the room between reading it and claiming it.
+    claim = {"b_site": site, "b_processors": request.processors}
+    fits = conn.execute(_CLAIM, claim).rowcount == 1
+    if not fits:
+        _add(conn, site, "queued", request.processors)
     free = row["reported_idle"] - row["external_pending"] - row["claimed"] - row["queued"]
-    fits = free >= request.processors
-    reason = f"site {site}: pinned by the request ({free} effective idle)"
+    reason = f"site {site}: pinned by the request ({free} effective idle when read)"
     decision = SiteSelection(
         site, Outcome.FIT if fits else Outcome.QUEUE, "pinned", "none", (reason,)
     )
     ledger = "claimed" if fits else "queued"
-    _add(conn, site, ledger, request.processors)
     params = _selection_params(request, decision, ledger, stream, now)
     return Recorded(_insert_selection(conn, params), decision, now, 1)
 

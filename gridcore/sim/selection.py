@@ -424,7 +424,6 @@ class _SelectionModel:
             idle_processors=report.idle_processors,
             slowness=site.spec.slowness,
             in_flight_processors=sum(p.processors for p in in_flight),
-            in_flight_jobs=len(in_flight),
             external_pending_processors=sum(
                 j.processors for j in pending if j.job_id not in state.names
             ),

@@ -161,3 +161,31 @@ def _kill_after_rows(store, victim, stream: str, rows: int) -> None:  # type: ig
         time.sleep(0.02)
     os.kill(victim.pid, signal.SIGKILL)
     victim.join(30)
+
+
+def _pinner(url: str, index: int, count: int) -> None:
+    store = open_store(url)
+    for i in range(count):
+        with store.begin() as conn:
+            ledger.record_pinned(conn, JobRequest(f"pin{index}-{i}", 3), "s0", f"pin{index}", 0.0)
+    store.dispose()
+
+
+def test_pinned_selections_racing_on_one_site_never_overcommit(pg_url: str, store: Store) -> None:
+    with store.begin() as conn:
+        ledger.register_sites(conn, GRID)
+        conn.execute(
+            update(sites).where(sites.c.name == "s0").values(reported_idle=8, observed_at=1.0)
+        )
+    ctx = multiprocessing.get_context("spawn")
+    workers = [ctx.Process(target=_pinner, args=(pg_url, i, 30)) for i in range(6)]
+    for p in workers:
+        p.start()
+    for p in workers:
+        p.join(120)
+        assert p.exitcode == 0
+    with store.begin() as conn:
+        claimed, claimed_rows, queued, queued_rows = ledger.ledger_totals(conn)["s0"]
+    assert (claimed, queued) == (claimed_rows, queued_rows)
+    assert claimed == 6, "two 3-processor claims fit in 8; every other pinned job queues"
+    assert queued == 3 * (6 * 30 - 2)
