@@ -247,3 +247,126 @@ class SiteSelection:
             if est.site == site:
                 return est
         return None
+
+
+# -- co-allocation (KOALA: seed 000 Sec. 2.3-2.4, seed 002 Sec. 2.2) -------------------
+
+
+class RequestKind(enum.StrEnum):
+    """Seed 002 Sec. 2.2: the three request structures."""
+
+    FIXED = "fixed"  # component sizes AND their execution sites
+    NON_FIXED = "non-fixed"  # component sizes; the scheduler picks sites
+    FLEXIBLE = "flexible"  # only a total; the scheduler splits it
+
+
+class Priority(enum.StrEnum):
+    HIGH = "high"
+    LOW = "low"
+
+
+class FileDelivery(enum.StrEnum):
+    """Seed 000 Sec. 2.3: the two file-distribution models."""
+
+    WHOLE = "whole"  # every component reads the whole file
+    CHUNKED = "chunked"  # each component reads its share of the file
+
+
+@dataclass(frozen=True)
+class Component:
+    """One job component: its processors and, for fixed requests only, its site."""
+
+    size: int
+    site: str | None = None
+
+
+@dataclass(frozen=True)
+class FlexibleOptions:
+    """Restrictions a flexible request may impose (seed 002 Sec. 2.2): a lower bound on
+    component size (default 1), an upper bound on the number of components (default:
+    the number of sites), and an ordered list of allowed splits, most preferred first."""
+
+    min_component_size: int = 1
+    max_components: int | None = None
+    splits: tuple[tuple[int, ...], ...] = ()
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """The job's single input file, by logical name (resolved by the replica catalog)."""
+
+    logical_name: str
+    delivery: FileDelivery = FileDelivery.WHOLE
+
+
+@dataclass(frozen=True)
+class CoAllocationRequest:
+    """A parallel job whose components must run at the same time, possibly on several
+    sites. ``components`` for fixed and non-fixed requests; ``total`` for flexible ones."""
+
+    name: str
+    kind: RequestKind
+    components: tuple[Component, ...] = ()
+    total: int = 0
+    input_file: InputFile | None = None
+    priority: Priority = Priority.LOW
+    flexible: FlexibleOptions = field(default_factory=FlexibleOptions)
+
+    @property
+    def processors(self) -> int:
+        if self.kind is RequestKind.FLEXIBLE:
+            return self.total
+        return sum(c.size for c in self.components)
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    """One cluster as a placement policy sees it: size and idle processors now."""
+
+    site: str
+    total_processors: int
+    idle_processors: int
+
+
+@dataclass(frozen=True)
+class Replica:
+    """A complete, checksum-verified copy of a logical file at a site."""
+
+    logical_name: str
+    site: str
+    url: str
+    size_bytes: int
+    checksum: str
+
+
+@dataclass(frozen=True)
+class PlacedComponent:
+    """A component with its execution site and, when the job has an input file, the
+    site it gets the file from and the estimated transfer time (0 if already there)."""
+
+    index: int
+    size: int
+    site: str
+    file_site: str | None = None
+    transfer_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A placement decision: FIT with components, or NO_FIT with reasons (the job goes
+    to a placement queue). ``policy`` names the policy that decided."""
+
+    request: str
+    policy: str
+    outcome: Outcome
+    components: tuple[PlacedComponent, ...] = ()
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def clusters_combined(self) -> int:
+        return len({c.site for c in self.components})
+
+    @property
+    def file_transfer_s(self) -> float:
+        """FTT (seed 000 Sec. 3.2): the longest of the components' transfer times."""
+        return max((c.transfer_s for c in self.components), default=0.0)

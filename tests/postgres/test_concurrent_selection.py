@@ -66,6 +66,18 @@ def _finisher(url: str, stop_after: float) -> None:
     store.dispose()
 
 
+def _grant(store: Store, idle: dict[str, int]) -> None:
+    """Register the grid and store one observation granting ``idle`` processors."""
+    with store.begin() as conn:
+        ledger.register_sites(conn, GRID)
+        for name, count in idle.items():
+            conn.execute(
+                update(sites)
+                .where(sites.c.name == name)
+                .values(reported_idle=count, observed_at=1.0)
+            )
+
+
 @pytest.fixture
 def store(pg_url: str) -> Iterator[Store]:
     opened = open_store(pg_url, upgrade=True)
@@ -74,14 +86,7 @@ def store(pg_url: str) -> Iterator[Store]:
 
 
 def test_eight_processes_never_overcommit_and_lose_no_row(pg_url: str, store: Store) -> None:
-    with store.begin() as conn:
-        ledger.register_sites(conn, GRID)
-        for name, idle in IDLE.items():
-            conn.execute(
-                update(sites)
-                .where(sites.c.name == name)
-                .values(reported_idle=idle, observed_at=1.0)
-            )
+    _grant(store, IDLE)
     ctx = multiprocessing.get_context("spawn")
     workers = [ctx.Process(target=_selector, args=(pg_url, i, PER_PROCESS)) for i in range(8)]
     victim = ctx.Process(target=_selector, args=(pg_url, 99, 100_000))
@@ -116,14 +121,7 @@ def test_eight_processes_never_overcommit_and_lose_no_row(pg_url: str, store: St
 def test_claims_at_every_instant_stay_within_the_grant(pg_url: str, store: Store) -> None:
     """Without releases, the sum of FIT claims per site (all rows) never exceeds the grant:
     a double grant would show as claimed rows beyond it."""
-    with store.begin() as conn:
-        ledger.register_sites(conn, GRID)
-        for name, idle in IDLE.items():
-            conn.execute(
-                update(sites)
-                .where(sites.c.name == name)
-                .values(reported_idle=idle, observed_at=1.0)
-            )
+    _grant(store, IDLE)
     ctx = multiprocessing.get_context("spawn")
     workers = [ctx.Process(target=_selector, args=(pg_url, i, 60)) for i in range(8)]
     for p in workers:
