@@ -6,8 +6,10 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 SLURM_PACKAGES := slurmctld slurmd slurm-client munge slurmrestd slurm-wlm-jwt-plugin
+# the SFTP staging tests start their own sshd on a free loopback port
+SYSTEM_PACKAGES := $(SLURM_PACKAGES) openssh-server
 
-.PHONY: demo test lint typecheck slurm-packages experiment bench clean
+.PHONY: demo test lint typecheck system-packages experiment bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,13 +26,15 @@ $(VENV)/.dev: pyproject.toml | $(BIN)/python
 demo: $(VENV)/.core
 	GRIDCORE_HOME=$${GRIDCORE_HOME:-$(CURDIR)/.gridcore-demo} $(BIN)/gridcore demo
 
-# The slurm tier needs Debian's Slurm packages; install them when missing (needs root).
-slurm-packages:
+# The slurm tier needs Debian's Slurm packages, the SFTP tests an sshd; install them
+# when missing (needs root).
+system-packages:
 	@if ! command -v slurmctld >/dev/null || ! command -v slurmrestd >/dev/null \
-	    || ! ls /usr/lib/x86_64-linux-gnu/slurm-wlm/auth_jwt.so >/dev/null 2>&1; then \
-	  echo "installing Slurm packages: $(SLURM_PACKAGES)"; \
+	    || ! ls /usr/lib/x86_64-linux-gnu/slurm-wlm/auth_jwt.so >/dev/null 2>&1 \
+	    || ! test -x /usr/sbin/sshd; then \
+	  echo "installing system packages: $(SYSTEM_PACKAGES)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	    --no-install-recommends $(SLURM_PACKAGES) >/dev/null; \
+	    --no-install-recommends $(SYSTEM_PACKAGES) >/dev/null; \
 	fi
 
 lint: $(VENV)/.dev
@@ -39,7 +43,7 @@ lint: $(VENV)/.dev
 typecheck: $(VENV)/.dev
 	$(BIN)/mypy
 
-test: $(VENV)/.dev slurm-packages lint typecheck
+test: $(VENV)/.dev system-packages lint typecheck
 	$(BIN)/pytest
 
 experiment: $(VENV)/.core

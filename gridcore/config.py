@@ -9,7 +9,9 @@ Format (version 1)::
     kind = "slurm"                   # "local" | "slurm"
     processors = 16                  # total processors the site offers (> 0)
     slowness = 1.0                   # runtime multiplier vs. a reference site (> 0)
-    storage_dir = "/srv/alpha"       # job working directories / staged files
+    storage_dir = "/srv/alpha"       # job working directories / staged files; a path on
+                                     # this machine, or sftp://user@host:port/path for
+                                     # storage reached over SFTP (file staging)
     storage_gb = 100                 # optional storage capacity in GB
     url = "http://host:6820"         # slurm: slurmrestd base URL
     partition = "debug"              # slurm: partition (default "debug")

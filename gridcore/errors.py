@@ -11,6 +11,8 @@ Hierarchy::
         +-- SiteUnavailable      the site cannot be reached (connection refused, timeout)
         +-- SiteRejected         the site answered with an error (carries the site's message)
         +-- UnknownJob           the site does not know the job id
+    +-- StagingError         a file transfer failed (names source, destination and cause);
+                             nothing was registered and no partial file is visible
 
 Adapters translate library exceptions (requests, OSError) into these once, at the
 boundary; everything above the adapters only ever sees GridError subclasses.
@@ -37,6 +39,12 @@ class CredentialError(GridError):
 
 class StateError(GridError):
     """The state database is unusable (not migrated, unreachable, inconsistent)."""
+
+
+class StagingError(GridError):
+    """A staging transfer failed; the message names the source, the destination and the
+    cause. Nothing was registered in the replica catalog and no partial file is left under
+    a visible name."""
 
 
 class SiteError(GridError):

@@ -20,7 +20,12 @@ def get_provider_info() -> dict[str, Any]:
         "integrations": [
             {"integration-name": _INTEGRATION, "tags": ["compute"]},
         ],
-        "operators": [{"integration-name": _INTEGRATION, "python-modules": ["operators.site_job"]}],
+        "operators": [
+            {
+                "integration-name": _INTEGRATION,
+                "python-modules": ["operators.site_job", "operators.stage_files"],
+            }
+        ],
         "sensors": [{"integration-name": _INTEGRATION, "python-modules": ["sensors.site_job"]}],
         "triggers": [{"integration-name": _INTEGRATION, "python-modules": ["sensors.triggers"]}],
         "hooks": [{"integration-name": _INTEGRATION, "python-modules": ["operators.hooks"]}],

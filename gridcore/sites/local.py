@@ -182,14 +182,7 @@ class LocalSite:
     def _outcome(self, row: Any) -> dict[str, Any] | None:
         rc_file = Path(row["workdir"]) / "rc"
         if rc_file.exists():
-            code = int(rc_file.read_text().strip() or "255")
-            state = JobState.COMPLETED if code == 0 else JobState.FAILED
-            return {
-                "state": state.value,
-                "exit_code": code,
-                "finished_at": rc_file.stat().st_mtime,
-                "message": "" if code == 0 else f"exit code {code}",
-            }
+            return _exit_outcome(rc_file)
         if row["pid"] is None:
             if self.clock() - (row["started_at"] or 0) > SPAWN_GRACE_S:
                 return {
@@ -198,13 +191,16 @@ class LocalSite:
                     "message": "the worker that started this job died before spawning it",
                 }
             return None
-        if not _alive(int(row["pid"]), Path(row["workdir"])):
-            return {
-                "state": JobState.FAILED.value,
-                "finished_at": self.clock(),
-                "message": "process vanished without an exit code",
-            }
-        return None
+        if _alive(int(row["pid"]), Path(row["workdir"])):
+            return None
+        # The job may have written its exit code and exited between the two checks.
+        if rc_file.exists():
+            return _exit_outcome(rc_file)
+        return {
+            "state": JobState.FAILED.value,
+            "finished_at": self.clock(),
+            "message": "process vanished without an exit code",
+        }
 
     def _admit(self, conn: Connection) -> list[tuple[int, str]]:
         busy = conn.execute(
@@ -286,6 +282,17 @@ class LocalSite:
         }
         (workdir / "env.json").write_text(json.dumps(env))
         return workdir
+
+
+def _exit_outcome(rc_file: Path) -> dict[str, Any]:
+    code = int(rc_file.read_text().strip() or "255")
+    state = JobState.COMPLETED if code == 0 else JobState.FAILED
+    return {
+        "state": state.value,
+        "exit_code": code,
+        "finished_at": rc_file.stat().st_mtime,
+        "message": "" if code == 0 else f"exit code {code}",
+    }
 
 
 def _script(job: JobSubmission) -> str:

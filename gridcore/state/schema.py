@@ -11,12 +11,14 @@ checked and applied in one conditional UPDATE.
 from __future__ import annotations
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     Column,
     Float,
     Index,
     Integer,
     MetaData,
+    PrimaryKeyConstraint,
     String,
     Table,
     Text,
@@ -90,4 +92,32 @@ local_jobs = Table(
     Column("started_at", Float, nullable=True),
     Column("finished_at", Float, nullable=True),
     Index("ix_gc_local_jobs_site_state", "site", "state"),
+)
+
+# -- replica catalog (gridcore.staging) ------------------------------------------------
+# A row exists only for a complete, checksum-verified copy: transfers publish the file
+# under its final name first and register it afterwards.
+replicas = Table(
+    "gc_replicas",
+    metadata,
+    Column("logical_name", String(512), nullable=False),
+    Column("site", String(64), nullable=False),
+    Column("url", Text, nullable=False),
+    Column("size_bytes", BigInteger, nullable=False),
+    Column("checksum", String(80), nullable=False),  # "sha256:<64 hex digits>"
+    Column("registered_at", Float, nullable=False),
+    PrimaryKeyConstraint("logical_name", "site", name="pk_gc_replicas"),
+)
+
+# Measured transfer rates between sites: an exponentially weighted mean (MB/s) that
+# replaces the grid's bandwidth matrix in transfer-time estimates once sampled.
+transfer_rates = Table(
+    "gc_transfer_rates",
+    metadata,
+    Column("src", String(64), nullable=False),
+    Column("dst", String(64), nullable=False),
+    Column("mean_mbps", Float, nullable=False),
+    Column("samples", Integer, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    PrimaryKeyConstraint("src", "dst", name="pk_gc_transfer_rates"),
 )
