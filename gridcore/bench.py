@@ -18,6 +18,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import random
+import statistics
 import tempfile
 import time
 import uuid
@@ -30,7 +31,21 @@ from typing import Any
 from sqlalchemy import create_engine, func, insert, select, text, update
 
 from gridcore.engine import ledger
-from gridcore.model import ORIGIN, GridSpec, JobRequest, JobState, SiteKind, SiteSpec
+from gridcore.model import (
+    ORIGIN,
+    ClusterSnapshot,
+    CoAllocationRequest,
+    Component,
+    GridSpec,
+    InputFile,
+    JobRequest,
+    JobState,
+    Replica,
+    RequestKind,
+    SiteKind,
+    SiteSpec,
+)
+from gridcore.policies.placement import close_to_files
 from gridcore.policies.selection import InsufficientMode, Protocol
 from gridcore.state.schema import selections, sites
 from gridcore.state.store import Store, open_store
@@ -249,3 +264,50 @@ def bench_selection(
         "postgres": concurrent,
         "setup": {"sites": 100, "in_flight_rows": 1000, "protocol": "stateful", "mode": "best"},
     }
+
+
+def bench_close_to_files(
+    clusters: int = 1000, components: int = 8, repeats: int = 2000, seed: int = 0
+) -> dict[str, float]:
+    """Median milliseconds of one CF decision: a non-fixed request of ``components``
+    equal components (as in seed 000 Sec. 4.2) with a 4 GB input file replicated at 3
+    sites, over ``clusters`` random clusters and a grid bandwidth matrix."""
+    rng = random.Random(seed)
+    snapshot = []
+    for i in range(clusters):
+        total = rng.choice((32, 64, 128, 256))
+        snapshot.append(ClusterSnapshot(f"C{i:04d}", total, rng.randint(total // 8, total)))
+    holders = rng.sample(snapshot, min(3, clusters))
+    replicas = tuple(
+        Replica("bench.dat", c.site, f"file:///{c.site}/bench.dat", 4 * 10**9, "sha256:" + "0" * 64)
+        for c in holders
+    )
+    # A grid description that lists the links from the file sites to every cluster.
+    links = {(r.site, c.site): rng.uniform(10.0, 1000.0) for r in replicas for c in snapshot}
+    grid = GridSpec(
+        tuple(SiteSpec(c.site, SiteKind.LOCAL, c.total_processors) for c in snapshot),
+        MappingProxyType(links),
+        100.0,
+        "<bench>",
+    )
+    size = rng.choice((4, 8, 16))
+    request = CoAllocationRequest(
+        "bench",
+        RequestKind.NON_FIXED,
+        (Component(size),) * components,
+        input_file=InputFile("bench.dat"),
+    )
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        close_to_files(request, snapshot, replicas=replicas, bandwidth=grid.bandwidth)
+        samples.append(time.perf_counter() - start)
+    return {f"cf_{components}comp_{clusters}sites_p50_ms": statistics.median(samples) * 1e3}
+
+
+def bench_placement(scan_jobs: int = 10_000, scan_sites: int = 100) -> dict[str, Any]:
+    """``gridcore bench placement``: CF latency (1000 sites, 8 components) and one full
+    scan of a 10,000-job placement queue over 100 sites (seed 000 Sec. 3.1)."""
+    from gridcore.sim.koala_experiments import bench_scan
+
+    return {**bench_close_to_files(), **bench_scan(jobs=scan_jobs, sites=scan_sites)}

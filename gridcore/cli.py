@@ -56,15 +56,15 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_demo)
 
     p = sub.add_parser("experiment", help="reproduce a paper's experiment in the simulator")
-    p.add_argument("name", choices=["stateful-selection"])
+    p.add_argument("name", choices=sorted(EXPERIMENTS))
     p.add_argument("--json", action="store_true")
-    p.add_argument("--runs", type=int, default=20)
+    p.add_argument("--runs", type=int, help="repetitions (stateful-selection default 20, else 1)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--plot", default="out/stateful-selection.png", help="PNG path ('' to skip)")
+    p.add_argument("--plot", help="PNG path (default out/<name>.png; '' to skip)")
     p.set_defaults(handler=_experiment)
 
     p = sub.add_parser("bench", help="measure decision throughput")
-    p.add_argument("name", choices=["selection"])
+    p.add_argument("name", choices=["selection", "placement"])
     p.add_argument("--json", action="store_true")
     p.add_argument(
         "--pg-url", help="PostgreSQL URL (default $GRIDCORE_BENCH_PG_URL or the local test DB)"
@@ -133,25 +133,82 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
-def _experiment(args: argparse.Namespace) -> int:
+def _stateful_selection(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from gridcore.sim.experiments import plot_stateful_selection, stateful_selection_experiment
 
-    result = stateful_selection_experiment(runs=args.runs, seed=args.seed)
-    if args.plot:
-        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
-        plot_stateful_selection(result, args.plot)
-        result["plot"] = args.plot
+    result = stateful_selection_experiment(runs=args.runs or 20, seed=args.seed)
+    _plot(args, result, plot_stateful_selection)
     lines = [f"{'protocol':<22} {'completion_s':>12} {'total_queue_s':>13} {'mean_queue_s':>12}"]
     for name, m in result["protocols"].items():
         lines.append(
             f"{name:<22} {m['completion_s']:>12.1f} {m['total_queue_s']:>13.1f}"
             f" {m['mean_queue_s']:>12.1f}"
         )
-    _emit(args, result, "\n".join(lines))
+    return result, "\n".join(lines)
+
+
+def _koala_placement(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    from gridcore.sim.coalloc_experiments import koala_placement_experiment, plot_koala_placement
+
+    result = koala_placement_experiment(seed=args.seed, runs=args.runs or 1)
+    _plot(args, result, plot_koala_placement)
+    lines = [
+        f"{'load':<4} {'policy':<4} {'response_s':>10} {'wait_s':>8} {'exec_s':>8} {'clusters':>8}"
+    ]
+    for load, policies in result["workloads"].items():
+        for policy, m in policies.items():
+            lines.append(
+                f"{load:<4} {policy:<4} {m['mean_response_s']:>10.1f} {m['mean_wait_s']:>8.1f}"
+                f" {m['mean_execution_s']:>8.1f} {m['mean_clusters_combined']:>8.2f}"
+            )
+    return result, "\n".join(lines)
+
+
+def _koala_claiming(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    from gridcore.sim.koala_experiments import koala_claiming_experiment, plot_koala_claiming
+
+    result = koala_claiming_experiment(seed=args.seed)
+    _plot(args, result, plot_koala_claiming)
+    lines = [
+        f"submitted {result['submitted']} completed {result['completed']}"
+        f" component_failure_rate {result['component_failure_rate']:.3f}"
+    ]
+    for priority, m in result["priorities"].items():
+        lines.append(
+            f"{priority:<5} placement {m['mean_placement_s']:>9.1f} s"
+            f"  start delay {m['mean_start_delay_s']:>9.1f} s"
+        )
+    return result, "\n".join(lines)
+
+
+EXPERIMENTS: dict[str, Callable[[argparse.Namespace], tuple[dict[str, Any], str]]] = {
+    "stateful-selection": _stateful_selection,
+    "koala-placement": _koala_placement,
+    "koala-claiming": _koala_claiming,
+}
+
+
+def _plot(args: argparse.Namespace, result: dict[str, Any], plot: Callable[..., None]) -> None:
+    path = f"out/{args.name}.png" if args.plot is None else args.plot
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        plot(result, path)
+        result["plot"] = path
+
+
+def _experiment(args: argparse.Namespace) -> int:
+    result, text = EXPERIMENTS[args.name](args)
+    _emit(args, result, text)
     return 0
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.name == "placement":
+        from gridcore.bench import bench_placement
+
+        placement = bench_placement()
+        _emit(args, placement, " ".join(f"{k}={v:.4g}" for k, v in placement.items()))
+        return 0
     from gridcore.bench import bench_selection
 
     result = bench_selection(args.pg_url, decisions=args.decisions, per_process=args.per_process)

@@ -1,0 +1,690 @@
+"""Co-allocation placement: on which clusters the components of a parallel job run.
+
+Seeds: Mohamed and Epema, "Experiences with the KOALA co-allocating scheduler in
+multiclusters", CCGrid 2005 (seed 000, ``shared/seeds/koala-coallocation-icp-ccgrid2005.md``)
+and Sonmez, Mohamed and Epema, "Communication-aware job placement policies for the KOALA
+grid scheduler", e-Science 2006 (seed 002,
+``shared/seeds/koala-communication-aware-placement-escience2006.md``).
+
+* ``WF`` Worst Fit (seed 002 Sec. 4): components in decreasing size, each on the cluster
+  with the most (remaining) idle processors; keeps the loads balanced.
+* ``CF`` Close-to-Files (seed 000 Sec. 2.6): among the clusters with room for a component,
+  the one its input file reaches soonest from its best replica.
+* ``CM`` Cluster Minimization (seed 002 Fig. 1): clusters sorted by idle processors once;
+  each component (decreasing size) on the first cluster in that order with room.
+* ``FCM`` Flexible Cluster Minimization (seed 002 Fig. 3): a flexible request is cut
+  into components that fill the emptiest clusters first.
+
+Rules where the papers are silent, exactly as implemented:
+
+* "Idle" always means *usable* idle (:func:`usable_idle`). The quota ``q`` in (0, 1]
+  (seed 002 Sec. 4.1, "filling each of the clusters to more than a certain fraction")
+  keeps processors in use after placement <= floor(q * total):
+  usable = max(0, min(idle, floor(q * total) - (total - idle))). ``None`` means no quota
+  (the same as q = 1). Sorting "by idle" sorts by usable idle.
+* Ties: WF and CM keep the given cluster order among equal idle counts (stable sorts);
+  CF prefers the shorter transfer, then more remaining usable idle, then cluster order.
+* Components are placed in decreasing size; equal sizes keep request order.
+* FIXED requests, under every policy: each component must fit the usable idle its named
+  cluster has left after the request's earlier components; a site missing from the
+  snapshot cannot fit.
+* NON_FIXED under FCM is placed by CM: the sizes are dictated, so there is nothing to cut.
+* FLEXIBLE under WF, CF or CM: the request's ``splits`` are tried in order as non-fixed
+  requests under that policy; without splits only FCM can serve it. FLEXIBLE under FCM
+  with splits: each split in order under CM, first fit wins (seed 002 Sec. 2.2, "a list
+  of options of how a job can be split up, possibly ordered according to preference").
+  Splits are taken as given: ``min_component_size`` and ``max_components`` restrict only
+  the cuts FCM makes itself.
+* FCM cuts with a minimum size m and at most k components (default: one per cluster):
+  clusters with less than m usable idle are skipped; a cluster that cannot hold the whole
+  remainder R gets min(idle, R - m) so that the remainder stays a legal component (and is
+  skipped if that is < m); the k-th component must take the whole remainder.
+* CF without an input file has no transfers to compare: every delay is 0 and it places
+  exactly as WF does.
+* Transfers (seed 000 Sec. 2.3): WHOLE moves the whole file to every component; CHUNKED
+  moves ceil(size * component size / job processors) bytes. A replica at the execution
+  site costs 0 s; a link of bandwidth <= 0 never finishes (inf s). Without a bandwidth
+  function only same-site replicas can be costed (CF ranks the others last) and any
+  other transfer the placement needs raises :class:`RequestError`.
+* A request with an input file and no replica of it among ``replicas`` is NO_FIT
+  ("no replica of <name>").
+
+Pure: no I/O, no clock, no randomness.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import itertools
+import math
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+
+from gridcore.errors import RequestError
+from gridcore.model import (
+    MB,
+    ClusterSnapshot,
+    CoAllocationRequest,
+    FileDelivery,
+    Outcome,
+    PlacedComponent,
+    Placement,
+    Replica,
+    RequestKind,
+)
+
+Bandwidth = Callable[[str, str], float]
+
+
+class PlacementPolicy(enum.StrEnum):
+    WF = "WF"
+    CF = "CF"
+    CM = "CM"
+    FCM = "FCM"
+
+
+# Clusters listed by name in a reason before "... N more": a reason stays readable on a
+# grid of a thousand clusters.
+_LISTED = 8
+# floor(q * total) must not lose a processor to binary rounding (0.29 * 100 = 28.99...).
+_QUOTA_SLACK = 1e-9
+
+# (component index, size, cluster position in the snapshot)
+_Slot = tuple[int, int, int]
+
+
+def place(
+    request: CoAllocationRequest,
+    clusters: Sequence[ClusterSnapshot],
+    policy: PlacementPolicy,
+    quota: float | None = None,
+    *,
+    replicas: Sequence[Replica] = (),
+    bandwidth: Bandwidth | None = None,
+) -> Placement:
+    """Place ``request`` on one snapshot of the clusters with ``policy``."""
+    policy = PlacementPolicy(policy)
+    validate_request(request)
+    _check_quota(quota)
+    files = _replicas_of(request, replicas)
+    if request.input_file is not None and not files:
+        return _no_fit(request, policy, [f"no replica of {request.input_file.logical_name}"])
+    if not clusters:
+        return _no_fit(request, policy, ["no clusters to place on"])
+    pool = _Pool.of(clusters, quota)
+    transfers = _Transfers(request, files, pool.sites, bandwidth)
+    slots, reasons = _dispatch(policy, request, pool, transfers)
+    if quota is not None:
+        reasons.append(f"quota {quota:g}: at most floor({quota:g} x total) processors in use")
+    if slots is None:
+        return _no_fit(request, policy, reasons)
+    return _fit(request, policy, slots, pool, files, bandwidth, reasons)
+
+
+def worst_fit(
+    request: CoAllocationRequest,
+    clusters: Sequence[ClusterSnapshot],
+    quota: float | None = None,
+    *,
+    replicas: Sequence[Replica] = (),
+    bandwidth: Bandwidth | None = None,
+) -> Placement:
+    """WF (seed 002 Sec. 4): each component on the cluster with the most usable idle left."""
+    return place(
+        request, clusters, PlacementPolicy.WF, quota, replicas=replicas, bandwidth=bandwidth
+    )
+
+
+def close_to_files(
+    request: CoAllocationRequest,
+    clusters: Sequence[ClusterSnapshot],
+    quota: float | None = None,
+    *,
+    replicas: Sequence[Replica] = (),
+    bandwidth: Bandwidth | None = None,
+) -> Placement:
+    """CF (seed 000 Sec. 2.6): among clusters with room, the shortest input transfer."""
+    return place(
+        request, clusters, PlacementPolicy.CF, quota, replicas=replicas, bandwidth=bandwidth
+    )
+
+
+def cluster_minimization(
+    request: CoAllocationRequest,
+    clusters: Sequence[ClusterSnapshot],
+    quota: float | None = None,
+    *,
+    replicas: Sequence[Replica] = (),
+    bandwidth: Bandwidth | None = None,
+) -> Placement:
+    """CM (seed 002 Fig. 1): first fit over the clusters sorted once by usable idle."""
+    return place(
+        request, clusters, PlacementPolicy.CM, quota, replicas=replicas, bandwidth=bandwidth
+    )
+
+
+def flexible_cluster_minimization(
+    request: CoAllocationRequest,
+    clusters: Sequence[ClusterSnapshot],
+    quota: float | None = None,
+    *,
+    replicas: Sequence[Replica] = (),
+    bandwidth: Bandwidth | None = None,
+) -> Placement:
+    """FCM (seed 002 Fig. 3): cut a flexible request to fill the emptiest clusters."""
+    return place(
+        request, clusters, PlacementPolicy.FCM, quota, replicas=replicas, bandwidth=bandwidth
+    )
+
+
+def validate_request(request: CoAllocationRequest, sites: Collection[str] | None = None) -> None:
+    """Raise :class:`RequestError` naming the first malformed field of ``request``; with
+    ``sites``, a fixed request may only name those sites."""
+    if not request.name.strip():
+        raise RequestError("request.name: must not be empty")
+    if request.input_file is not None and not request.input_file.logical_name.strip():
+        raise RequestError("request.input_file.logical_name: must not be empty")
+    if request.kind is RequestKind.FLEXIBLE:
+        _validate_flexible(request)
+    else:
+        _validate_components(request, sites)
+
+
+def usable_idle(cluster: ClusterSnapshot, quota: float | None) -> int:
+    """Idle processors a placement may use: with quota q, processors in use after the
+    placement stay <= floor(q * total) (seed 002 Sec. 4.1)."""
+    idle = cluster.idle_processors
+    if quota is not None:
+        _check_quota(quota)
+        total = cluster.total_processors
+        idle = min(idle, math.floor(quota * total + _QUOTA_SLACK) - (total - idle))
+    return max(0, idle)
+
+
+def transfer_seconds(
+    request: CoAllocationRequest,
+    component_size: int,
+    replica: Replica | None,
+    site: str,
+    bandwidth: Bandwidth | None,
+) -> float:
+    """Estimated seconds to bring a component's input from ``replica`` to ``site``
+    (seed 000 Sec. 2.3: the whole file, or the component's chunk of it)."""
+    if replica is None:
+        # No input file: nothing to move. An input file without a source: never arrives.
+        return 0.0 if request.input_file is None else math.inf
+    if replica.site == site:
+        return 0.0
+    if bandwidth is None:
+        raise RequestError(
+            f"bandwidth: needed to estimate moving {replica.logical_name}"
+            f" from {replica.site} to {site}"
+        )
+    rate = bandwidth(replica.site, site)
+    return _file_bytes(request, replica, component_size) / MB / rate if rate > 0 else math.inf
+
+
+def best_replica(
+    request: CoAllocationRequest,
+    component_size: int,
+    site: str,
+    replicas: Sequence[Replica],
+    bandwidth: Bandwidth | None,
+) -> tuple[Replica | None, float]:
+    """The replica of the request's input file that reaches ``site`` soonest, and the
+    seconds it takes. A replica at ``site`` itself wins; otherwise the first listed of the
+    fastest. ``(None, 0.0)`` without an input file, ``(None, inf)`` without a replica."""
+    if request.input_file is None:
+        return None, 0.0
+    name = request.input_file.logical_name
+    files = [r for r in replicas if r.logical_name == name]
+    for replica in files:
+        if replica.site == site:
+            return replica, 0.0
+    best: Replica | None = None
+    best_s = math.inf
+    for replica in files:
+        seconds = transfer_seconds(request, component_size, replica, site, bandwidth)
+        if best is None or seconds < best_s:
+            best, best_s = replica, seconds
+    return best, best_s
+
+
+# -- policy dispatch -------------------------------------------------------------------
+
+
+@dataclass
+class _Pool:
+    """The clusters of one decision: names, usable idle at the start, and what is left."""
+
+    sites: list[str]
+    usable: list[int]
+    left: list[int]
+
+    @classmethod
+    def of(cls, clusters: Sequence[ClusterSnapshot], quota: float | None) -> _Pool:
+        if quota is None:
+            usable = [c.idle_processors if c.idle_processors > 0 else 0 for c in clusters]
+        else:
+            usable = [usable_idle(c, quota) for c in clusters]
+        return cls([c.site for c in clusters], usable, usable.copy())
+
+    def fresh(self) -> _Pool:
+        return _Pool(self.sites, self.usable, self.usable.copy())
+
+
+def _dispatch(
+    policy: PlacementPolicy,
+    request: CoAllocationRequest,
+    pool: _Pool,
+    transfers: _Transfers,
+) -> tuple[list[_Slot] | None, list[str]]:
+    if request.kind is RequestKind.FIXED:
+        return _fixed(request, pool)
+    # FCM on dictated sizes has nothing to cut: it is CM (module docstring).
+    sized = PlacementPolicy.CM if policy is PlacementPolicy.FCM else policy
+    if request.kind is RequestKind.NON_FIXED:
+        slots, reasons = _sized(sized, [c.size for c in request.components], pool, transfers)
+        if policy is PlacementPolicy.FCM:
+            reasons.append("FCM: a non-fixed request dictates its sizes; placed by CM")
+        return slots, reasons
+    if request.flexible.splits:
+        return _splits(sized, request.flexible.splits, pool, transfers)
+    if policy is PlacementPolicy.FCM:
+        return _fcm(request, pool)
+    return None, ["flexible requests without splits need FCM"]
+
+
+def _sized(
+    policy: PlacementPolicy,
+    sizes: Sequence[int],
+    pool: _Pool,
+    transfers: _Transfers,
+) -> tuple[list[_Slot] | None, list[str]]:
+    """A non-fixed request (or one split of a flexible one) under WF, CF or CM."""
+    # Decreasing size; equal sizes keep request order (sorted is stable).
+    order = sorted(enumerate(sizes), key=lambda item: -item[1])
+    if policy is PlacementPolicy.CM:
+        return _cm(order, pool)
+    if policy is PlacementPolicy.CF and transfers.needed:
+        return _cf(order, pool, transfers)
+    slots, reasons = _wf(order, pool)
+    if policy is PlacementPolicy.CF and slots is not None:
+        reasons.append("CF: no input file to move, so CF places as WF does")
+    return slots, reasons
+
+
+def _splits(
+    policy: PlacementPolicy,
+    splits: Sequence[Sequence[int]],
+    pool: _Pool,
+    transfers: _Transfers,
+) -> tuple[list[_Slot] | None, list[str]]:
+    """Seed 002 Sec. 2.2: the allowed splits in order of preference; the first that fits."""
+    reasons: list[str] = []
+    for k, split in enumerate(splits):
+        label = f"split {k} ({'+'.join(map(str, split))})"
+        attempt = pool.fresh()
+        slots, why = _sized(policy, split, attempt, transfers)
+        if slots is not None:
+            pool.left[:] = attempt.left
+            return slots, [*reasons, f"{label}: fits under {policy.value}", *why]
+        reasons.extend(f"{label}: {line}" for line in why)
+    return None, reasons
+
+
+# -- the policies ----------------------------------------------------------------------
+
+
+def _wf(order: Sequence[tuple[int, int]], pool: _Pool) -> tuple[list[_Slot] | None, list[str]]:
+    """Seed 002 Sec. 4: the cluster with the largest remaining number of idle processors."""
+    left = pool.left
+    positions = range(len(left))
+    slots: list[_Slot] = []
+    for index, size in order:
+        pos = max(positions, key=left.__getitem__)  # max keeps the first of equals
+        if left[pos] < size:
+            return None, [_cannot(index, size, pool)]
+        left[pos] -= size
+        slots.append((index, size, pos))
+    return slots, ["WF: each component on the cluster with the most usable idle left"]
+
+
+def _cm(order: Sequence[tuple[int, int]], pool: _Pool) -> tuple[list[_Slot] | None, list[str]]:
+    """Seed 002 Fig. 1: clusters by decreasing idle, sorted once (lines 1-2); each
+    component on the first cluster in that order that can accommodate it (lines 3-8)."""
+    left = pool.left
+    ranked = sorted(range(len(left)), key=pool.usable.__getitem__, reverse=True)
+    slots: list[_Slot] = []
+    for index, size in order:
+        for pos in ranked:
+            if left[pos] >= size:
+                break
+        else:
+            return None, [_cannot(index, size, pool)]  # Fig. 1 lines 9-10
+        left[pos] -= size
+        slots.append((index, size, pos))
+    return slots, [_in_order("CM", pool, ranked)]
+
+
+def _cf(
+    order: Sequence[tuple[int, int]], pool: _Pool, transfers: _Transfers
+) -> tuple[list[_Slot] | None, list[str]]:
+    """Seed 000 Sec. 2.6: "when there is a choice among execution sites for a job
+    component, we choose the site such that the (estimated) delay of transferring the
+    input file to the execution site is minimal"."""
+    left = pool.left
+    by_idle = sorted(range(len(left)), key=pool.usable.__getitem__, reverse=True)
+    touched: dict[int, None] = {}  # clusters that got a component: their key changed
+    slots: list[_Slot] = []
+    for index, size in order:
+        delay, ranked = transfers.ranking(size, by_idle)
+        pos = _closest(size, delay, ranked, left, touched)
+        if pos < 0:
+            return None, [_cannot(index, size, pool)]
+        left[pos] -= size
+        touched[pos] = None
+        slots.append((index, size, pos))
+    return slots, ["CF: each component where its input arrives soonest, among clusters with room"]
+
+
+def _closest(
+    size: int,
+    delay: list[float],
+    ranked: list[int],
+    left: list[int],
+    touched: dict[int, None],
+) -> int:
+    """The eligible cluster with the least (delay, -remaining idle, position), or -1.
+
+    ``ranked`` orders every cluster by that key on its *initial* idle, so the first
+    untouched one with room is the best untouched one; the few touched clusters are
+    compared on their remaining idle. No per-cluster work beyond the scan."""
+    best = -1
+    for pos in ranked:
+        if left[pos] >= size and pos not in touched:
+            best = pos
+            break
+    for pos in touched:
+        if left[pos] < size:
+            continue
+        if best < 0 or (delay[pos], -left[pos], pos) < (delay[best], -left[best], best):
+            best = pos
+    return best
+
+
+def _fcm(request: CoAllocationRequest, pool: _Pool) -> tuple[list[_Slot] | None, list[str]]:
+    """Seed 002 Fig. 3, with the user's bounds of Sec. 2.2 (rules in the module docstring)."""
+    least = request.flexible.min_component_size
+    most = request.flexible.max_components or len(pool.sites)
+    left = pool.left
+    ranked = sorted(range(len(left)), key=pool.usable.__getitem__, reverse=True)  # line 2
+    remaining = request.total  # line 3
+    slots: list[_Slot] = []
+    for pos in ranked:  # line 4
+        idle = left[pos]  # line 5
+        if idle >= remaining:  # lines 6-9
+            take = remaining
+        elif len(slots) + 1 >= most:
+            break  # the last allowed component must take the rest; smaller clusters follow
+        else:  # lines 10-13, leaving a remainder that is itself a legal component
+            take = min(idle, remaining - least)
+            if take < least:
+                continue
+        left[pos] -= take
+        slots.append((len(slots), take, pos))
+        remaining -= take
+        if remaining == 0:
+            return slots, [_in_order("FCM", pool, ranked)]
+    return None, [_fcm_failure(request, pool, ranked, least, most)]  # lines 16-17
+
+
+def _fcm_failure(
+    request: CoAllocationRequest, pool: _Pool, ranked: list[int], least: int, most: int
+) -> str:
+    room = [pool.usable[pos] for pos in ranked if pool.usable[pos] >= least]
+    limits = f"components of >= {least} procs, at most {most} of them"
+    listing = _listing(pool, ranked, pool.usable)
+    if sum(room[:most]) >= request.total:
+        return f"FCM: {request.total} procs do not fit in {limits} ({listing})"
+    return (
+        f"FCM: {request.total} procs requested, {sum(room[:most])} usable idle"
+        f" in {limits} ({listing})"
+    )
+
+
+def _fixed(request: CoAllocationRequest, pool: _Pool) -> tuple[list[_Slot] | None, list[str]]:
+    """Seed 002 Sec. 2.2: a fixed request names its sites; each must have room."""
+    where: dict[str, int] = {}
+    for pos, site in enumerate(pool.sites):
+        where.setdefault(site, pos)
+    slots: list[_Slot] = []
+    problems: list[str] = []
+    for index, component in enumerate(request.components):
+        site = component.site or ""
+        pos = where.get(site, -1)
+        head = f"component {index} ({component.size} procs)"
+        if pos < 0:
+            problems.append(f"{head}: site {site} is not in the snapshot")
+        elif pool.left[pos] < component.size:
+            problems.append(
+                f"{head}: site {site}: {pool.left[pos]} usable idle < {component.size} needed"
+            )
+        else:
+            pool.left[pos] -= component.size
+            slots.append((index, component.size, pos))
+    if problems:
+        return None, problems
+    return slots, ["fixed request: every component on its named site"]
+
+
+# -- transfers -------------------------------------------------------------------------
+
+
+class _Transfers:
+    """Transfer delays from each cluster's best replica, computed once per decision (per
+    distinct number of bytes to move) and reused by every component."""
+
+    def __init__(
+        self,
+        request: CoAllocationRequest,
+        files: Sequence[Replica],
+        sites: list[str],
+        bandwidth: Bandwidth | None,
+    ) -> None:
+        self.request = request
+        self.files = files
+        self.sites = sites
+        self.bandwidth = bandwidth
+        self.needed = bool(files)
+        self._rates: list[list[float]] | None = None
+        self._ranked: dict[tuple[int, ...], tuple[list[float], list[int]]] = {}
+
+    def ranking(self, size: int, by_idle: list[int]) -> tuple[list[float], list[int]]:
+        """Per cluster the delay for a component of ``size``, and the clusters ordered by
+        (delay, -usable idle, position); ``by_idle`` is the order of the last two."""
+        moved = tuple(_file_bytes(self.request, r, size) for r in self.files)
+        found = self._ranked.get(moved)
+        if found is None:
+            delay = self._delays(moved)
+            found = self._ranked[moved] = (delay, sorted(by_idle, key=delay.__getitem__))
+        return found
+
+    def _delays(self, moved: tuple[int, ...]) -> list[float]:
+        rates = self.rates()
+        if len(set(moved)) == 1:
+            # Every replica moves the same bytes, so the fastest link wins: division is
+            # monotone, hence min over replicas of k / rate == k / (max rate), exactly.
+            fastest = rates[0] if len(rates) == 1 else list(map(max, *rates))
+            return _seconds(moved[0] / MB, fastest)
+        return list(map(min, *(_seconds(n / MB, r) for n, r in zip(moved, rates, strict=True))))
+
+    def rates(self) -> list[list[float]]:
+        """MB/s from each replica to each cluster; inf at the replica's own site (0 s)
+        and 0 (never) where no bandwidth function can tell."""
+        if self._rates is None:
+            self._rates = [self._rates_from(replica.site) for replica in self.files]
+        return self._rates
+
+    def _rates_from(self, source: str) -> list[float]:
+        sites = self.sites
+        local = _positions(sites, source)
+        if self.bandwidth is None:
+            rates = [0.0] * len(sites)
+        else:
+            # The bandwidth function is never asked about a site to itself; map() keeps
+            # this loop of a thousand calls out of the interpreter.
+            rates, start = [], 0
+            for pos in [*local, len(sites)]:
+                rates.extend(map(self.bandwidth, itertools.repeat(source), sites[start:pos]))
+                rates.append(math.inf)
+                start = pos + 1
+            rates.pop()
+        for pos in local:
+            rates[pos] = math.inf
+        return rates
+
+
+def _positions(sites: list[str], site: str) -> list[int]:
+    """Where ``site`` occurs in ``sites`` (list.index scans in C)."""
+    found: list[int] = []
+    with contextlib.suppress(ValueError):
+        while True:
+            found.append(sites.index(site, found[-1] + 1 if found else 0))
+    return found
+
+
+def _seconds(megabytes: float, rates: list[float]) -> list[float]:
+    """megabytes / rate per cluster (the expression of transfer_seconds); inf if rate <= 0."""
+    if min(rates, default=1.0) > 0:
+        return list(map(megabytes.__truediv__, rates))
+    return [megabytes / rate if rate > 0 else math.inf for rate in rates]
+
+
+def _file_bytes(request: CoAllocationRequest, replica: Replica, component_size: int) -> int:
+    """Seed 000 Sec. 2.3: the whole file, or the component's share of it."""
+    if request.input_file is not None and request.input_file.delivery is FileDelivery.CHUNKED:
+        return -(-replica.size_bytes * component_size // request.processors)
+    return replica.size_bytes
+
+
+def _replicas_of(request: CoAllocationRequest, replicas: Sequence[Replica]) -> list[Replica]:
+    if request.input_file is None:
+        return []
+    name = request.input_file.logical_name
+    return [r for r in replicas if r.logical_name == name]
+
+
+# -- decisions -------------------------------------------------------------------------
+
+
+def _fit(
+    request: CoAllocationRequest,
+    policy: PlacementPolicy,
+    slots: list[_Slot],
+    pool: _Pool,
+    files: Sequence[Replica],
+    bandwidth: Bandwidth | None,
+    reasons: list[str],
+) -> Placement:
+    placed: list[PlacedComponent] = []
+    lines: list[str] = []
+    for index, size, pos in sorted(slots):
+        site = pool.sites[pos]
+        line = f"component {index} ({size} procs) -> {site} (usable idle {pool.usable[pos]} before)"
+        if files:
+            replica, seconds = best_replica(request, size, site, files, bandwidth)
+            file_site = replica.site if replica is not None else None
+            placed.append(PlacedComponent(index, size, site, file_site, seconds))
+            line += f"; input from {file_site}, est. {seconds:.1f} s"
+        else:
+            placed.append(PlacedComponent(index, size, site))
+        lines.append(line)
+    combined = len({c.site for c in placed})
+    head = f"{policy.value}: {len(placed)} components on {combined} clusters"
+    return Placement(
+        request.name, policy.value, Outcome.FIT, tuple(placed), (head, *reasons, *lines)
+    )
+
+
+def _no_fit(request: CoAllocationRequest, policy: PlacementPolicy, reasons: list[str]) -> Placement:
+    return Placement(request.name, policy.value, Outcome.NO_FIT, (), tuple(reasons))
+
+
+def _cannot(index: int, size: int, pool: _Pool) -> str:
+    return (
+        f"component {index} ({size} procs): no cluster has {size} usable idle"
+        f" ({_listing(pool, range(len(pool.sites)))})"
+    )
+
+
+def _in_order(policy: str, pool: _Pool, ranked: list[int]) -> str:
+    return (
+        f"{policy}: clusters in fixed order of usable idle: {_listing(pool, ranked, pool.usable)}"
+    )
+
+
+def _listing(pool: _Pool, order: Sequence[int], values: list[int] | None = None) -> str:
+    """Usable idle per cluster (by default what is left), the first few in ``order``."""
+    values = pool.left if values is None else values
+    shown = ", ".join(f"{pool.sites[pos]} {values[pos]}" for pos in order[:_LISTED])
+    if len(order) <= _LISTED:
+        return shown
+    return f"{shown}, ... {len(order) - _LISTED} more, the most {max(values)}"
+
+
+# -- validation ------------------------------------------------------------------------
+
+
+def _check_quota(quota: float | None) -> None:
+    if quota is not None and not 0.0 < quota <= 1.0:
+        raise RequestError(f"quota: must be in (0, 1], got {quota}")
+
+
+def _validate_components(request: CoAllocationRequest, sites: Collection[str] | None) -> None:
+    kind = request.kind
+    if not request.components:
+        raise RequestError(f"request.components: a {kind.value} request needs at least one")
+    for i, component in enumerate(request.components):
+        field = f"request.components[{i}]"
+        if component.size <= 0:
+            raise RequestError(f"{field}.size: must be > 0, got {component.size}")
+        if kind is RequestKind.NON_FIXED:
+            if component.site is not None:
+                raise RequestError(
+                    f"{field}.site: a non-fixed request leaves sites to the scheduler,"
+                    f" got {component.site!r}"
+                )
+        elif not component.site:
+            raise RequestError(f"{field}.site: a fixed request names every component's site")
+        elif sites is not None and component.site not in sites:
+            known = ", ".join(sorted(sites))
+            raise RequestError(f"{field}.site: unknown site {component.site!r} (known: {known})")
+
+
+def _validate_flexible(request: CoAllocationRequest) -> None:
+    total = request.total
+    if total <= 0:
+        raise RequestError(f"request.total: a flexible request needs a total > 0, got {total}")
+    if request.components:
+        raise RequestError("request.components: a flexible request gives only a total")
+    options = request.flexible
+    if not 1 <= options.min_component_size <= total:
+        raise RequestError(
+            f"request.flexible.min_component_size: must be in [1, {total}],"
+            f" got {options.min_component_size}"
+        )
+    if options.max_components is not None and options.max_components < 1:
+        raise RequestError(
+            f"request.flexible.max_components: must be >= 1, got {options.max_components}"
+        )
+    for k, split in enumerate(options.splits):
+        field = f"request.flexible.splits[{k}]"
+        if any(part <= 0 for part in split):
+            raise RequestError(f"{field}: every part must be > 0, got {split}")
+        if sum(split) != total:
+            raise RequestError(f"{field}: parts sum to {sum(split)}, not the total {total}")
+
+
+# -- benchmark -------------------------------------------------------------------------
