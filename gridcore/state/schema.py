@@ -121,3 +121,82 @@ transfer_rates = Table(
     Column("updated_at", Float, nullable=False),
     PrimaryKeyConstraint("src", "dst", name="pk_gc_transfer_rates"),
 )
+
+# -- KOALA co-allocation (gridcore.engine.koala, gridcore.barrier) ---------------------
+# A job is one row from submission to its end; ``epoch`` counts its placements, and its
+# components (one row each, of the current epoch only) are replaced on every re-placement.
+# A barrier or a site job of an older epoch matches no row and gives up.
+coalloc_jobs = Table(
+    "gc_coalloc_jobs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(256), nullable=False),
+    Column("request", Text, nullable=False),  # JSON of the CoAllocationRequest
+    Column("command", Text, nullable=False),
+    Column("policy", String(8), nullable=False),
+    Column("quota", Float, nullable=True),
+    Column("priority", String(8), nullable=False),
+    # queued | placed | claiming | running | completed | failed | cancelled
+    Column("state", String(16), nullable=False),
+    Column("epoch", Integer, nullable=False, default=0),
+    Column("placement_tries", Integer, nullable=False, default=0),
+    Column("claim_tries", Integer, nullable=False, default=0),
+    Column("L", Float, nullable=False),
+    Column("jpt", Float, nullable=True),
+    Column("ftt", Float, nullable=True),
+    Column("jst", Float, nullable=True),
+    Column("jct", Float, nullable=True),
+    Column("placement", Text, nullable=True),  # JSON: policy, components, reasons
+    Column("submitted_at", Float, nullable=False),
+    Column("placed_at", Float, nullable=True),
+    Column("started_at", Float, nullable=True),
+    Column("finished_at", Float, nullable=True),
+    Column("message", Text, nullable=True),
+    Column("retries", Integer, nullable=False, default=0),
+    Index("ix_gc_coalloc_jobs_state", "state"),
+)
+
+coalloc_components = Table(
+    "gc_coalloc_components",
+    metadata,
+    Column("job_id", Integer, nullable=False),
+    Column("idx", Integer, nullable=False),
+    Column("epoch", Integer, nullable=False),
+    Column("size", Integer, nullable=False),
+    Column("site", String(64), nullable=False),
+    Column("file_site", String(64), nullable=True),
+    Column("transfer_s", Float, nullable=False),
+    # placed | submitting | submitted | completed | failed | aborted
+    Column("state", String(16), nullable=False),
+    Column("site_job_id", String(64), nullable=True),
+    Column("claimed_at", Float, nullable=True),
+    Column("registered_at", Float, nullable=True),
+    Column("released_at", Float, nullable=True),  # passed the start barrier
+    Column("finished_at", Float, nullable=True),
+    Column("exit_code", Integer, nullable=True),
+    Column("host", String(255), nullable=True),
+    Column("port", Integer, nullable=True),
+    Column("message", Text, nullable=True),
+    PrimaryKeyConstraint("job_id", "idx", name="pk_gc_coalloc_components"),
+)
+
+# KOALA's count of consecutive component errors per site (seed 000 Sec. 3.4). Kept apart
+# from gc_sites, whose error count is about monitoring contact and resets on every report.
+coalloc_site_health = Table(
+    "gc_coalloc_site_health",
+    metadata,
+    Column("site", String(64), primary_key=True),
+    Column("consecutive_errors", Integer, nullable=False),
+    Column("usable", Boolean, nullable=False),
+)
+
+# Named leases: one holder at a time (the KOALA queue scanner); ``scans`` counts the scans
+# made under the lease (it drives the high/low placement-queue cycle).
+leases = Table(
+    "gc_leases",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("holder", String(256), nullable=False),
+    Column("expires_at", Float, nullable=False),
+    Column("scans", Integer, nullable=False, default=0),
+)

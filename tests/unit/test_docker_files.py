@@ -490,6 +490,7 @@ def test_grid_storage_and_tokens_are_shared(grid: dict[str, Any], services: dict
 
 def test_grid_toml_loads_with_gridcore() -> None:
     from gridcore import config
+
     spec = config.load_grid(GRID_FILE)
     assert set(spec.site_names) == {"alpha", "beta", "gamma", "local"}
     assert spec.bandwidth("origin", "alpha") == 200.0

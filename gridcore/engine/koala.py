@@ -1,0 +1,1050 @@
+"""The live KOALA co-allocator: placement queues, claiming queue, ICP, start barrier and
+fault tolerance applied to real sites (seed 000 Sec. 2.5, 3).
+
+Every decision is a KOALA policy (:mod:`gridcore.policies.placement`,
+:mod:`gridcore.policies.claiming`) taken on a snapshot; this module only reads the
+snapshot, applies the decision and does the site I/O. A job's whole life is in the state
+database (``gc_coalloc_jobs``, ``gc_coalloc_components``), so any engine on the same
+database resumes it; one scan at a time runs, under the lease ``koala-scan``.
+
+One scan (:meth:`KoalaEngine.scan`), each step committed on its own:
+
+(a) refresh the site observations; the clusters' idle processors are the reported idle
+    minus others' queued work, our in-flight selections, and the processors of placed
+    co-allocation components not yet started (held so two placements never count the
+    same processors; KOALA itself reserves nothing, Sec. 2.7);
+(b) scan one placement queue (high ``S`` times per low one, Sec. 3.1), each job with its
+    own policy and quota, on one snapshot updated as jobs are placed; a placed job gets
+    JPT, FTT, ``JST = JPT + FTT`` and ``JCT_0`` (Sec. 3.2);
+(c) stage the input file to every execution site (synchronously, Sec. 2.5: transfers
+    first, claiming after);
+(d) claiming tries of the jobs whose JCT has come (ICP, Sec. 3.3): components that fit
+    are submitted as ``python -m gridcore.barrier ... -- sh -c COMMAND``; a retry
+    stores the next JCT; an abort cancels the started components, lowers ``L`` and
+    returns the job to its placement queue;
+(e) follow the started components: all completed completes the job; any failure cancels
+    the others and returns the whole job to its placement queue, counting the site's
+    consecutive errors (Sec. 3.4).
+
+Site I/O never happens inside a transaction. A component is marked ``submitting`` before
+its submission and ``submitted`` with the site's job id after; a ``submitting`` row seen
+by a later scan was left by an engine that died in between, and counts as a failed
+component (the site job it may have started dies at its barrier: its epoch is gone).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import os
+import shlex
+import socket
+import sys
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    RowMapping,
+    and_,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.exc import IntegrityError
+
+from gridcore.engine import ledger
+from gridcore.engine.runtime import GridRuntime
+from gridcore.errors import GridError, RequestError, SiteError, StateError
+from gridcore.model import (
+    ClusterSnapshot,
+    CoAllocationRequest,
+    Component,
+    FileDelivery,
+    FlexibleOptions,
+    InputFile,
+    JobState,
+    JobSubmission,
+    Outcome,
+    PlacedComponent,
+    Placement,
+    Priority,
+    Replica,
+    RequestKind,
+)
+from gridcore.policies.claiming import (
+    ClaimDecision,
+    ClaimingJob,
+    ClaimOutcome,
+    KoalaParams,
+    QueuedJob,
+    ScanResult,
+    SiteHealth,
+    claim_decision,
+    first_claim_try,
+    job_start_time,
+    on_component_failure,
+    record_site_success,
+    scan_order,
+    scan_placement_queue,
+)
+from gridcore.policies.placement import PlacementPolicy, place, validate_request
+from gridcore.staging import ReplicaCatalog, stage
+from gridcore.state.schema import (
+    coalloc_components,
+    coalloc_jobs,
+    coalloc_site_health,
+    leases,
+    sites,
+)
+
+log = logging.getLogger(__name__)
+
+SCAN_LEASE = "koala-scan"
+# The scan lease lasts this many scan intervals: a scanner that stopped (killed) is
+# replaced after that, one that keeps scanning renews it every scan.
+LEASE_SCANS = 3
+# A barrier waits up to the JST plus this long for the other components.
+BARRIER_SLACK_S = 600.0
+
+
+class JobPhase(enum.StrEnum):
+    QUEUED = "queued"  # in its placement queue
+    PLACED = "placed"  # placed, input files being staged
+    CLAIMING = "claiming"  # in the claiming queue
+    RUNNING = "running"  # every component started (at the barrier or past it)
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobPhase.COMPLETED, JobPhase.FAILED, JobPhase.CANCELLED)
+
+
+class Part(enum.StrEnum):
+    """A component's state."""
+
+    PLACED = "placed"  # has a site, not started
+    SUBMITTING = "submitting"  # claimed; its submission is under way
+    SUBMITTED = "submitted"  # the site has it (pending, at the barrier or running)
+    COMPLETED = "completed"
+    FAILED = "failed"
+    ABORTED = "aborted"  # cancelled by KOALA (abort, cancel)
+
+
+_LIVE = (JobPhase.QUEUED, JobPhase.PLACED, JobPhase.CLAIMING, JobPhase.RUNNING)
+_STARTED = (Part.SUBMITTING, Part.SUBMITTED)
+
+
+@dataclass(frozen=True)
+class ScanReport:
+    """What one scan did, by job id. ``skipped``: another engine holds the scan lease."""
+
+    skipped: bool = False
+    queue: str | None = None
+    placed: tuple[int, ...] = ()
+    claimed: tuple[int, ...] = ()
+    completed: tuple[int, ...] = ()
+    requeued: tuple[int, ...] = ()
+    failed: tuple[int, ...] = ()
+    reasons: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ComponentRecord:
+    index: int
+    size: int
+    site: str
+    file_site: str | None
+    transfer_s: float
+    state: str
+    site_job_id: str | None
+    host: str | None
+    port: int | None
+    claimed_at: float | None
+    released_at: float | None
+    finished_at: float | None
+    exit_code: int | None
+    message: str
+
+
+@dataclass(frozen=True)
+class CoAllocationRecord:
+    """A co-allocated job as the state DB knows it; plain JSON via :meth:`as_json`."""
+
+    job_id: int
+    name: str
+    state: str
+    policy: str
+    priority: str
+    epoch: int
+    placement_tries: int
+    claim_tries: int
+    retries: int
+    L: float
+    jpt: float | None
+    ftt: float | None
+    jst: float | None
+    jct: float | None
+    submitted_at: float
+    placed_at: float | None
+    started_at: float | None
+    finished_at: float | None
+    message: str
+    placement: dict[str, Any] | None = None
+    components: tuple[ComponentRecord, ...] = ()
+
+    @property
+    def finished(self) -> bool:
+        return JobPhase(self.state).finished
+
+    @property
+    def barrier_skew_s(self) -> float | None:
+        """Spread of the components' barrier release times (None until all passed)."""
+        released = [c.released_at for c in self.components]
+        if not released or any(t is None for t in released):
+            return None
+        times = [t for t in released if t is not None]
+        return max(times) - min(times)
+
+    def as_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["components"] = [asdict(c) for c in self.components]
+        data["barrier_skew_s"] = self.barrier_skew_s
+        return data
+
+
+class KoalaEngine:
+    """Applies KOALA's policies to live sites; every step resumes from the state DB."""
+
+    def __init__(
+        self,
+        runtime: GridRuntime,
+        catalog: ReplicaCatalog | None = None,
+        params: KoalaParams | None = None,
+        holder: str | None = None,
+        *,
+        lease_s: float | None = None,
+        python: str | None = None,
+        barrier_slack_s: float = BARRIER_SLACK_S,
+    ) -> None:
+        self.runtime = runtime
+        self.store = runtime.store
+        self.grid = runtime.grid
+        self.catalog = catalog
+        self.params = params or KoalaParams()
+        self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        self.lease_s = LEASE_SCANS * self.params.scan_interval_s if lease_s is None else lease_s
+        self.python = python or sys.executable
+        self.barrier_slack_s = barrier_slack_s
+
+    # -- submission ----------------------------------------------------------------------
+
+    def submit(
+        self,
+        request: CoAllocationRequest,
+        policy: PlacementPolicy,
+        command: str,
+        quota: float | None = None,
+    ) -> int:
+        """Check ``request`` and put it in its placement queue; returns the job id.
+        Raises RequestError, writing nothing, for a malformed or impossible request."""
+        try:
+            policy = PlacementPolicy(policy)
+        except ValueError:
+            known = ", ".join(p.value for p in PlacementPolicy)
+            raise RequestError(f"policy: unknown {policy!r} (known: {known})") from None
+        self._check(request, policy, command, quota)
+        with self.store.begin() as conn:
+            key = conn.execute(
+                insert(coalloc_jobs).values(
+                    name=request.name,
+                    request=request_to_json(request),
+                    command=command,
+                    policy=policy.value,
+                    quota=quota,
+                    priority=request.priority.value,
+                    state=JobPhase.QUEUED.value,
+                    epoch=0,
+                    placement_tries=0,
+                    claim_tries=0,
+                    L=self.params.L,
+                    submitted_at=self.runtime.clock(),
+                    retries=0,
+                )
+            ).inserted_primary_key
+        if key is None:
+            raise StateError("the database returned no id for the new co-allocation job")
+        return int(key[0])
+
+    def _check(
+        self,
+        request: CoAllocationRequest,
+        policy: PlacementPolicy,
+        command: str,
+        quota: float | None,
+    ) -> None:
+        validate_request(request, self.grid.site_names)
+        if not command.strip():
+            raise RequestError("command: must not be empty")
+        if quota is not None and not 0.0 < quota <= 1.0:
+            raise RequestError(f"quota: must be in (0, 1], got {quota}")
+        if request.input_file is not None:
+            if self.catalog is None:
+                raise RequestError(
+                    f"request.input_file: {request.input_file.logical_name!r} needs a replica"
+                    " catalog (KoalaEngine(catalog=...))"
+                )
+            self.catalog.require(request.input_file.logical_name)
+        # The policy on the whole grid idle: a request that cannot fit even then never will.
+        idle = [ClusterSnapshot(s.name, s.processors, s.processors) for s in self.grid.sites]
+        trial = place(
+            request,
+            idle,
+            policy,
+            quota,
+            replicas=self._replicas(request),
+            bandwidth=self._bandwidth(),
+        )
+        if trial.outcome is not Outcome.FIT:
+            raise RequestError(
+                f"request {request.name!r} cannot be placed even on the idle grid: "
+                + "; ".join(trial.reasons)
+            )
+
+    # -- the scan ------------------------------------------------------------------------
+
+    def scan(self, now: float | None = None) -> ScanReport:
+        """One KOALA scan (module docstring), or a skipped one if another engine holds
+        the scan lease."""
+        now = self.runtime.clock() if now is None else now
+        index = self._take_lease(now)
+        if index is None:
+            return ScanReport(skipped=True, reasons=(f"lease {SCAN_LEASE} held by another",))
+        work = _Log()
+        self.runtime.refresh()
+        self._place(now, index, work)
+        self._stage(work)
+        self._claim(now, work)
+        self._follow(work)
+        return work.report()
+
+    def release_lease(self) -> None:
+        """Give up the scan lease now (another engine may scan at once)."""
+        with self.store.begin() as conn:
+            conn.execute(
+                update(leases)
+                .where(and_(leases.c.name == SCAN_LEASE, leases.c.holder == self.holder))
+                .values(expires_at=0.0)
+            )
+
+    def _take_lease(self, now: float) -> int | None:
+        """Take or renew the lease (free, expired, or already ours): the scan's index in
+        the placement-queue cycle, or None while another holder has it."""
+        lc = leases.c
+        expires = now + self.lease_s
+        try:
+            with self.store.begin() as conn:
+                taken = conn.execute(
+                    update(leases)
+                    .where(
+                        and_(
+                            lc.name == SCAN_LEASE,
+                            or_(lc.holder == self.holder, lc.expires_at < now),
+                        )
+                    )
+                    .values(holder=self.holder, expires_at=expires, scans=lc.scans + 1)
+                )
+                if taken.rowcount != 1:
+                    if conn.execute(select(lc.name).where(lc.name == SCAN_LEASE)).first():
+                        return None
+                    conn.execute(
+                        insert(leases).values(
+                            name=SCAN_LEASE, holder=self.holder, expires_at=expires, scans=1
+                        )
+                    )
+                scans = conn.execute(select(lc.scans).where(lc.name == SCAN_LEASE)).scalar_one()
+        except IntegrityError:
+            return None  # another engine created the lease row at the same moment
+        return int(scans) - 1
+
+    # (b) placement queues ---------------------------------------------------------------
+
+    def _place(self, now: float, scan_index: int, work: _Log) -> None:
+        with self.store.begin() as conn:
+            queued = _jobs(conn, JobPhase.QUEUED)
+            clusters = self._clusters(conn)
+        high = [r for r in queued if r["priority"] == Priority.HIGH.value]
+        low = [r for r in queued if r["priority"] != Priority.HIGH.value]
+        due = scan_order(high, low, self.params, scan_index)
+        if due is None:
+            return
+        work.queue = due.value
+        bandwidth = self._bandwidth()
+        for row in high if due is Priority.HIGH else low:
+            request = request_from_json(row["request"])
+            job = QueuedJob(request, self._replicas(request), row["placement_tries"])
+            # One job at a time so each keeps its own policy and quota; the snapshot
+            # carries over, as in one scan of the queue.
+            result = scan_placement_queue(
+                [job],
+                clusters,
+                PlacementPolicy(row["policy"]),
+                self.params,
+                quota=row["quota"],
+                bandwidth=bandwidth,
+            )
+            clusters = list(result.clusters)
+            with self.store.begin() as conn:
+                self._record_scan(conn, row, result, now, work)
+
+    def _record_scan(
+        self, conn: Connection, row: RowMapping, result: ScanResult, now: float, work: _Log
+    ) -> None:
+        work.reasons.extend(result.reasons[1:])
+        if result.placed:
+            tried, placement = result.placed[0]
+            if self._commit_placement(conn, row, tried.placement_tries, placement, now):
+                work.placed.append(row["id"])
+            return
+        tries = (result.failed or result.waiting)[0].placement_tries
+        values: dict[str, Any] = {"placement_tries": tries, "message": result.reasons[-1]}
+        if result.failed:
+            values.update(state=JobPhase.FAILED.value, finished_at=now)
+            work.failed.append(row["id"])
+        else:
+            values["message"] = f"waiting in the placement queue ({tries} placement tries)"
+        conn.execute(update(coalloc_jobs).where(_is(row, JobPhase.QUEUED)).values(**values))
+
+    def _commit_placement(
+        self, conn: Connection, row: RowMapping, tries: int, placement: Placement, now: float
+    ) -> bool:
+        ftt = placement.file_transfer_s
+        done = conn.execute(
+            update(coalloc_jobs)
+            .where(_is(row, JobPhase.QUEUED))
+            .values(
+                state=JobPhase.PLACED.value,
+                placement_tries=tries,
+                jpt=now,
+                ftt=ftt,
+                jst=job_start_time(now, ftt),
+                jct=first_claim_try(now, ftt, row["L"], self.params),
+                placement=json.dumps(_placement_json(placement)),
+                placed_at=now,
+                message=placement.reasons[0] if placement.reasons else "",
+            )
+        )
+        if done.rowcount != 1:
+            return False
+        conn.execute(delete(coalloc_components).where(coalloc_components.c.job_id == row["id"]))
+        conn.execute(
+            insert(coalloc_components),
+            [
+                {
+                    "job_id": row["id"],
+                    "idx": c.index,
+                    "epoch": row["epoch"],
+                    "size": c.size,
+                    "site": c.site,
+                    "file_site": c.file_site,
+                    "transfer_s": c.transfer_s,
+                    "state": Part.PLACED.value,
+                }
+                for c in placement.components
+            ],
+        )
+        return True
+
+    # (c) staging ------------------------------------------------------------------------
+
+    def _stage(self, work: _Log) -> None:
+        with self.store.begin() as conn:
+            placed = _jobs(conn, JobPhase.PLACED)
+        for row in placed:
+            try:
+                self._stage_inputs(row)
+            except GridError as exc:
+                with self.store.begin() as conn:
+                    cancels = _requeue(conn, row, (JobPhase.PLACED,), f"staging failed: {exc}")
+                self._cancel_site_jobs(cancels)
+                work.requeued.append(row["id"])
+                continue
+            with self.store.begin() as conn:
+                conn.execute(
+                    update(coalloc_jobs)
+                    .where(_is(row, JobPhase.PLACED))
+                    .values(state=JobPhase.CLAIMING.value)
+                )
+
+    def _stage_inputs(self, row: RowMapping, only: Sequence[PlacedComponent] | None = None) -> None:
+        request = request_from_json(row["request"])
+        if request.input_file is None:
+            return
+        if self.catalog is None:
+            raise RequestError("input files need a replica catalog (KoalaEngine(catalog=...))")
+        if only is None:
+            with self.store.begin() as conn:
+                only = [_placed(c) for c in _components(conn, row)]
+        for site in sorted({c.site for c in only if c.file_site != c.site}):
+            stage(self.catalog, self.grid, request.input_file.logical_name, site)
+
+    # (d) claiming -----------------------------------------------------------------------
+
+    def _claim(self, now: float, work: _Log) -> None:
+        jc = coalloc_jobs.c
+        with self.store.begin() as conn:
+            due = (
+                conn.execute(
+                    select(coalloc_jobs)
+                    .where(and_(jc.state == JobPhase.CLAIMING.value, jc.jct <= now))
+                    .order_by(jc.jct, jc.id)
+                )
+                .mappings()
+                .all()
+            )
+        for row in due:
+            self.runtime.refresh()  # the components started for the job before count
+            request = request_from_json(row["request"])
+            replicas, bandwidth = self._replicas(request), self._bandwidth()
+            with self.store.begin() as conn:
+                job = _claiming_job(conn, row, request, replicas)
+                decision = claim_decision(
+                    job, self._clusters(conn, row["id"]), now, self.params, bandwidth=bandwidth
+                )
+                cancels, starts = self._apply_claim(conn, row, decision, now)
+            work.reasons.extend(decision.reasons)
+            work.outcome(row["id"], decision.outcome)
+            self._cancel_site_jobs(cancels)
+            for component in starts:
+                self._start_component(row, component, len(job.components), now)
+
+    def _apply_claim(
+        self, conn: Connection, row: RowMapping, decision: ClaimDecision, now: float
+    ) -> tuple[list[tuple[str, str]], tuple[PlacedComponent, ...]]:
+        message = decision.reasons[-1]
+        if decision.outcome is ClaimOutcome.ABORT:
+            return _requeue(
+                conn, row, (JobPhase.CLAIMING,), message, L=decision.L, tries=decision.claim_tries
+            ), ()
+        if decision.outcome is ClaimOutcome.FAILED:
+            return _end(conn, row, (JobPhase.CLAIMING,), JobPhase.FAILED, message, now), ()
+        values: dict[str, Any] = {"claim_tries": decision.claim_tries, "message": message}
+        if decision.outcome is ClaimOutcome.COMPLETE:
+            values["state"] = JobPhase.RUNNING.value
+        else:
+            values["jct"] = decision.next_claim_s
+        done = conn.execute(
+            update(coalloc_jobs).where(_is(row, JobPhase.CLAIMING)).values(**values)
+        )
+        if done.rowcount != 1:
+            return [], ()
+        cc = coalloc_components.c
+        for c in decision.start:
+            conn.execute(
+                update(coalloc_components)
+                .where(and_(_component(row, c.index), cc.state == Part.PLACED.value))
+                .values(
+                    site=c.site,
+                    file_site=c.file_site,
+                    transfer_s=c.transfer_s,
+                    state=Part.SUBMITTING.value,
+                    claimed_at=now,
+                )
+            )
+        return [], decision.start
+
+    def _start_component(
+        self, row: RowMapping, component: PlacedComponent, count: int, now: float
+    ) -> None:
+        """Submit one claimed component through its site's adapter (outside any
+        transaction); record the site's job id, or the component's failure."""
+        where = and_(
+            _component(row, component.index),
+            coalloc_components.c.state == Part.SUBMITTING.value,
+        )
+        try:
+            # A component re-placed by ICP gets its file now (Sec. 3.3); others have it.
+            self._stage_inputs(row, [component])
+            site_job_id = self.runtime.adapter(component.site).submit(
+                self._submission(row, component, count, now)
+            )
+        except GridError as exc:
+            with self.store.begin() as conn:
+                conn.execute(
+                    update(coalloc_components)
+                    .where(where)
+                    .values(state=Part.FAILED.value, message=f"submission failed: {exc}")
+                )
+            return
+        with self.store.begin() as conn:
+            done = conn.execute(
+                update(coalloc_components)
+                .where(where)
+                .values(site_job_id=site_job_id, state=Part.SUBMITTED.value)
+            )
+        if done.rowcount != 1:  # the job was cancelled while we submitted
+            self._cancel_site_jobs([(component.site, site_job_id)])
+
+    def _submission(
+        self, row: RowMapping, component: PlacedComponent, count: int, now: float
+    ) -> JobSubmission:
+        url = self.store.engine.url
+        timeout = max(0.0, (row["jst"] or now) - now) + self.barrier_slack_s
+        argv = [self.python, "-m", "gridcore.barrier"]
+        env = {
+            "GRIDCORE_JOB": str(row["id"]),
+            "GRIDCORE_COMPONENT": str(component.index),
+            "GRIDCORE_COMPONENTS": str(count),
+        }
+        if url.password:
+            env["GRIDCORE_DB_URL"] = url.render_as_string(hide_password=False)
+        else:
+            argv += ["--db", url.render_as_string(hide_password=False)]
+        argv += ["--job", str(row["id"]), "--component", str(component.index)]
+        argv += ["--epoch", str(row["epoch"]), "--timeout", f"{timeout:.0f}"]
+        argv += ["--", "/bin/sh", "-c", row["command"]]
+        return JobSubmission(
+            f"{row['name']}#{component.index}", shlex.join(argv), component.size, env=env
+        )
+
+    # (e) following started components --------------------------------------------------
+
+    def _follow(self, work: _Log) -> None:
+        with self.store.begin() as conn:
+            active = _jobs(conn, JobPhase.CLAIMING, JobPhase.RUNNING)
+        for row in active:
+            with self.store.begin() as conn:
+                parts = _components(conn, row)
+            for part in parts:
+                if part["state"] == Part.SUBMITTED.value:
+                    self._poll_component(row, part)
+            with self.store.begin() as conn:
+                parts = _components(conn, row)
+            self._settle(row, parts, work)
+
+    def _poll_component(self, row: RowMapping, part: RowMapping) -> None:
+        try:
+            status = self.runtime.adapter(part["site"]).status(part["site_job_id"])
+        except SiteError as exc:
+            with self.store.begin() as conn:
+                ledger.record_site_error(conn, part["site"], str(exc))
+            return
+        if not status.state.finished:
+            return
+        ok = status.state is JobState.COMPLETED
+        with self.store.begin() as conn:
+            conn.execute(
+                update(coalloc_components)
+                .where(
+                    and_(
+                        _component(row, part["idx"]),
+                        coalloc_components.c.state == Part.SUBMITTED.value,
+                    )
+                )
+                .values(
+                    state=(Part.COMPLETED if ok else Part.FAILED).value,
+                    exit_code=status.exit_code,
+                    finished_at=status.finished_at or self.runtime.clock(),
+                    message=status.reason or status.state.value,
+                )
+            )
+            if ok:
+                _store_health(conn, record_site_success(_health(conn, part["site"])))
+
+    def _settle(self, row: RowMapping, parts: Sequence[RowMapping], work: _Log) -> None:
+        # A "submitting" row here was left by an engine that died mid-submission.
+        broken = [p for p in parts if p["state"] in (Part.FAILED.value, Part.SUBMITTING.value)]
+        if broken:
+            self._fail(row, broken[0])
+            work.requeued.append(row["id"])
+            return
+        if row["state"] != JobPhase.RUNNING.value:
+            return
+        if all(p["state"] == Part.COMPLETED.value for p in parts):
+            ends = [p["finished_at"] for p in parts if p["finished_at"] is not None]
+            with self.store.begin() as conn:
+                done = conn.execute(
+                    update(coalloc_jobs)
+                    .where(_is(row, JobPhase.RUNNING))
+                    .values(
+                        state=JobPhase.COMPLETED.value,
+                        finished_at=max(ends, default=self.runtime.clock()),
+                        message=f"all {len(parts)} components completed",
+                    )
+                )
+            if done.rowcount == 1:
+                work.completed.append(row["id"])
+        released = [p["released_at"] for p in parts]
+        if row["started_at"] is None and all(t is not None for t in released):
+            with self.store.begin() as conn:
+                conn.execute(
+                    update(coalloc_jobs)
+                    .where(coalloc_jobs.c.id == row["id"])
+                    .values(started_at=max(t for t in released if t is not None))
+                )
+
+    def _fail(self, row: RowMapping, part: RowMapping) -> None:
+        """Sec. 3.4: a failed component aborts the whole job, back to its placement
+        queue; the site's consecutive errors grow."""
+        request = request_from_json(row["request"])
+        with self.store.begin() as conn:
+            decision = on_component_failure(
+                request, part["idx"], _health(conn, part["site"]), self.params
+            )
+            _store_health(conn, decision.site)
+            why = part["message"] or "lost while being submitted"
+            message = "; ".join((*decision.reasons, f"component {part['idx']}: {why}"))
+            cancels = _requeue(
+                conn, row, (JobPhase.CLAIMING, JobPhase.RUNNING), message, retry=True
+            )
+        self._cancel_site_jobs(cancels)
+
+    # -- views and control ----------------------------------------------------------------
+
+    def status(self, job_id: int) -> CoAllocationRecord:
+        with self.store.begin() as conn:
+            row = (
+                conn.execute(select(coalloc_jobs).where(coalloc_jobs.c.id == job_id))
+                .mappings()
+                .one_or_none()
+            )
+            if row is None:
+                raise StateError(f"no co-allocation job {job_id} in the state database")
+            parts = _components(conn, row)
+        return _record(row, parts)
+
+    def cancel(self, job_id: int) -> CoAllocationRecord:
+        """Cancel the job and every started component (a finished job is left alone)."""
+        current = self.status(job_id)
+        if current.finished:
+            return current
+        with self.store.begin() as conn:
+            row = (
+                conn.execute(select(coalloc_jobs).where(coalloc_jobs.c.id == job_id))
+                .mappings()
+                .one()
+            )
+            cancels = _end(conn, row, _LIVE, JobPhase.CANCELLED, "cancelled", self.runtime.clock())
+        self._cancel_site_jobs(cancels)
+        return self.status(job_id)
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _clusters(self, conn: Connection, exclude_job: int | None = None) -> list[ClusterSnapshot]:
+        """The usable grid sites with the processors a KOALA decision may use now."""
+        cc, hc = coalloc_components.c, coalloc_site_health.c
+        rows = {r.name: r for r in conn.execute(select(sites)).all()}
+        health = dict(conn.execute(select(hc.site, hc.usable)).all())
+        held_q = select(cc.site, func.sum(cc.size)).where(cc.state == Part.PLACED.value)
+        if exclude_job is not None:
+            held_q = held_q.where(cc.job_id != exclude_job)
+        held = {site: int(n) for site, n in conn.execute(held_q.group_by(cc.site)).all()}
+        snaps = []
+        for name in self.grid.site_names:
+            r = rows.get(name)
+            if r is None or not r.usable or not health.get(name, True):
+                continue
+            free = r.reported_idle - r.external_pending - r.claimed - r.queued - held.get(name, 0)
+            snaps.append(ClusterSnapshot(name, r.total_processors, free))
+        return snaps
+
+    def _replicas(self, request: CoAllocationRequest) -> tuple[Replica, ...]:
+        if request.input_file is None or self.catalog is None:
+            return ()
+        return self.catalog.replicas(request.input_file.logical_name)
+
+    def _bandwidth(self) -> Callable[[str, str], float]:
+        """MB/s between sites: measured means where staging sampled a pair, else the grid
+        matrix. Read once per decision, never inside its transaction."""
+        if self.catalog is None:
+            return self.grid.bandwidth
+        measured = self.catalog.measured_rates()
+        grid = self.grid
+
+        def bandwidth(src: str, dst: str) -> float:
+            return measured.get((src, dst)) or grid.bandwidth(src, dst)
+
+        return bandwidth
+
+    def _cancel_site_jobs(self, jobs: Sequence[tuple[str, str]]) -> None:
+        for site, site_job_id in jobs:
+            try:
+                self.runtime.adapter(site).cancel(site_job_id)
+            except GridError as exc:
+                log.warning("cancelling %s at %s: %s", site_job_id, site, exc)
+
+
+# -- rows -------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Log:
+    queue: str | None = None
+    placed: list[int] = field(default_factory=list)
+    claimed: list[int] = field(default_factory=list)
+    completed: list[int] = field(default_factory=list)
+    requeued: list[int] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+
+    def outcome(self, job_id: int, outcome: ClaimOutcome) -> None:
+        if outcome >= ClaimOutcome.RETRY:
+            self.claimed.append(job_id)
+        elif outcome is ClaimOutcome.ABORT:
+            self.requeued.append(job_id)
+        else:
+            self.failed.append(job_id)
+
+    def report(self) -> ScanReport:
+        return ScanReport(
+            False,
+            self.queue,
+            tuple(self.placed),
+            tuple(self.claimed),
+            tuple(self.completed),
+            tuple(self.requeued),
+            tuple(self.failed),
+            tuple(self.reasons),
+        )
+
+
+def _jobs(conn: Connection, *states: JobPhase) -> Sequence[RowMapping]:
+    jc = coalloc_jobs.c
+    query = select(coalloc_jobs).where(jc.state.in_([s.value for s in states])).order_by(jc.id)
+    return conn.execute(query).mappings().all()
+
+
+def _components(conn: Connection, row: RowMapping) -> Sequence[RowMapping]:
+    cc = coalloc_components.c
+    query = (
+        select(coalloc_components)
+        .where(and_(cc.job_id == row["id"], cc.epoch == row["epoch"]))
+        .order_by(cc.idx)
+    )
+    return conn.execute(query).mappings().all()
+
+
+def _is(row: RowMapping, *states: JobPhase) -> ColumnElement[bool]:
+    """The job row as read: same id, epoch and one of ``states`` (conditional UPDATEs)."""
+    jc = coalloc_jobs.c
+    return and_(
+        jc.id == row["id"], jc.epoch == row["epoch"], jc.state.in_([s.value for s in states])
+    )
+
+
+def _component(row: RowMapping, index: int) -> ColumnElement[bool]:
+    cc = coalloc_components.c
+    return and_(cc.job_id == row["id"], cc.idx == index, cc.epoch == row["epoch"])
+
+
+def _placed(part: RowMapping) -> PlacedComponent:
+    return PlacedComponent(
+        part["idx"], part["size"], part["site"], part["file_site"], part["transfer_s"]
+    )
+
+
+def _claiming_job(
+    conn: Connection,
+    row: RowMapping,
+    request: CoAllocationRequest,
+    replicas: tuple[Replica, ...],
+) -> ClaimingJob:
+    parts = _components(conn, row)
+    started = frozenset(p["idx"] for p in parts if p["state"] != Part.PLACED.value)
+    return ClaimingJob(
+        request,
+        tuple(_placed(p) for p in parts),
+        row["jst"],
+        row["L"],
+        started,
+        row["claim_tries"],
+        replicas,
+    )
+
+
+def _started(conn: Connection, row: RowMapping) -> list[tuple[str, str]]:
+    """(site, site job id) of the job's components that a site has."""
+    return [
+        (p["site"], p["site_job_id"])
+        for p in _components(conn, row)
+        if p["state"] in _STARTED and p["site_job_id"]
+    ]
+
+
+def _requeue(
+    conn: Connection,
+    row: RowMapping,
+    states: tuple[JobPhase, ...],
+    message: str,
+    *,
+    L: float | None = None,
+    tries: int | None = None,
+    retry: bool = False,
+) -> list[tuple[str, str]]:
+    """Back to the placement queue with a new epoch; returns the site jobs to cancel."""
+    values: dict[str, Any] = {
+        "state": JobPhase.QUEUED.value,
+        "epoch": row["epoch"] + 1,
+        "message": message,
+        "jpt": None,
+        "ftt": None,
+        "jst": None,
+        "jct": None,
+        "started_at": None,
+        "placement": None,
+    }
+    if L is not None:
+        values["L"] = L
+    if tries is not None:
+        values["claim_tries"] = tries
+    if retry:
+        values["retries"] = coalloc_jobs.c.retries + 1
+    done = conn.execute(update(coalloc_jobs).where(_is(row, *states)).values(**values))
+    if done.rowcount != 1:
+        return []
+    cancels = _started(conn, row)
+    conn.execute(delete(coalloc_components).where(coalloc_components.c.job_id == row["id"]))
+    return cancels
+
+
+def _end(
+    conn: Connection,
+    row: RowMapping,
+    states: tuple[JobPhase, ...],
+    final: JobPhase,
+    message: str,
+    now: float,
+) -> list[tuple[str, str]]:
+    """Finish the job as ``final``; returns the site jobs to cancel."""
+    done = conn.execute(
+        update(coalloc_jobs)
+        .where(_is(row, *states))
+        .values(state=final.value, message=message, finished_at=now)
+    )
+    if done.rowcount != 1:
+        return []
+    cancels = _started(conn, row)
+    cc = coalloc_components.c
+    conn.execute(
+        update(coalloc_components)
+        .where(
+            and_(
+                cc.job_id == row["id"],
+                cc.state.in_([Part.PLACED.value, *(p.value for p in _STARTED)]),
+            )
+        )
+        .values(state=Part.ABORTED.value, finished_at=now, message=message)
+    )
+    return cancels
+
+
+def _health(conn: Connection, site: str) -> SiteHealth:
+    found = conn.execute(
+        select(coalloc_site_health).where(coalloc_site_health.c.site == site)
+    ).one_or_none()
+    if found is None:
+        return SiteHealth(site)
+    return SiteHealth(site, found.consecutive_errors, bool(found.usable))
+
+
+def _store_health(conn: Connection, health: SiteHealth) -> None:
+    values = {"consecutive_errors": health.consecutive_errors, "usable": health.usable}
+    done = conn.execute(
+        update(coalloc_site_health)
+        .where(coalloc_site_health.c.site == health.site)
+        .values(**values)
+    )
+    if done.rowcount != 1:
+        conn.execute(insert(coalloc_site_health).values(site=health.site, **values))
+
+
+def _record(row: RowMapping, parts: Sequence[RowMapping]) -> CoAllocationRecord:
+    return CoAllocationRecord(
+        row["id"],
+        row["name"],
+        row["state"],
+        row["policy"],
+        row["priority"],
+        row["epoch"],
+        row["placement_tries"],
+        row["claim_tries"],
+        row["retries"],
+        row["L"],
+        row["jpt"],
+        row["ftt"],
+        row["jst"],
+        row["jct"],
+        row["submitted_at"],
+        row["placed_at"],
+        row["started_at"],
+        row["finished_at"],
+        row["message"] or "",
+        json.loads(row["placement"]) if row["placement"] else None,
+        tuple(
+            ComponentRecord(
+                p["idx"],
+                p["size"],
+                p["site"],
+                p["file_site"],
+                p["transfer_s"],
+                p["state"],
+                p["site_job_id"],
+                p["host"],
+                p["port"],
+                p["claimed_at"],
+                p["released_at"],
+                p["finished_at"],
+                p["exit_code"],
+                p["message"] or "",
+            )
+            for p in parts
+        ),
+    )
+
+
+def _placement_json(placement: Placement) -> dict[str, Any]:
+    return {
+        "policy": placement.policy,
+        "clusters_combined": placement.clusters_combined,
+        "file_transfer_s": placement.file_transfer_s,
+        "components": [asdict(c) for c in placement.components],
+        "reasons": list(placement.reasons),
+    }
+
+
+# -- the request as stored ------------------------------------------------------------------
+
+
+def request_to_json(request: CoAllocationRequest) -> str:
+    """The request as one JSON object (enums by value); :func:`request_from_json` inverts."""
+    return json.dumps(asdict(request))
+
+
+def request_from_json(text: str) -> CoAllocationRequest:
+    data = json.loads(text)
+    flexible = data["flexible"]
+    input_file = data["input_file"]
+    return CoAllocationRequest(
+        data["name"],
+        RequestKind(data["kind"]),
+        tuple(Component(c["size"], c["site"]) for c in data["components"]),
+        data["total"],
+        InputFile(input_file["logical_name"], FileDelivery(input_file["delivery"]))
+        if input_file
+        else None,
+        Priority(data["priority"]),
+        FlexibleOptions(
+            flexible["min_component_size"],
+            flexible["max_components"],
+            tuple(tuple(split) for split in flexible["splits"]),
+        ),
+    )

@@ -1,0 +1,310 @@
+"""The live KOALA engine on the embedded local sites (real subprocess pools, SQLite):
+placement, claiming, the start barrier, fault tolerance, the scan lease and resuming."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from types import MappingProxyType
+
+import pytest
+from sqlalchemy import func, select
+
+from gridcore.config import default_grid
+from gridcore.engine.koala import (
+    CoAllocationRecord,
+    KoalaEngine,
+    request_from_json,
+    request_to_json,
+)
+from gridcore.engine.runtime import GridRuntime
+from gridcore.errors import RequestError
+from gridcore.model import (
+    CoAllocationRequest,
+    Component,
+    FileDelivery,
+    FlexibleOptions,
+    GridSpec,
+    InputFile,
+    JobSubmission,
+    Priority,
+    RequestKind,
+)
+from gridcore.policies.claiming import KoalaParams
+from gridcore.policies.placement import PlacementPolicy
+from gridcore.staging import ReplicaCatalog, register_source
+from gridcore.state.schema import coalloc_jobs, local_jobs
+from gridcore.state.store import open_store
+
+# 8 + 4 + 4 on local-a (8), local-b (4), local-c (4): only co-allocation over all three fits.
+SPREAD = CoAllocationRequest(
+    "spread", RequestKind.NON_FIXED, (Component(8), Component(4), Component(4))
+)
+PARAMS = KoalaParams(scan_interval_s=1.0)
+
+
+def runtime(tmp_path: Path) -> GridRuntime:
+    return GridRuntime(
+        default_grid(tmp_path), open_store(f"sqlite:///{tmp_path}/state.db", upgrade=True)
+    )
+
+
+def engine(tmp_path: Path, **kwargs: object) -> KoalaEngine:
+    return KoalaEngine(runtime(tmp_path), params=PARAMS, **kwargs)  # type: ignore[arg-type]
+
+
+def scan_until(
+    koala: KoalaEngine, job_id: int, state: str, timeout: float = 20.0
+) -> CoAllocationRecord:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        koala.scan()
+        record = koala.status(job_id)
+        if record.state == state and (state != "running" or record.started_at is not None):
+            return record
+        assert not record.finished, record.as_json()
+        time.sleep(0.1)
+    raise AssertionError(f"job {job_id} not {state}: {koala.status(job_id).as_json()}")
+
+
+def stdout_of(koala: KoalaEngine, site: str, site_job_id: str | None) -> str:
+    root = Path(koala.grid.site(site).storage_dir or "")
+    return (root / "jobs" / str(site_job_id) / "stdout.txt").read_text()
+
+
+def test_three_components_co_allocated_meet_at_the_barrier_and_complete(tmp_path: Path) -> None:
+    koala = engine(tmp_path)
+    # Each component prints its peers file, its index and the port of the listening
+    # socket it inherited from the barrier.
+    probe = (
+        "import os, socket; s = socket.socket(fileno=int(os.environ['GRIDCORE_LISTEN_FD']));"
+        " print('listen', s.getsockname()[1], os.environ['GRIDCORE_PORT'])"
+    )
+    command = (
+        'cat "$GRIDCORE_PEERS"; echo; echo "component $GRIDCORE_COMPONENT of $GRIDCORE_COMPONENTS";'
+        f' {sys.executable} -c "{probe}"; sleep 0.5'
+    )
+    job_id = koala.submit(SPREAD, PlacementPolicy.WF, command)
+    assert koala.status(job_id).state == "queued"
+    done = scan_until(koala, job_id, "completed")
+
+    assert [(c.index, c.size, c.site) for c in done.components] == [
+        (0, 8, "local-a"),
+        (1, 4, "local-b"),
+        (2, 4, "local-c"),
+    ]
+    assert all(c.state == "completed" and c.exit_code == 0 for c in done.components)
+    assert done.barrier_skew_s is not None and done.barrier_skew_s < 1.0
+    assert done.retries == 0 and done.placement_tries == 1 and done.claim_tries == 1
+    assert done.jpt is not None and done.jst == done.jpt  # no input file: FTT = 0
+    addresses = {(c.index, c.host, c.port) for c in done.components}
+    assert len({port for _, _, port in addresses}) == 3
+    for c in done.components:
+        lines = stdout_of(koala, c.site, c.site_job_id).splitlines()
+        peers = json.loads(lines[0])["components"]
+        assert {(p["index"], p["host"], p["port"]) for p in peers} == addresses
+        assert lines[1] == f"component {c.index} of 3"
+        assert lines[2] == f"listen {c.port} {c.port}"
+    payload = done.as_json()
+    assert json.loads(json.dumps(payload)) == payload
+    assert payload["placement"]["clusters_combined"] == 3
+    with koala.store.begin() as conn:
+        running = conn.execute(
+            select(func.count()).select_from(local_jobs).where(local_jobs.c.state == "running")
+        ).scalar_one()
+    assert running == 0
+
+
+def test_bad_requests_are_refused_before_any_row_exists(tmp_path: Path) -> None:
+    store = open_store(f"sqlite:///{tmp_path}/state.db", upgrade=True)
+    rt = GridRuntime(default_grid(tmp_path), store)
+    koala = KoalaEngine(rt, ReplicaCatalog(store), PARAMS)
+    bad = {
+        "unknown site": CoAllocationRequest(
+            "x", RequestKind.FIXED, (Component(2, "local-a"), Component(2, "nowhere"))
+        ),
+        "size": CoAllocationRequest("x", RequestKind.NON_FIXED, (Component(0),)),
+        "no replica": CoAllocationRequest(
+            "x", RequestKind.NON_FIXED, (Component(1),), input_file=InputFile("in/missing.dat")
+        ),
+        "even on the idle grid": CoAllocationRequest("x", RequestKind.NON_FIXED, (Component(9),)),
+    }
+    for expected, request in bad.items():
+        with pytest.raises(RequestError, match=expected):
+            koala.submit(request, PlacementPolicy.CM, "true")
+    with pytest.raises(RequestError, match="command"):
+        koala.submit(SPREAD, PlacementPolicy.CM, "  ")
+    with pytest.raises(RequestError, match="quota"):
+        koala.submit(SPREAD, PlacementPolicy.CM, "true", quota=1.5)
+    with store.begin() as conn:
+        assert conn.execute(select(func.count()).select_from(coalloc_jobs)).scalar_one() == 0
+
+
+def test_request_json_round_trip() -> None:
+    request = CoAllocationRequest(
+        "flex",
+        RequestKind.FLEXIBLE,
+        total=12,
+        input_file=InputFile("in/a.dat", FileDelivery.CHUNKED),
+        priority=Priority.HIGH,
+        flexible=FlexibleOptions(2, 3, ((8, 4), (4, 4, 4))),
+    )
+    assert request_from_json(request_to_json(request)) == request
+    assert request_from_json(request_to_json(SPREAD)) == SPREAD
+
+
+def test_input_file_is_staged_to_every_execution_site_before_claiming(tmp_path: Path) -> None:
+    store = open_store(f"sqlite:///{tmp_path}/state.db", upgrade=True)
+    catalog = ReplicaCatalog(store)
+    source = tmp_path / "mesh.dat"
+    source.write_bytes(b"x" * 4096)
+    register_source(catalog, "in/mesh.dat", "origin", str(source))
+    koala = KoalaEngine(GridRuntime(default_grid(tmp_path), store), catalog, PARAMS)
+    request = CoAllocationRequest(
+        "with-file",
+        RequestKind.NON_FIXED,
+        (Component(8), Component(4), Component(4)),
+        input_file=InputFile("in/mesh.dat"),
+    )
+    job_id = koala.submit(request, PlacementPolicy.CF, "true")
+    done = scan_until(koala, job_id, "completed")
+    assert {c.file_site for c in done.components} == {"origin"}
+    assert done.ftt is not None and done.ftt > 0 and done.jst == done.jpt + done.ftt
+    assert {r.site for r in catalog.replicas("in/mesh.dat")} == {
+        "origin",
+        "local-a",
+        "local-b",
+        "local-c",
+    }
+
+
+def slow_link_koala(tmp_path: Path) -> tuple[KoalaEngine, int]:
+    """A job whose 4 kB input crosses a 1 kB/s link (as estimated): FTT ~ 4.1 s, so the
+    first claiming try comes at JPT + 0.75 FTT, before the JST."""
+    base = default_grid(tmp_path)
+    grid = GridSpec(base.sites, MappingProxyType({}), 0.001, "slow links")
+    store = open_store(f"sqlite:///{tmp_path}/state.db", upgrade=True)
+    catalog = ReplicaCatalog(store)
+    source = tmp_path / "mesh.dat"
+    source.write_bytes(b"x" * 4096)
+    register_source(catalog, "in/mesh.dat", "origin", str(source))
+    koala = KoalaEngine(GridRuntime(grid, store), catalog, PARAMS)
+    request = CoAllocationRequest(
+        "icp", RequestKind.NON_FIXED, SPREAD.components, input_file=InputFile("in/mesh.dat")
+    )
+    return koala, koala.submit(request, PlacementPolicy.CF, "true")
+
+
+def test_icp_starts_what_fits_and_the_rest_joins_at_the_barrier_later(tmp_path: Path) -> None:
+    koala, job_id = slow_link_koala(tmp_path)
+    koala.scan()
+    placed = koala.status(job_id)
+    assert placed.state == "claiming" and placed.jpt is not None and placed.jct is not None
+    assert placed.jpt < placed.jct < (placed.jst or 0)
+    # Someone else takes local-a before the first claiming try.
+    blocker = koala.runtime.adapter("local-a").submit(JobSubmission("other", "sleep 30", 8))
+    while time.time() < placed.jct:
+        time.sleep(0.05)
+    koala.scan()
+    partial = koala.status(job_id)
+    assert partial.state == "claiming" and partial.claim_tries == 1
+    assert [c.state for c in partial.components] == ["placed", "submitted", "submitted"]
+    assert partial.jct == partial.jst  # JCT_1 is within claim_resolution_s of the JST
+    koala.runtime.adapter("local-a").cancel(blocker)
+    done = scan_until(koala, job_id, "completed")
+    assert done.claim_tries == 2 and done.retries == 0
+    first, *later = (c.claimed_at or 0 for c in done.components)
+    assert all(t < first for t in later)
+    assert done.barrier_skew_s is not None and done.barrier_skew_s < 1.0
+
+
+def test_icp_aborts_at_the_jst_lowers_l_and_replaces_the_job(tmp_path: Path) -> None:
+    koala, job_id = slow_link_koala(tmp_path)
+    koala.scan()
+    placed = koala.status(job_id)
+    blocker = koala.runtime.adapter("local-a").submit(JobSubmission("other", "sleep 30", 8))
+    for due in (placed.jct or 0, placed.jst or 0):  # a partial claim, then the JST
+        while time.time() < due:
+            time.sleep(0.05)
+        report = koala.scan()
+    assert job_id in report.requeued
+    aborted = koala.status(job_id)
+    assert aborted.state == "queued" and aborted.L == 0.625 and aborted.epoch == 1
+    assert aborted.components == ()
+    with koala.store.begin() as conn:
+        states = conn.execute(
+            select(local_jobs.c.state).where(local_jobs.c.name != "other")
+        ).scalars()
+        assert sorted(states) == ["cancelled", "cancelled"]
+    koala.runtime.adapter("local-a").cancel(blocker)
+    done = scan_until(koala, job_id, "completed", timeout=30.0)
+    assert done.L == 0.625 and done.claim_tries >= 2
+
+
+def test_only_the_lease_holder_scans(tmp_path: Path) -> None:
+    first = engine(tmp_path, holder="first", lease_s=5.0)
+    second = engine(tmp_path, holder="second", lease_s=5.0)
+    now = time.time()
+    assert not first.scan(now).skipped
+    assert second.scan(now + 1).skipped
+    assert not first.scan(now + 2).skipped  # the holder renews
+    assert second.scan(now + 6).skipped  # renewed at now + 2: held until now + 7
+    assert not second.scan(now + 7.5).skipped  # expired: taken over
+    assert first.scan(now + 8).skipped
+    second.release_lease()
+    assert not first.scan(now + 8.5).skipped
+
+
+def test_a_killed_component_requeues_the_whole_job_which_still_finishes(tmp_path: Path) -> None:
+    koala = engine(tmp_path)
+    job_id = koala.submit(SPREAD, PlacementPolicy.CM, "sleep 1.5; echo ok")
+    running = scan_until(koala, job_id, "running")
+    victim = running.components[1]
+    with koala.store.begin() as conn:
+        pgid = conn.execute(
+            select(local_jobs.c.pgid).where(local_jobs.c.id == int(victim.site_job_id or 0))
+        ).scalar_one()
+    os.killpg(pgid, signal.SIGKILL)
+    done = scan_until(koala, job_id, "completed")
+    assert done.retries >= 1 and done.epoch >= 1
+    assert all(c.state == "completed" for c in done.components)
+    assert done.barrier_skew_s is not None and done.barrier_skew_s < 1.0
+    # The first attempt's other components were cancelled, not left running.
+    with koala.store.begin() as conn:
+        states = dict(
+            conn.execute(
+                select(local_jobs.c.state, func.count()).group_by(local_jobs.c.state)
+            ).all()
+        )
+    assert states.get("running", 0) == 0
+    assert states["failed"] == 1 and states["cancelled"] == 2 and states["completed"] == 3
+
+
+def test_a_new_engine_resumes_a_job_from_the_rows(tmp_path: Path) -> None:
+    first = engine(tmp_path, holder="dead", lease_s=0.5)
+    job_id = first.submit(SPREAD, PlacementPolicy.CM, "sleep 0.3")
+    report = first.scan()
+    assert report.placed == (job_id,) and report.claimed == (job_id,)
+    del first  # killed: its lease runs out, its rows stay
+    second = KoalaEngine(runtime(tmp_path), params=PARAMS, holder="new", lease_s=0.5)
+    done = scan_until(second, job_id, "completed")
+    assert done.retries == 0 and done.barrier_skew_s is not None
+
+
+def test_cancel_stops_every_component(tmp_path: Path) -> None:
+    koala = engine(tmp_path)
+    job_id = koala.submit(SPREAD, PlacementPolicy.CM, "sleep 30")
+    scan_until(koala, job_id, "running")
+    record = koala.cancel(job_id)
+    assert record.state == "cancelled" and record.finished_at is not None
+    assert all(c.state == "aborted" for c in record.components)
+    koala.scan()
+    assert koala.status(job_id).state == "cancelled"
+    with koala.store.begin() as conn:
+        states = conn.execute(select(local_jobs.c.state)).scalars().all()
+    assert sorted(states) == ["cancelled"] * 3
+    assert koala.cancel(job_id).state == "cancelled"  # idempotent
