@@ -85,6 +85,7 @@ from gridcore.policies.claiming import (
     ClaimOutcome,
     KoalaParams,
     QueuedJob,
+    RunningLowJob,
     ScanResult,
     SiteHealth,
     claim_decision,
@@ -517,10 +518,18 @@ class KoalaEngine:
             replicas, bandwidth = self._replicas(request), self._bandwidth()
             with self.store.begin() as conn:
                 job = _claiming_job(conn, row, request, replicas)
+                candidates = _preemptible(conn) if request.priority is Priority.HIGH else []
                 decision = claim_decision(
-                    job, self._clusters(conn, row["id"]), now, self.params, bandwidth=bandwidth
+                    job,
+                    self._clusters(conn, row["id"]),
+                    now,
+                    self.params,
+                    candidates,
+                    bandwidth=bandwidth,
                 )
-                cancels, starts = self._apply_claim(conn, row, decision, now)
+                cancels = _preempt(conn, decision, row["id"])
+                more, starts = self._apply_claim(conn, row, decision, now)
+                cancels += more
             work.reasons.extend(decision.reasons)
             work.outcome(row["id"], decision.outcome)
             self._cancel_site_jobs(cancels)
@@ -878,6 +887,36 @@ def _started(conn: Connection, row: RowMapping) -> list[tuple[str, str]]:
         for p in _components(conn, row)
         if p["state"] in _STARTED and p["site_job_id"]
     ]
+
+
+def _preemptible(conn: Connection) -> list[RunningLowJob]:
+    """Low-priority jobs holding processors (claiming with components started, or
+    running) as preemption candidates (Sec. 3.3), named by their job id."""
+    candidates = []
+    for low in _jobs(conn, JobPhase.CLAIMING, JobPhase.RUNNING):
+        if request_from_json(low["request"]).priority is not Priority.LOW:
+            continue
+        held: dict[str, int] = {}
+        for part in _components(conn, low):
+            if part["state"] in _STARTED:
+                held[part["site"]] = held.get(part["site"], 0) + part["size"]
+        if held:
+            jst = low["jst"] if low["jst"] is not None else 0.0
+            candidates.append(RunningLowJob(str(low["id"]), jst, tuple(sorted(held.items()))))
+    return candidates
+
+
+def _preempt(conn: Connection, decision: ClaimDecision, by: int) -> list[tuple[str, str]]:
+    """Send the low-priority jobs the decision preempts back to the low-priority queue;
+    returns their site jobs to cancel."""
+    cancels: list[tuple[str, str]] = []
+    for name in decision.preempt:
+        victim = conn.execute(select(coalloc_jobs).where(coalloc_jobs.c.id == int(name)))
+        row = victim.mappings().one_or_none()
+        if row is not None:
+            message = f"preempted by high-priority job {by} (Sec. 3.3)"
+            cancels += _requeue(conn, row, (JobPhase.CLAIMING, JobPhase.RUNNING), message)
+    return cancels
 
 
 def _requeue(
