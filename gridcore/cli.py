@@ -47,6 +47,13 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sites", help="idle/total processors, in-flight work and health per site")
     common(p)
     p.add_argument("--no-refresh", action="store_true", help="show stored observations only")
+    p.add_argument(
+        "--restore",
+        metavar="SITE",
+        action="append",
+        default=[],
+        help="make a site usable again (after repeated errors); may be repeated",
+    )
     p.set_defaults(handler=_sites)
 
     p = sub.add_parser("demo", help="an ensemble burst on the embedded local sites")
@@ -96,7 +103,12 @@ def _runtime(args: argparse.Namespace) -> Any:
 
 
 def _sites(args: argparse.Namespace) -> int:
+    from gridcore.engine.health import restore_site
+
     rt = _runtime(args)
+    for name in args.restore:
+        rt.grid.site(name)  # an unknown name is an error, not a silent no-op
+        restore_site(rt.store, name)
     errors = {} if args.no_refresh else rt.refresh()
     rows = rt.site_rows()
     header = (
@@ -107,10 +119,16 @@ def _sites(args: argparse.Namespace) -> int:
     for r in rows:
         lines.append(
             f"{r.name:<12} {r.kind:<6} {f'{r.idle}/{r.total}':>10} {r.in_flight:>9} "
-            f"{r.in_flight_processors:>6} {r.external_pending:>8} {'yes' if r.usable else 'NO':>6}"
+            f"{r.in_flight_processors:>6} {r.external_pending:>8}"
+            f" {'yes' if r.usable and r.koala_usable else 'NO':>6}"
         )
         if r.last_error:
             lines.append(f"  last error: {r.last_error}")
+        if not r.koala_usable:
+            lines.append(
+                f"  set aside by KOALA after {r.koala_errors} consecutive component errors;"
+                f" probed until a probe job completes (or: gridcore sites --restore {r.name})"
+            )
     data = {"sites": [vars(r) | {"refresh_error": errors.get(r.name)} for r in rows]}
     _emit(args, data, "\n".join(lines))
     return 0

@@ -61,6 +61,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 
 from gridcore.engine import ledger
+from gridcore.engine.health import probe_unusable_sites
 from gridcore.engine.runtime import GridRuntime
 from gridcore.errors import GridError, RequestError, SiteError, StateError
 from gridcore.model import (
@@ -109,6 +110,8 @@ from gridcore.state.schema import (
 log = logging.getLogger(__name__)
 
 SCAN_LEASE = "koala-scan"
+# An unusable site is probed again at most every this many scan intervals.
+PROBE_EVERY_SCANS = 10
 # The scan lease lasts this many scan intervals: a scanner that stopped (killed) is
 # replaced after that, one that keeps scanning renews it every scan.
 LEASE_SCANS = 3
@@ -332,6 +335,10 @@ class KoalaEngine:
             return ScanReport(skipped=True, reasons=(f"lease {SCAN_LEASE} held by another",))
         work = _Log()
         self.runtime.refresh()
+        # Sites set unusable are probed; a completed probe puts them back (Sec. 3.4).
+        work.reasons.extend(
+            probe_unusable_sites(self.runtime, now, PROBE_EVERY_SCANS * self.params.scan_interval_s)
+        )
         self._place(now, index, work)
         self._stage(work)
         self._claim(now, work)

@@ -25,7 +25,7 @@ from gridcore.errors import GridError, RequestError, SiteError, StateError
 from gridcore.model import GridSpec, JobRequest, JobState, JobSubmission, SiteKind, SiteSpec
 from gridcore.policies.selection import InsufficientMode, Protocol
 from gridcore.sites.base import SiteAdapter
-from gridcore.state.schema import selections, sites
+from gridcore.state.schema import coalloc_site_health, selections, sites
 from gridcore.state.store import Store, open_store, state_dir
 
 # Observations older than this are refreshed before a decision (monitoring period).
@@ -82,6 +82,8 @@ class SiteRow:
     usable: bool
     last_error: str | None
     observed_at: float
+    koala_usable: bool = True
+    koala_errors: int = 0
 
 
 class GridRuntime:
@@ -329,6 +331,11 @@ class GridRuntime:
                 ).all()
             )
             rows = conn.execute(select(sites).order_by(sites.c.name)).mappings().all()
+            h = coalloc_site_health.c
+            health = {
+                r.site: (bool(r.usable), r.consecutive_errors)
+                for r in conn.execute(select(h.site, h.usable, h.consecutive_errors))
+            }
         return [
             SiteRow(
                 r["name"],
@@ -341,6 +348,7 @@ class GridRuntime:
                 r["usable"],
                 r["last_error"],
                 r["observed_at"],
+                *health.get(r["name"], (True, 0)),
             )
             for r in rows
             if r["name"] in names

@@ -188,6 +188,9 @@ coalloc_site_health = Table(
     Column("site", String(64), primary_key=True),
     Column("consecutive_errors", Integer, nullable=False),
     Column("usable", Boolean, nullable=False),
+    # an unusable site is probed with a tiny job; its success restores the site
+    Column("probe_job_id", String(64), nullable=True),
+    Column("probe_started_at", Float, nullable=True),
 )
 
 # Named leases: one holder at a time (the KOALA queue scanner); ``scans`` counts the scans

@@ -23,7 +23,7 @@ from gridcore.state import schema
 
 DB_ENV = "GRIDCORE_DB_URL"
 HOME_ENV = "GRIDCORE_HOME"
-HEAD_REVISION = "0003"
+HEAD_REVISION = "0004"
 
 
 def state_dir() -> Path:
