@@ -15,9 +15,11 @@ once. Usage (the KOALA engine writes this command line)::
 3. Polls the state DB every 50 ms until every component of the job's current epoch has
    registered, or gives up: at once (exit 75) when the job was aborted, cancelled or
    re-placed (a newer epoch), after ``--timeout`` seconds (exit 124).
-4. Writes ``peers.json`` (``{"components": [{"index", "host", "port"}, ...]}``) into its
-   working directory, records its release time, and runs COMMAND with
-   ``GRIDCORE_PEERS``, ``GRIDCORE_COMPONENT``, ``GRIDCORE_COMPONENTS``, ``GRIDCORE_JOB``.
+4. Writes ``peers-<job>-<epoch>-<component>.json`` (``{"components": [{"index", "host",
+   "port"}, ...]}``) into its working directory, atomically (temporary name, then
+   rename; components sharing a site's directory each get their own file), records
+   its release time, and runs COMMAND with ``GRIDCORE_PEERS``, ``GRIDCORE_COMPONENT``,
+   ``GRIDCORE_COMPONENTS``, ``GRIDCORE_JOB``.
    SIGTERM/SIGINT are passed on to COMMAND; its exit code is the barrier's (128 + N for
    a command killed by signal N).
 
@@ -50,7 +52,7 @@ EXIT_TIMEOUT = 124
 POLL_S = 0.05
 DEFAULT_TIMEOUT_S = 600.0
 TIMEOUT_ENV = "GRIDCORE_BARRIER_TIMEOUT_S"
-PEERS_FILE = "peers.json"
+PEERS_FILE = "peers-{job}-{epoch}-{component}.json"
 # Job states in which a component may still wait at (or pass) the barrier.
 _LIVE_JOB = ("claiming", "running")
 _LIVE_COMPONENT = ("submitting", "submitted")
@@ -76,8 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if isinstance(peers, int):
         listener.close()
         return peers
-    path = Path.cwd() / PEERS_FILE
-    path.write_text(json.dumps({"components": [p.__dict__ for p in peers]}))
+    path = _write_peers(args, peers)
     env = {
         **os.environ,
         "GRIDCORE_PEERS": str(path),
@@ -151,6 +152,17 @@ def _register(store: Store, args: argparse.Namespace, host: str, port: int) -> b
             .values(host=host, port=port, registered_at=time.time())
         )
     return done.rowcount == 1
+
+
+def _write_peers(args: argparse.Namespace, peers: list[Peer]) -> Path:
+    """One file per component, published by rename: components of one job that share a
+    working directory (two on one site) never read each other's half-written file."""
+    name = PEERS_FILE.format(job=args.job, epoch=args.epoch, component=args.component)
+    path = Path.cwd() / name
+    temporary = path.with_name(f".{name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps({"components": [p.__dict__ for p in peers]}))
+    os.replace(temporary, path)
+    return path
 
 
 def _peers(store: Store, args: argparse.Namespace) -> list[Peer] | None:

@@ -23,11 +23,20 @@ def get_provider_info() -> dict[str, Any]:
         "operators": [
             {
                 "integration-name": _INTEGRATION,
-                "python-modules": ["operators.site_job", "operators.stage_files"],
+                "python-modules": [
+                    "operators.site_job",
+                    "operators.stage_files",
+                    "operators.coallocate",
+                ],
             }
         ],
         "sensors": [{"integration-name": _INTEGRATION, "python-modules": ["sensors.site_job"]}],
-        "triggers": [{"integration-name": _INTEGRATION, "python-modules": ["sensors.triggers"]}],
+        "triggers": [
+            {
+                "integration-name": _INTEGRATION,
+                "python-modules": ["sensors.triggers", "sensors.coalloc_trigger"],
+            }
+        ],
         "hooks": [{"integration-name": _INTEGRATION, "python-modules": ["operators.hooks"]}],
         "connection-types": [
             {

@@ -1,0 +1,331 @@
+"""Run one co-allocated job: components that start together, possibly on several sites.
+
+The operator is thin: validate into a :class:`~gridcore.model.CoAllocationRequest`,
+``KoalaEngine.submit`` (the job joins its placement queue), then defer to
+:class:`~sensors.coalloc_trigger.CoAllocationTrigger`, which drives KOALA's scans until
+the job ends; the result is plain JSON for XCom.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import BaseOperator, Context
+from airflow.sdk.exceptions import AirflowFailException
+
+from gridcore.engine.koala import CoAllocationRecord, KoalaEngine
+from gridcore.errors import GridError, StateError
+from gridcore.model import (
+    CoAllocationRequest,
+    Component,
+    FileDelivery,
+    InputFile,
+    Priority,
+    RequestKind,
+)
+from gridcore.policies.placement import PlacementPolicy
+from operators.site_job import _map_index, _positive_int, _state_store, _translated, job_name
+from sensors.coalloc_trigger import (
+    CoAllocationTrigger,
+    close_engine,
+    completed_record,
+    event_for_record,
+    open_engine,
+    wait_blocking,
+)
+
+JOB_KEY = "gridcore_coalloc_job_id"  # in the task state store, shared by all tries
+# Per component, in component order (the order of ``components``).
+_COMPONENT_KEYS = {
+    "sites": "site",
+    "sizes": "size",
+    "file_sites": "file_site",
+    "site_job_ids": "site_job_id",
+    "start_times": "released_at",
+}
+_JOB_KEYS = (
+    "job_id",
+    "name",
+    "state",
+    "policy",
+    "jpt",
+    "jst",
+    "started_at",
+    "finished_at",
+    "barrier_skew_s",
+    "retries",
+    "placement_tries",
+    "claim_tries",
+    "placement",
+)
+
+
+class CoAllocateOperator(BaseOperator):
+    """Run ``command`` as a co-allocated job placed by KOALA (seed 000, 002).
+
+    Every component runs ``command`` after the start barrier, which releases them only
+    once all have started; each sees ``GRIDCORE_COMPONENT`` (its index),
+    ``GRIDCORE_COMPONENTS``, ``GRIDCORE_PEERS`` (a JSON file of every component's host
+    and port) and ``GRIDCORE_LISTEN_FD`` (its data port, already listening). Slurm sites
+    pass on PATH only: name programs by absolute path (``sys.executable``).
+
+    :param command: shell command every component runs (templated).
+    :param components: processors per component (fixed and non-fixed requests).
+    :param total: processors in all (flexible requests: KOALA splits them).
+    :param kind: ``non-fixed`` | ``fixed`` | ``flexible``.
+    :param sites: one grid site per component (fixed requests only).
+    :param policy: placement policy ``WF`` | ``CF`` | ``CM`` | ``FCM``.
+    :param priority: placement queue, ``low`` | ``high``.
+    :param input_file: logical name of the job's input file in the replica catalog.
+    :param delivery: ``whole`` (every component reads it all) | ``chunked``.
+    :param quota: at most this fraction of each cluster in use after placement, (0, 1].
+    :param grid_file: grid description; default ``$GRIDCORE_GRID`` or the embedded grid.
+    :param db_url: state database URL; default ``$GRIDCORE_DB_URL`` or SQLite.
+    :param poll_interval: seconds between KOALA scans while waiting.
+    :param deferrable: wait (and scan) in the triggerer instead of a worker slot.
+
+    Returns (XCom) the job as placed and run: ``sites``, ``sizes``, ``file_sites``,
+    ``site_job_ids`` and ``start_times`` (barrier release, epoch seconds) per component,
+    and ``job_id``, ``jpt``, ``jst``, ``started_at``, ``finished_at``,
+    ``barrier_skew_s``, ``retries``, ``placement_tries``, ``claim_tries``, ``placement``.
+
+    Tries of one task instance share the job through Airflow 3.3's task state store: a
+    retry reattaches to a job still queued, placed or running, returns the result of one
+    that completed, and submits afresh only after one that failed or was cancelled.
+    (``retries`` in the result are KOALA's own: re-placements after a component failed.)
+    """
+
+    template_fields: Sequence[str] = (
+        "command",
+        "components",
+        "total",
+        "kind",
+        "sites",
+        "policy",
+        "priority",
+        "input_file",
+    )
+    ui_color = "#cfe2f3"
+
+    def __init__(
+        self,
+        *,
+        command: str,
+        components: list[int] | None = None,
+        total: int | None = None,
+        kind: str = RequestKind.NON_FIXED.value,
+        sites: list[str] | None = None,
+        policy: str = PlacementPolicy.CM.value,
+        priority: str = Priority.LOW.value,
+        input_file: str | None = None,
+        delivery: str = FileDelivery.WHOLE.value,
+        quota: float | None = None,
+        grid_file: str | None = None,
+        db_url: str | None = None,
+        poll_interval: float = 1.0,
+        deferrable: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.command = command
+        self.components = components
+        self.total = total
+        self.kind = kind
+        self.sites = sites
+        self.policy = policy
+        self.priority = priority
+        self.input_file = input_file
+        self.delivery = delivery
+        self.quota = quota
+        self.grid_file = grid_file
+        self.db_url = db_url
+        self.poll_interval = poll_interval
+        self.deferrable = deferrable
+        self._job_id: int | None = None
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        request, policy, quota = self.plan_request(context)
+        state = _state_store(context)
+        with _translated(request.name):
+            # The first job on a fresh state DB creates its tables (upgrade).
+            engine = open_engine(self.grid_file, self.db_url, self.poll_interval, upgrade=True)
+        try:
+            with _translated(request.name):
+                record = self._resume(engine, state)
+                if record is None:
+                    self._job_id = self._submit(engine, state, request, policy, quota)
+                else:
+                    self._job_id = record.job_id
+            if record is not None and record.finished:  # an earlier try's job completed
+                return self.execute_complete(context, dict(event_for_record(record)))
+            if self.deferrable:
+                self.defer(
+                    trigger=CoAllocationTrigger(
+                        self._job_id, self.grid_file, self.db_url, self.poll_interval
+                    ),
+                    method_name="execute_complete",
+                )
+            event = wait_blocking(engine, self._job_id, self.poll_interval)
+        finally:
+            close_engine(engine)
+        return self.execute_complete(context, dict(event))
+
+    def _submit(
+        self,
+        engine: KoalaEngine,
+        state: Any,
+        request: CoAllocationRequest,
+        policy: PlacementPolicy,
+        quota: float | None,
+    ) -> int:
+        job_id = engine.submit(request, policy, self.command, quota)
+        if state is not None:
+            # So a retry (a worker crash, or Airflow 3.3.2 failing a deferred task whose
+            # trigger fired early) reattaches instead of co-allocating the job twice.
+            try:
+                state.set(JOB_KEY, job_id)
+            except Exception:
+                engine.cancel(job_id)  # nobody would ever wait on it
+                raise
+        self.log.info(
+            "co-allocated job %s: %s (%s, %s processors) queued for %s placement",
+            job_id,
+            request.name,
+            request.kind.value,
+            request.processors,
+            policy.value,
+        )
+        return job_id
+
+    def _resume(self, engine: KoalaEngine, state: Any) -> CoAllocationRecord | None:
+        """The job an earlier try of this task instance submitted, if it still counts:
+        live (reattach) or completed (its result stands). None when there is none or it
+        failed or was cancelled (start afresh)."""
+        prior = state.get(JOB_KEY) if state is not None else None
+        if isinstance(prior, bool) or not isinstance(prior, int):
+            return None
+        try:
+            record = engine.status(prior)
+        except StateError:
+            return None  # a different state database than the earlier try used
+        if record.finished and record.state != "completed":
+            self.log.info("co-allocated job %s of an earlier try %s; afresh", prior, record.state)
+            return None
+        self.log.info("resuming co-allocated job %s (%s)", prior, record.state)
+        return record
+
+    def execute_complete(self, context: Context, event: Any = None) -> dict[str, Any]:
+        """Map the trigger's event to the XCom result or an Airflow failure. Everything
+        comes from the event: ``dag.test()`` in Airflow 3.3.2 drops ``defer(kwargs=)``."""
+        record = completed_record(event)
+        return result_of(record)
+
+    def on_kill(self) -> None:
+        # Runs on the worker only while execute() is still here (non-deferrable); a
+        # deferred wait is cancelled by CoAllocationTrigger.on_kill.
+        if self._job_id is None:
+            return
+        try:
+            engine = open_engine(self.grid_file, self.db_url, self.poll_interval)
+        except GridError as exc:
+            self.log.warning("could not cancel co-allocated job %s: %s", self._job_id, exc)
+            return
+        try:
+            record = engine.cancel(self._job_id)
+            self.log.info("cancelled co-allocated job %s: %s", record.job_id, record.state)
+        except GridError as exc:
+            self.log.warning("could not cancel co-allocated job %s: %s", self._job_id, exc)
+        finally:
+            close_engine(engine)
+
+    # -- validation: everything is checked before anything is written ------------------
+
+    def plan_request(
+        self, context: Context
+    ) -> tuple[CoAllocationRequest, PlacementPolicy, float | None]:
+        """Validate the (rendered) arguments; AirflowFailException naming the field
+        otherwise. Touches nothing: the engine's own checks follow in ``submit``."""
+        if not isinstance(self.command, str) or not self.command.strip():
+            raise AirflowFailException(f"{self.task_id}: command must be a non-empty string")
+        kind = _choice(RequestKind, "kind", self.kind)
+        policy = _choice(PlacementPolicy, "policy", self.policy)
+        priority = _choice(Priority, "priority", self.priority)
+        delivery = _choice(FileDelivery, "delivery", self.delivery)
+        _positive_number("poll_interval", self.poll_interval)
+        quota = _quota(self.quota)
+        if kind is RequestKind.FLEXIBLE:
+            parts, total = self._flexible()
+        else:
+            parts, total = self._sized(kind), 0
+        input_file = None
+        if self.input_file is not None:
+            if not isinstance(self.input_file, str) or not self.input_file.strip():
+                raise AirflowFailException(
+                    f"input_file: must be a non-empty logical name, got {self.input_file!r}"
+                )
+            input_file = InputFile(self.input_file, delivery)
+        name = job_name(self.dag_id, self.task_id, _map_index(context))
+        request = CoAllocationRequest(name, kind, parts, total, input_file, priority)
+        return request, policy, quota
+
+    def _flexible(self) -> tuple[tuple[Component, ...], int]:
+        if self.components is not None or self.sites is not None:
+            raise AirflowFailException(
+                "components/sites: a flexible request gives only total (KOALA splits it)"
+            )
+        return (), _positive_int("total", self.total)
+
+    def _sized(self, kind: RequestKind) -> tuple[Component, ...]:
+        if self.total is not None:
+            raise AirflowFailException(f"total: only for flexible requests, not {kind.value}")
+        sizes = self.components
+        if isinstance(sizes, str | bytes) or not isinstance(sizes, Sequence) or not sizes:
+            raise AirflowFailException(
+                f"components: must be a non-empty list of processor counts, got {sizes!r}"
+            )
+        sizes = [_positive_int(f"components[{i}]", s) for i, s in enumerate(sizes)]
+        if kind is RequestKind.NON_FIXED:
+            if self.sites is not None:
+                raise AirflowFailException("sites: only for fixed requests (kind='fixed')")
+            return tuple(Component(s) for s in sizes)
+        sites = self.sites
+        if isinstance(sites, str) or not isinstance(sites, Sequence) or len(sites) != len(sizes):
+            raise AirflowFailException(
+                f"sites: a fixed request needs one site per component ({len(sizes)}), got {sites!r}"
+            )
+        for i, site in enumerate(sites):
+            if not isinstance(site, str) or not site.strip():
+                raise AirflowFailException(f"sites[{i}]: must be a site name, got {site!r}")
+        return tuple(Component(s, site) for s, site in zip(sizes, sites, strict=True))
+
+
+def result_of(record: dict[str, Any]) -> dict[str, Any]:
+    """The XCom of a completed job, from its record (``CoAllocationRecord.as_json``)."""
+    parts = record.get("components") or []
+    result = {key: record.get(key) for key in _JOB_KEYS}
+    for out, key in _COMPONENT_KEYS.items():
+        result[out] = [part.get(key) for part in parts]
+    return result
+
+
+def _choice(kind: Any, field: str, value: Any) -> Any:
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = ", ".join(m.value for m in kind)
+        raise AirflowFailException(f"{field}: must be one of {allowed}, got {value!r}") from None
+
+
+def _positive_number(field: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise AirflowFailException(f"{field}: must be a number > 0, got {value!r}")
+    return float(value)
+
+
+def _quota(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        raise AirflowFailException(f"quota: must be a number in (0, 1], got {value!r}")
+    return float(value)

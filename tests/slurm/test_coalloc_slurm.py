@@ -1,0 +1,131 @@
+"""Co-allocation on the real three-cluster Slurm grid, checked against Slurm's records.
+
+The clusters run on this host, so their jobs reach the SQLite state DB by path (the
+start barrier registers there) and the components' data ports on 127.0.0.1.
+
+Components are pinned to alpha, beta and gamma (a fixed request), so each cluster runs
+exactly one component and the placement is known in advance. (Components sharing a
+cluster's working directory are safe too: each barrier publishes its own peers file by
+rename.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from airflow.sdk.exceptions import TaskDeferred
+
+from gridcore.config import load_grid
+from gridcore.engine.runtime import GridRuntime
+from gridcore.state.store import open_store
+from operators.coallocate import CoAllocateOperator
+from tests.integration.airflow_services import migrate_metadata_db, task_states, xcom_values
+from tests.slurm.test_ensemble_slurm import job_state, slurm_job
+from tests.slurmgrid import SlurmGrid
+
+pytestmark = pytest.mark.slurm
+DAGS = Path(__file__).resolve().parents[2] / "dags"
+SITES = ["alpha", "beta", "gamma"]
+WAIT_S = 180.0
+
+
+@pytest.fixture(scope="module")
+def coalloc_env(
+    slurm_grid: SlurmGrid, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, str]]:
+    base = tmp_path_factory.mktemp("coalloc-slurm")
+    env = {
+        "GRIDCORE_GRID": str(slurm_grid.grid_toml),
+        "GRIDCORE_HOME": str(base / "gridcore"),
+        "GRIDCORE_DB_URL": f"sqlite:///{base / 'gridcore-state.db'}",
+        **slurm_grid.env,  # the clusters' tokens, referenced by the grid file
+    }
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in env.items():
+            mp.setenv(key, value)
+        open_store(env["GRIDCORE_DB_URL"], upgrade=True).dispose()
+        yield env
+
+
+def wait_idle(env: dict[str, str], timeout: float = 90.0) -> None:
+    """Earlier tests share the session grid: start from idle clusters, or the fixed
+    request would wait in its placement queue."""
+    runtime = GridRuntime(load_grid(env["GRIDCORE_GRID"]), open_store(env["GRIDCORE_DB_URL"]))
+    try:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            runtime.refresh()
+            rows = runtime.site_rows()
+            if all(r.idle == r.total and r.external_pending == 0 for r in rows):
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"clusters not idle: {rows}")
+    finally:
+        runtime.store.dispose()
+
+
+def run_deferred(op: CoAllocateOperator) -> dict[str, Any]:
+    """execute -> the trigger's one event -> execute_complete, as the triggerer would."""
+    with pytest.raises(TaskDeferred) as exc:
+        op.execute(context={})
+    trigger = exc.value.trigger
+
+    async def one_event() -> list[Any]:
+        try:
+            return [e async for e in trigger.run()]
+        finally:
+            await trigger.cleanup()
+
+    events = asyncio.run(asyncio.wait_for(one_event(), WAIT_S))
+    assert len(events) == 1
+    assert events[0].payload["status"] == "success", events[0].payload
+    return op.execute_complete({}, events[0].payload)
+
+
+def test_three_components_on_three_clusters_start_together(
+    slurm_grid: SlurmGrid, coalloc_env: dict[str, str]
+) -> None:
+    wait_idle(coalloc_env)
+    op = CoAllocateOperator(
+        task_id="spread",
+        command='echo "component $GRIDCORE_COMPONENT of $GRIDCORE_COMPONENTS"; sleep 1',
+        components=[12, 8, 4],
+        kind="fixed",
+        sites=SITES,
+        poll_interval=0.5,
+    )
+    result = run_deferred(op)
+
+    print(f"slurm spread: skew {result['barrier_skew_s']} sites {result['sites']}")
+    assert result["sites"] == SITES and result["sizes"] == [12, 8, 4]
+    assert result["barrier_skew_s"] is not None and result["barrier_skew_s"] <= 1.0
+    assert result["retries"] == 0
+    for site, size, job_id in zip(SITES, [12, 8, 4], result["site_job_ids"], strict=True):
+        cluster = slurm_grid.cluster(site)
+        job = slurm_job(cluster, job_id)  # that cluster's own slurmrestd
+        assert job_state(job) == "COMPLETED", job
+        assert int(job["job_id"]) >= cluster.first_job_id  # id ranges differ per cluster
+        assert str(job.get("cluster", site)) == site, job
+        assert str(job["nodes"]).startswith(f"{site}-n"), job
+        assert int(job["cpus"]) >= size, job
+
+
+def test_poisson_dag_on_the_slurm_grid(coalloc_env: dict[str, str]) -> None:
+    from airflow.dag_processing.dagbag import DagBag
+
+    wait_idle(coalloc_env)
+    migrate_metadata_db()
+    dag = DagBag(dag_folder=str(DAGS)).dags["coallocated_poisson"]
+    run = dag.test(run_conf={"sites": SITES})
+
+    assert run.state == "success", task_states(dag.dag_id, run.run_id)
+    (summary,) = xcom_values(dag.dag_id, run.run_id, "check").values()
+    print(f"slurm poisson: {summary}")
+    assert summary["sites"] == SITES
+    assert summary["max_abs_diff"] <= 1e-8
+    assert summary["barrier_skew_s"] is not None and summary["barrier_skew_s"] <= 1.0
