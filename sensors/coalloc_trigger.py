@@ -156,6 +156,7 @@ def wait_blocking(
             return error_event(job_id, f"gridcore: {exc}")
         failures = 0
         if record.finished:
+            engine.release_lease()
             return event_for_record(record)
         time.sleep(poll_interval)
 
@@ -229,6 +230,9 @@ class CoAllocationTrigger(BaseTrigger):
                 continue
             failures = 0
             if record.finished:
+                # Give the scan lease up now: other waiters should not sit out its expiry,
+                # and cleanup() is not called everywhere (dag.test() skips it).
+                await asyncio.to_thread(engine.release_lease)
                 return event_for_record(record)
             await asyncio.sleep(self.poll_interval)
 

@@ -129,3 +129,66 @@ def test_poisson_dag_on_the_slurm_grid(coalloc_env: dict[str, str]) -> None:
     assert summary["sites"] == SITES
     assert summary["max_abs_diff"] <= 1e-8
     assert summary["barrier_skew_s"] is not None and summary["barrier_skew_s"] <= 1.0
+
+
+def test_a_component_killed_on_one_cluster_makes_the_job_re_placed_and_finish(
+    slurm_grid: SlurmGrid, coalloc_env: dict[str, str], tmp_path: Path
+) -> None:
+    from gridcore.engine.koala import KoalaEngine
+    from gridcore.model import CoAllocationRequest, Component, RequestKind
+    from gridcore.policies.claiming import KoalaParams
+    from gridcore.policies.placement import PlacementPolicy
+
+    wait_idle(coalloc_env)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    marks.chmod(0o777)
+    # The first run of each component lingers (so one can be killed); a rerun after the
+    # re-placement finds its mark and ends at once.
+    command = (
+        f'M={marks}/ran-$GRIDCORE_COMPONENT; if [ -e "$M" ]; then echo rerun;'
+        ' else touch "$M"; sleep 60; fi'
+    )
+    runtime = GridRuntime(
+        load_grid(coalloc_env["GRIDCORE_GRID"]), open_store(coalloc_env["GRIDCORE_DB_URL"])
+    )
+    koala = KoalaEngine(runtime, params=KoalaParams(scan_interval_s=1.0))
+    request = CoAllocationRequest(
+        "killed", RequestKind.NON_FIXED, (Component(12), Component(8), Component(4))
+    )
+    job_id = koala.submit(request, PlacementPolicy.WF, command)
+    try:
+        first = _scan_until(koala, job_id, lambda r: r.started_at is not None)
+        assert first.epoch == 0 and {c.site for c in first.components} <= set(SITES)
+        victim = first.components[1]
+        koala.runtime.adapter(victim.site).cancel(str(victim.site_job_id))  # killed there
+
+        done = _scan_until(koala, job_id, lambda r: r.state == "completed")
+        assert done.retries >= 1 and done.epoch >= 1, done.as_json()
+        assert all(c.state == "completed" for c in done.components)
+        # Slurm's own records: the killed run is CANCELLED, the rerun COMPLETED.
+        killed = slurm_job(slurm_grid.cluster(victim.site), str(victim.site_job_id))
+        assert job_state(killed) == "CANCELLED", killed
+        for c in done.components:
+            assert job_state(slurm_job(slurm_grid.cluster(c.site), str(c.site_job_id))) == (
+                "COMPLETED"
+            )
+        others = [c for c in first.components if c.index != victim.index]
+        for c in others:  # the job's other first-run components were aborted by KOALA
+            state = job_state(slurm_job(slurm_grid.cluster(c.site), str(c.site_job_id)))
+            assert state == "CANCELLED", (c, state)
+    finally:
+        koala.cancel(job_id)
+        runtime.store.dispose()
+
+
+def _scan_until(koala: Any, job_id: int, done: Any, timeout: float = WAIT_S) -> Any:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        koala.scan()
+        record = koala.status(job_id)
+        if done(record):
+            return record
+        assert record.state not in ("failed", "cancelled"), record.as_json()
+        time.sleep(0.3)
+    raise AssertionError(f"job {job_id}: {koala.status(job_id).as_json()}")

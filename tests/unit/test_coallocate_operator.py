@@ -273,3 +273,21 @@ def test_a_retry_after_a_cancelled_job_submits_afresh(db_url: str) -> None:
     assert retry.job_id != first.job_id
     assert state.values == {JOB_KEY: retry.job_id}
     assert job_rows(db_url) == 2
+
+
+@pytest.mark.asyncio
+async def test_a_finished_trigger_leaves_the_scan_lease_free(db_url: str) -> None:
+    # dag.test() does not call cleanup(): a trigger that kept the lease after its event
+    # would make every other waiter skip its scans until the lease expired (60 s).
+    op = operator(components=[4], command="true")
+    trigger = await asyncio.to_thread(deferred, op)
+    (event,) = await all_events(trigger.run())
+    assert event.payload["status"] == "success", event.payload
+
+    other = await asyncio.to_thread(open_engine, None, db_url, 1.0)
+    try:
+        report = await asyncio.to_thread(other.scan)
+        assert not report.skipped, report.reasons
+    finally:
+        await asyncio.to_thread(close_engine, other)
+        await trigger.cleanup()
