@@ -13,20 +13,24 @@ loads DAG bundles) and runs every synchronous engine call in a worker thread via
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict, cast
 
-from airflow.sdk.exceptions import AirflowException
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from gridcore.engine.koala import LEASE_SCANS, CoAllocationRecord, KoalaEngine
 from gridcore.engine.runtime import GridRuntime
-from gridcore.errors import GridError, SiteError
+from gridcore.errors import GridError
 from gridcore.policies.claiming import KoalaParams
 from gridcore.staging import ReplicaCatalog
 from operators.hooks import install_connection_resolver
-from sensors.triggers import DEFAULT_MAX_RETRIES, backoff_delay
+from sensors.triggers import (
+    DEFAULT_MAX_RETRIES,
+    poll_async,
+    poll_blocking,
+    record_of_success,
+    validated_event,
+)
 
 EventStatus = Literal["success", "failed", "error"]
 # The scan lease must outlive one scan (staging a file or a slow slurmrestd can take a
@@ -71,38 +75,13 @@ def error_event(job_id: int, message: str) -> CoAllocationEvent:
 
 
 def checked_event(event: Any) -> CoAllocationEvent:
-    """``event`` as a :class:`CoAllocationEvent`; ``ValueError`` naming what is wrong if
-    it does not honour the contract."""
-    if not isinstance(event, dict):
-        raise ValueError(
-            f"expected a CoAllocationTrigger event (a dict), got {type(event).__name__}"
-        )
-    missing = sorted(REQUIRED_EVENT_KEYS - set(event))
-    if missing:
-        raise ValueError(f"CoAllocationTrigger event lacks key(s) {missing}: {event!r}")
-    if event["status"] not in ("success", "failed", "error"):
-        raise ValueError(f"CoAllocationTrigger event has an unknown status {event['status']!r}")
-    if event["status"] == "success" and not isinstance(event["record"], dict):
-        raise ValueError(f"CoAllocationTrigger success event has no record: {event!r}")
-    return CoAllocationEvent(
-        status=event["status"],
-        message=str(event["message"]),
-        job_id=int(event["job_id"]),
-        record=event["record"],
-    )
+    """``event`` as a :class:`CoAllocationEvent`, or ``ValueError`` naming what is wrong."""
+    return cast(CoAllocationEvent, validated_event(event, "CoAllocationTrigger", "job_id"))
 
 
 def completed_record(event: Any) -> dict[str, Any]:
     """The job record of a successful event; any other event becomes an Airflow failure."""
-    try:
-        checked = checked_event(event)
-    except ValueError as exc:
-        raise AirflowException(str(exc)) from exc
-    if checked["status"] != "success" or checked["record"] is None:
-        raise AirflowException(
-            f"co-allocated job {checked['job_id']}: {checked['status']}: {checked['message']}"
-        )
-    return checked["record"]
+    return record_of_success(event, "CoAllocationTrigger", "job_id", "co-allocated job")
 
 
 def open_engine(
@@ -142,23 +121,16 @@ def wait_blocking(
     max_retries: int = DEFAULT_MAX_RETRIES,
 ) -> CoAllocationEvent:
     """The non-deferrable twin of :meth:`CoAllocationTrigger.run` (same retries, event)."""
-    failures = 0
-    while True:
-        try:
-            record = scan_and_status(engine, job_id)
-        except SiteError as exc:
-            failures += 1
-            if failures > max_retries:
-                return error_event(job_id, f"gave up after {failures} failed scans in a row: {exc}")
-            time.sleep(backoff_delay(failures))
-            continue
-        except GridError as exc:
-            return error_event(job_id, f"gridcore: {exc}")
-        failures = 0
-        if record.finished:
-            engine.release_lease()
-            return event_for_record(record)
-        time.sleep(poll_interval)
+    try:
+        outcome = poll_blocking(
+            lambda: scan_and_status(engine, job_id), poll_interval, max_retries, "scans"
+        )
+    except GridError as exc:
+        return error_event(job_id, f"gridcore: {exc}")
+    if isinstance(outcome, str):
+        return error_event(job_id, outcome)
+    engine.release_lease()
+    return event_for_record(outcome)
 
 
 class CoAllocationTrigger(BaseTrigger):
@@ -214,27 +186,19 @@ class CoAllocationTrigger(BaseTrigger):
 
     async def _wait_until_finished(self) -> CoAllocationEvent:
         engine = await self._engine_once()
-        failures = 0
-        while True:
-            try:
-                record = await asyncio.to_thread(scan_and_status, engine, self.job_id)
-            except SiteError as exc:
-                failures += 1
-                if failures > self.max_retries:
-                    return error_event(
-                        self.job_id, f"gave up after {failures} failed scans in a row: {exc}"
-                    )
-                delay = backoff_delay(failures)
-                self.log.warning("scan failed (%s); retry %d in %.1f s", exc, failures, delay)
-                await asyncio.sleep(delay)
-                continue
-            failures = 0
-            if record.finished:
-                # Give the scan lease up now: other waiters should not sit out its expiry,
-                # and cleanup() is not called everywhere (dag.test() skips it).
-                await asyncio.to_thread(engine.release_lease)
-                return event_for_record(record)
-            await asyncio.sleep(self.poll_interval)
+        outcome = await poll_async(
+            lambda: scan_and_status(engine, self.job_id),
+            self.poll_interval,
+            self.max_retries,
+            self.log,
+            "scans",
+        )
+        if isinstance(outcome, str):
+            return error_event(self.job_id, outcome)
+        # Give the scan lease up now: other waiters should not sit out its expiry, and
+        # cleanup() is not called everywhere (dag.test() skips it).
+        await asyncio.to_thread(engine.release_lease)
+        return event_for_record(outcome)
 
     async def _engine_once(self) -> KoalaEngine:
         if self._engine is None:

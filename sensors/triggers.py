@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import logging
 import os
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, Protocol, TypedDict, TypeVar, cast
 
 from airflow.sdk.exceptions import AirflowException
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
@@ -36,6 +37,98 @@ _BACKOFF_CAP_S = 30.0
 # stay inside it so a slow site cannot leave the cancel half done unnoticed.
 _CANCEL_TIMEOUT_S = 20.0
 CONSUMED_DIR = "consumed"
+
+
+class _Finishable(Protocol):
+    @property
+    def finished(self) -> bool: ...
+
+
+R = TypeVar("R", bound=_Finishable)
+
+
+def poll_blocking(
+    poll: Callable[[], R], poll_interval: float, max_retries: int, noun: str = "polls"
+) -> R | str:
+    """Call ``poll`` every ``poll_interval`` s until its record is finished; transient
+    SiteErrors are retried with back-off. The finished record, or why it gave up."""
+    failures = 0
+    while True:
+        try:
+            record = poll()
+        except SiteError as exc:
+            failures += 1
+            if failures > max_retries:
+                return f"gave up after {failures} failed {noun} in a row: {exc}"
+            time.sleep(backoff_delay(failures))
+            continue
+        failures = 0
+        if record.finished:
+            return record
+        time.sleep(poll_interval)
+
+
+async def poll_async(
+    poll: Callable[[], R],
+    poll_interval: float,
+    max_retries: int,
+    log: logging.Logger | logging.LoggerAdapter[logging.Logger],
+    noun: str = "polls",
+) -> R | str:
+    """:func:`poll_blocking` for the triggerer: ``poll`` runs in a worker thread and the
+    waits are ``asyncio.sleep``, so the event loop is never blocked."""
+    failures = 0
+    while True:
+        try:
+            record = await asyncio.to_thread(poll)
+        except SiteError as exc:
+            failures += 1
+            if failures > max_retries:
+                return f"gave up after {failures} failed {noun} in a row: {exc}"
+            delay = backoff_delay(failures)
+            log.warning("%s failed (%s); retry %d in %.1f s", noun, exc, failures, delay)
+            await asyncio.sleep(delay)
+            continue
+        failures = 0
+        if record.finished:
+            return record
+        await asyncio.sleep(poll_interval)
+
+
+def validated_event(event: Any, trigger: str, id_key: str) -> dict[str, Any]:
+    """``event`` checked against the contract every gridcore trigger keeps (exactly one
+    event: ``status``, ``message``, the id under ``id_key``, ``record``); ``ValueError``
+    naming what is wrong (a trigger from another version, a hand-made event)."""
+    if not isinstance(event, dict):
+        raise ValueError(f"expected a {trigger} event (a dict), got {type(event).__name__}")
+    missing = sorted({"status", "message", id_key, "record"} - set(event))
+    if missing:
+        raise ValueError(f"{trigger} event lacks key(s) {missing}: {event!r}")
+    if event["status"] not in ("success", "failed", "error"):
+        raise ValueError(f"{trigger} event has an unknown status {event['status']!r}")
+    if event["status"] == "success" and not isinstance(event["record"], dict):
+        raise ValueError(f"{trigger} success event has no record: {event!r}")
+    return {
+        "status": event["status"],
+        "message": str(event["message"]),
+        id_key: int(event[id_key]),
+        "record": event["record"],
+    }
+
+
+def record_of_success(event: Any, trigger: str, id_key: str, what: str) -> dict[str, Any]:
+    """The record of a successful event; any other event becomes the Airflow failure
+    that the operators' and sensors' ``execute_complete`` raise."""
+    try:
+        checked = validated_event(event, trigger, id_key)
+    except ValueError as exc:
+        raise AirflowException(str(exc)) from exc
+    if checked["status"] != "success" or checked["record"] is None:
+        raise AirflowException(
+            f"{what} {checked[id_key]}: {checked['status']}: {checked['message']}"
+        )
+    record: dict[str, Any] = checked["record"]
+    return record
 
 
 class SiteJobEvent(TypedDict):
@@ -72,37 +165,14 @@ def error_event(selection_id: int, message: str) -> SiteJobEvent:
 
 
 def checked_event(event: Any) -> SiteJobEvent:
-    """``event`` as a :class:`SiteJobEvent`; ``ValueError`` naming what is wrong if it
-    does not honour the contract (a trigger from another version, a hand-made event)."""
-    if not isinstance(event, dict):
-        raise ValueError(f"expected a SiteJobTrigger event (a dict), got {type(event).__name__}")
-    missing = sorted(REQUIRED_EVENT_KEYS - set(event))
-    if missing:
-        raise ValueError(f"SiteJobTrigger event lacks key(s) {missing}: {event!r}")
-    if event["status"] not in ("success", "failed", "error"):
-        raise ValueError(f"SiteJobTrigger event has an unknown status {event['status']!r}")
-    if event["status"] == "success" and not isinstance(event["record"], dict):
-        raise ValueError(f"SiteJobTrigger success event has no record: {event!r}")
-    return SiteJobEvent(
-        status=event["status"],
-        message=str(event["message"]),
-        selection_id=int(event["selection_id"]),
-        record=event["record"],
-    )
+    """``event`` as a :class:`SiteJobEvent`, or ``ValueError`` naming what is wrong."""
+    return cast(SiteJobEvent, validated_event(event, "SiteJobTrigger", "selection_id"))
 
 
 def completed_record(event: Any) -> dict[str, Any]:
     """The job record of a successful event; any other event becomes the Airflow
     failure that ``execute_complete`` of the operator and the sensor raise."""
-    try:
-        checked = checked_event(event)
-    except ValueError as exc:
-        raise AirflowException(str(exc)) from exc
-    if checked["status"] != "success" or checked["record"] is None:
-        raise AirflowException(
-            f"selection {checked['selection_id']}: {checked['status']}: {checked['message']}"
-        )
-    return checked["record"]
+    return record_of_success(event, "SiteJobTrigger", "selection_id", "selection")
 
 
 def wait_blocking(
@@ -112,22 +182,10 @@ def wait_blocking(
     max_retries: int = DEFAULT_MAX_RETRIES,
 ) -> SiteJobEvent:
     """The non-deferrable twin of :meth:`SiteJobTrigger.run` (same retries, same event)."""
-    failures = 0
-    while True:
-        try:
-            record = runtime.poll(selection_id)
-        except SiteError as exc:
-            failures += 1
-            if failures > max_retries:
-                return error_event(
-                    selection_id, f"gave up after {failures} failed polls in a row: {exc}"
-                )
-            time.sleep(backoff_delay(failures))
-            continue
-        failures = 0
-        if record.finished:
-            return event_for_record(record)
-        time.sleep(poll_interval)
+    outcome = poll_blocking(lambda: runtime.poll(selection_id), poll_interval, max_retries)
+    if isinstance(outcome, str):
+        return error_event(selection_id, outcome)
+    return event_for_record(outcome)
 
 
 class SiteJobTrigger(BaseTrigger):
@@ -183,25 +241,12 @@ class SiteJobTrigger(BaseTrigger):
 
     async def _wait_until_finished(self) -> SiteJobEvent:
         runtime = await self._runtime_once()
-        failures = 0
-        while True:
-            try:
-                record = await asyncio.to_thread(runtime.poll, self.selection_id)
-            except SiteError as exc:
-                failures += 1
-                if failures > self.max_retries:
-                    return error_event(
-                        self.selection_id,
-                        f"gave up after {failures} failed polls in a row: {exc}",
-                    )
-                delay = backoff_delay(failures)
-                self.log.warning("poll failed (%s); retry %d in %.1f s", exc, failures, delay)
-                await asyncio.sleep(delay)
-                continue
-            failures = 0
-            if record.finished:
-                return event_for_record(record)
-            await asyncio.sleep(self.poll_interval)
+        outcome = await poll_async(
+            lambda: runtime.poll(self.selection_id), self.poll_interval, self.max_retries, self.log
+        )
+        if isinstance(outcome, str):
+            return error_event(self.selection_id, outcome)
+        return event_for_record(outcome)
 
     async def _runtime_once(self) -> GridRuntime:
         if self._runtime is None:
