@@ -25,7 +25,7 @@ from gridcore.model import (
     RequestKind,
 )
 from gridcore.policies.placement import PlacementPolicy
-from operators.site_job import _map_index, _positive_int, _state_store, _translated, job_name
+from operators.site_job import job_name, map_index, positive_int, state_store, translated
 from sensors.coalloc_trigger import (
     CoAllocationTrigger,
     close_engine,
@@ -146,12 +146,12 @@ class CoAllocateOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         request, policy, quota = self.plan_request(context)
-        state = _state_store(context)
-        with _translated(request.name):
+        state = state_store(context)
+        with translated(request.name):
             # The first job on a fresh state DB creates its tables (upgrade).
             engine = open_engine(self.grid_file, self.db_url, self.poll_interval, upgrade=True)
         try:
-            with _translated(request.name):
+            with translated(request.name):
                 record = self._resume(engine, state)
                 if record is None:
                     self._job_id = self._submit(engine, state, request, policy, quota)
@@ -265,7 +265,7 @@ class CoAllocateOperator(BaseOperator):
                     f"input_file: must be a non-empty logical name, got {self.input_file!r}"
                 )
             input_file = InputFile(self.input_file, delivery)
-        name = job_name(self.dag_id, self.task_id, _map_index(context))
+        name = job_name(self.dag_id, self.task_id, map_index(context))
         request = CoAllocationRequest(name, kind, parts, total, input_file, priority)
         return request, policy, quota
 
@@ -274,7 +274,7 @@ class CoAllocateOperator(BaseOperator):
             raise AirflowFailException(
                 "components/sites: a flexible request gives only total (KOALA splits it)"
             )
-        return (), _positive_int("total", self.total)
+        return (), positive_int("total", self.total)
 
     def _sized(self, kind: RequestKind) -> tuple[Component, ...]:
         if self.total is not None:
@@ -284,7 +284,7 @@ class CoAllocateOperator(BaseOperator):
             raise AirflowFailException(
                 f"components: must be a non-empty list of processor counts, got {sizes!r}"
             )
-        sizes = [_positive_int(f"components[{i}]", s) for i, s in enumerate(sizes)]
+        sizes = [positive_int(f"components[{i}]", s) for i, s in enumerate(sizes)]
         if kind is RequestKind.NON_FIXED:
             if self.sites is not None:
                 raise AirflowFailException("sites: only for fixed requests (kind='fixed')")

@@ -112,11 +112,11 @@ class SiteJobOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         job = self.plan_job(context)
-        state = _state_store(context)
-        with _translated(job.request.name):
+        state = state_store(context)
+        with translated(job.request.name):
             runtime = GridRuntime.open(self.grid_file, self.db_url)
         try:
-            with _translated(job.request.name):
+            with translated(job.request.name):
                 record = self._resume(runtime, state, job)
                 if record is None:
                     record = self._select_and_submit(runtime, state, job)
@@ -217,12 +217,12 @@ class SiteJobOperator(BaseOperator):
         command = self.command
         if not isinstance(command, str) or not command.strip():
             raise AirflowFailException(f"{self.task_id}: command must be a non-empty string")
-        processors = _positive_int("processors", self.processors)
+        processors = positive_int("processors", self.processors)
         runtime_s = _non_negative("runtime_s", self.runtime_s)
         protocol = _enum(Protocol, "protocol", self.protocol)
         mode = _enum(InsufficientMode, "insufficient_mode", self.insufficient_mode)
         inputs = _input_paths(self.input_files)
-        name = job_name(self.dag_id, self.task_id, _map_index(context))
+        name = job_name(self.dag_id, self.task_id, map_index(context))
         env = {str(k): str(v) for k, v in (self.env or {}).items()}
         if inputs:
             env[INPUTS_ENV] = os.pathsep.join(str(p) for p in inputs)
@@ -238,7 +238,7 @@ class SiteJobOperator(BaseOperator):
 
 
 @contextmanager
-def _translated(name: str) -> Iterator[None]:
+def translated(name: str) -> Iterator[None]:
     """gridcore errors as Airflow failures: bad input (a malformed grid, an impossible
     request) fails without retries, anything else (a site, the state DB) may be retried."""
     try:
@@ -254,12 +254,12 @@ def job_name(dag_id: str, task_id: str, map_index: int) -> str:
     return _NAME_UNSAFE.sub("_", f"{dag_id}.{task_id}.{map_index}")[:_NAME_MAX]
 
 
-def _state_store(context: Mapping[str, Any] | None) -> Any:
+def state_store(context: Mapping[str, Any] | None) -> Any:
     """Airflow 3.3's per-task-instance store (shared by all tries); None outside a task."""
     return context.get("task_state_store") if context else None
 
 
-def _map_index(context: Mapping[str, Any]) -> int:
+def map_index(context: Mapping[str, Any]) -> int:
     ti = context.get("ti") if context else None
     index = getattr(ti, "map_index", None)
     return index if isinstance(index, int) else -1
@@ -277,7 +277,7 @@ def _pinned_site(runtime: GridRuntime, site: Any) -> str | None:
     return site
 
 
-def _positive_int(field: str, value: Any) -> int:
+def positive_int(field: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise AirflowFailException(f"{field}: must be a positive integer, got {value!r}")
     return value

@@ -22,6 +22,7 @@ from sensors.coalloc_trigger import (
     error_event,
     open_engine,
 )
+from tests.fakes import FakeTaskStateStore
 
 WAIT_S = 60.0
 
@@ -35,19 +36,6 @@ def operator(**kwargs: Any) -> CoAllocateOperator:
         "poll_interval": 0.1,
     }
     return CoAllocateOperator(**{**defaults, **kwargs})
-
-
-class FakeTaskStateStore:
-    """Airflow 3.3's ``context["task_state_store"]``: one per task instance, all tries."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, Any] = {}
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.values.get(key, default)
-
-    def set(self, key: str, value: Any, *, retention: Any = None) -> None:
-        self.values[key] = value
 
 
 def deferred(op: CoAllocateOperator, context: dict[str, Any] | None = None) -> CoAllocationTrigger:

@@ -24,6 +24,7 @@ from operators.site_job import (
     job_name,
 )
 from sensors.triggers import SiteJobTrigger, error_event
+from tests.fakes import FakeTaskStateStore
 
 RESULT_KEYS = {
     "site",
@@ -83,22 +84,6 @@ def selection_rows(db_url: str) -> int:
             return int(conn.execute(select(func.count()).select_from(selections)).scalar_one())
     finally:
         store.dispose()
-
-
-class FakeTaskStateStore:
-    """Airflow 3.3's ``context["task_state_store"]``: one per task instance, all tries."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, Any] = {}
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.values.get(key, default)
-
-    def set(self, key: str, value: Any, *, retention: Any = None) -> None:
-        self.values[key] = value
-
-    def delete(self, key: str) -> None:
-        self.values.pop(key, None)
 
 
 # -- execute -> defer -> trigger -> execute_complete ----------------------------------------
