@@ -55,7 +55,21 @@ def register_sites(conn: Connection, grid: GridSpec) -> None:
     known = set(conn.execute(select(sites.c.name)).scalars())
     rows = [_site_row(spec) for spec in grid.sites if spec.name not in known]
     if rows:
-        conn.execute(insert(sites), rows)
+        # Workers starting together all see the site missing: the insert must skip a row
+        # another one added meanwhile (on SQLite, BEGIN IMMEDIATE already serializes them).
+        conn.execute(_insert_ignoring_duplicates(conn), rows)
+
+
+def _insert_ignoring_duplicates(conn: Connection) -> Any:
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(sites).on_conflict_do_nothing(index_elements=[sites.c.name])
+    if conn.dialect.name == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        return sqlite_insert(sites).on_conflict_do_nothing(index_elements=[sites.c.name])
+    return insert(sites)
 
 
 def _site_row(spec: SiteSpec) -> dict[str, object]:

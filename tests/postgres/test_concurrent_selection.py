@@ -11,6 +11,7 @@ import signal
 import time
 from collections.abc import Iterator
 from types import MappingProxyType
+from typing import Any
 
 import pytest
 from sqlalchemy import func, select, update
@@ -187,3 +188,38 @@ def test_pinned_selections_racing_on_one_site_never_overcommit(pg_url: str, stor
     assert (claimed, queued) == (claimed_rows, queued_rows)
     assert claimed == 6, "two 3-processor claims fit in 8; every other pinned job queues"
     assert queued == 3 * (6 * 30 - 2)
+
+
+def _register(url: str, start: Any) -> None:
+    from gridcore.config import default_grid
+
+    store = open_store(url)
+    grid = default_grid("/tmp/gc-unused")
+    start.wait(30)
+    with store.begin() as conn:
+        ledger.register_sites(conn, grid)
+        # Hold the new rows uncommitted for a moment: every other worker has read "no
+        # sites" by now and is inserting the same rows.
+        time.sleep(0.5)
+    store.dispose()
+
+
+def test_workers_starting_together_register_each_site_once(pg_url: str) -> None:
+    """Every worker registers the grid's sites on start; 8 starting at the same instant on
+    a fresh database must not collide on the sites' primary key."""
+    open_store(pg_url, upgrade=True).dispose()
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Event()
+    workers = [ctx.Process(target=_register, args=(pg_url, start)) for _ in range(8)]
+    for p in workers:
+        p.start()
+    time.sleep(1.5)  # let every process import, connect and block on the event
+    start.set()
+    for p in workers:
+        p.join(60)
+        assert p.exitcode == 0, "a worker failed to register the sites"
+    store = open_store(pg_url)
+    with store.begin() as conn:
+        names = sorted(conn.execute(select(sites.c.name)).scalars())
+    store.dispose()
+    assert names == ["local-a", "local-b", "local-c"]
