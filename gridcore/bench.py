@@ -46,7 +46,7 @@ from gridcore.model import (
     SiteSpec,
 )
 from gridcore.policies.placement import close_to_files
-from gridcore.policies.selection import InsufficientMode, Protocol
+from gridcore.policies.selection import InsufficientMode, SelectionProtocol
 from gridcore.state.schema import selections, sites
 from gridcore.state.store import Store, open_store
 
@@ -130,7 +130,7 @@ def run_decisions(store: Store, bench: BenchGrid, count: int, seed: int, stream:
             store,
             bench.grid,
             req,
-            Protocol.STATEFUL,
+            SelectionProtocol.STATEFUL,
             InsufficientMode.BEST,
             stream,
             time.time(),

@@ -212,7 +212,7 @@ class SiteEstimate:
     fits: bool
     transfer_s: float
     compute_s: float
-    expected_wait_s: float
+    queue_delay_s: float
     completion_s: float
     needed: int = 0
     reported_idle: int = 0
@@ -223,7 +223,7 @@ class SiteEstimate:
     def reason(self) -> str:
         # Rendered on demand: a decision over 100 sites needs only one or two of these.
         relation = ">=" if self.fits else "<"
-        wait = f", expected wait {self.expected_wait_s:.0f} s" if self.expected_wait_s else ""
+        wait = f", estimated queue delay {self.queue_delay_s:.0f} s" if self.queue_delay_s else ""
         return (
             f"site {self.site}: {self.effective_idle} idle {relation} {self.needed} needed"
             f" (reported {self.reported_idle}, ours in flight {self.in_flight},"

@@ -20,7 +20,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.errors import ConfigError, GridError, RequestError, StateError
 from gridcore.model import JobRequest, JobState, JobSubmission
-from gridcore.policies.selection import InsufficientMode, Protocol
+from gridcore.policies.selection import InsufficientMode, SelectionProtocol
 from sensors.triggers import SiteJobTrigger, completed_record, event_for_record, wait_blocking
 
 AUTO_SITE = "auto"
@@ -37,7 +37,7 @@ class JobPlan:
 
     request: JobRequest
     submission: JobSubmission
-    protocol: Protocol
+    protocol: SelectionProtocol
     mode: InsufficientMode
     stream: str
 
@@ -84,7 +84,7 @@ class SiteJobOperator(BaseOperator):
         input_files: Sequence[str] | None = None,
         runtime_s: float = 600.0,
         site: str = AUTO_SITE,
-        protocol: str = Protocol.STATEFUL.value,
+        protocol: str = SelectionProtocol.STATEFUL.value,
         insufficient_mode: str = InsufficientMode.BEST.value,
         stream: str | None = None,
         env: Mapping[str, str] | None = None,
@@ -219,7 +219,7 @@ class SiteJobOperator(BaseOperator):
             raise AirflowFailException(f"{self.task_id}: command must be a non-empty string")
         processors = positive_int("processors", self.processors)
         runtime_s = _non_negative("runtime_s", self.runtime_s)
-        protocol = _enum(Protocol, "protocol", self.protocol)
+        protocol = _enum(SelectionProtocol, "protocol", self.protocol)
         mode = _enum(InsufficientMode, "insufficient_mode", self.insufficient_mode)
         inputs = _input_paths(self.input_files)
         name = job_name(self.dag_id, self.task_id, map_index(context))
@@ -289,7 +289,7 @@ def _non_negative(field: str, value: Any) -> float:
     return float(value)
 
 
-def _enum(kind: type[Protocol] | type[InsufficientMode], field: str, value: Any) -> Any:
+def _enum(kind: type[SelectionProtocol] | type[InsufficientMode], field: str, value: Any) -> Any:
     try:
         return kind(value)
     except ValueError:

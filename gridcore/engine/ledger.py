@@ -29,7 +29,7 @@ from gridcore.model import (
     SiteSnapshot,
     SiteSpec,
 )
-from gridcore.policies.selection import InsufficientMode, Protocol, select_site
+from gridcore.policies.selection import InsufficientMode, SelectionProtocol, select_site
 from gridcore.state.schema import selections, sites
 from gridcore.state.store import Store
 
@@ -203,7 +203,7 @@ def select_and_record(
     store: Store,
     grid: GridSpec,
     request: JobRequest,
-    protocol: Protocol,
+    protocol: SelectionProtocol,
     mode: InsufficientMode,
     stream: str,
     now: float,
@@ -240,12 +240,12 @@ def _claim_and_insert(
     conn: Connection,
     request: JobRequest,
     decision: SiteSelection,
-    protocol: Protocol,
+    protocol: SelectionProtocol,
     stream: str,
     now: float,
 ) -> int | None:
     ledger = "claimed" if decision.outcome is Outcome.FIT else "queued"
-    conditional = ledger == "claimed" and protocol is Protocol.STATEFUL
+    conditional = ledger == "claimed" and protocol is SelectionProtocol.STATEFUL
     params = _selection_params(request, decision, ledger, stream, now)
     if not store.is_sqlite:
         statement = _PG_CLAIM_INSERT if conditional else _PG_ADD_INSERT[ledger]

@@ -23,7 +23,7 @@ from gridcore.config import GRID_ENV, default_grid, load_grid
 from gridcore.engine import ledger
 from gridcore.errors import GridError, RequestError, SiteError, StateError
 from gridcore.model import GridSpec, JobRequest, JobState, JobSubmission, SiteKind, SiteSpec
-from gridcore.policies.selection import InsufficientMode, Protocol
+from gridcore.policies.selection import InsufficientMode, SelectionProtocol
 from gridcore.sites.base import SiteAdapter
 from gridcore.state.schema import coalloc_site_health, selections, sites
 from gridcore.state.store import Store, open_store, state_dir
@@ -173,7 +173,7 @@ class GridRuntime:
     def select(
         self,
         request: JobRequest,
-        protocol: Protocol = Protocol.STATEFUL,
+        protocol: SelectionProtocol = SelectionProtocol.STATEFUL,
         mode: InsufficientMode = InsufficientMode.BEST,
         stream: str = "default",
         site: str | None = None,

@@ -32,7 +32,7 @@ from gridcore.model import MB, JobRequest, Outcome, SiteEstimate, SiteSelection,
 Bandwidth = Callable[[str, str], float]
 
 
-class Protocol(enum.StrEnum):
+class SelectionProtocol(enum.StrEnum):
     NAIVE = "naive"
     STATEFUL = "stateful"
     RANDOM = "random"
@@ -48,7 +48,7 @@ def select_site(
     request: JobRequest,
     snapshots: Sequence[SiteSnapshot],
     bandwidth: Bandwidth,
-    protocol: Protocol = Protocol.STATEFUL,
+    protocol: SelectionProtocol = SelectionProtocol.STATEFUL,
     mode: InsufficientMode = InsufficientMode.BEST,
     *,
     rng: random.Random,
@@ -58,7 +58,7 @@ def select_site(
     if not candidates:
         return SiteSelection(None, Outcome.NO_FIT, protocol.value, mode.value, tuple(reasons))
     estimates = [estimate_site(request, snap, bandwidth, protocol) for snap in candidates]
-    if protocol is Protocol.RANDOM:
+    if protocol is SelectionProtocol.RANDOM:
         chosen = rng.choice(estimates)
         reasons.append(f"random protocol picked {chosen.site}")
         return _decision(chosen, estimates, protocol, mode, reasons)
@@ -72,9 +72,9 @@ def select_site(
     return _decision(chosen, estimates, protocol, mode, reasons)
 
 
-def effective_idle(snapshot: SiteSnapshot, protocol: Protocol) -> int:
+def effective_idle(snapshot: SiteSnapshot, protocol: SelectionProtocol) -> int:
     """Idle processors as the protocol sees them (Protocol 1, stateful branch)."""
-    if protocol is Protocol.STATEFUL:
+    if protocol is SelectionProtocol.STATEFUL:
         return (
             snapshot.idle_processors
             - snapshot.in_flight_processors
@@ -93,7 +93,7 @@ def transfer_seconds(request: JobRequest, site: str, bandwidth: Bandwidth) -> fl
     return seconds
 
 
-def expected_wait(request: JobRequest, snapshot: SiteSnapshot, idle: int) -> float:
+def estimated_queue_delay(request: JobRequest, snapshot: SiteSnapshot, idle: int) -> float:
     """Expected queue wait at a site that lacks room (beyond the paper).
 
     The larger of the observed mean queue wait there and the time to drain the deficit:
@@ -112,13 +112,13 @@ def expected_wait(request: JobRequest, snapshot: SiteSnapshot, idle: int) -> flo
 
 
 def estimate_site(
-    request: JobRequest, snapshot: SiteSnapshot, bandwidth: Bandwidth, protocol: Protocol
+    request: JobRequest, snapshot: SiteSnapshot, bandwidth: Bandwidth, protocol: SelectionProtocol
 ) -> SiteEstimate:
     idle = effective_idle(snapshot, protocol)
     fits = idle >= request.processors
     transfer = transfer_seconds(request, snapshot.site, bandwidth)
     compute = request.runtime_s * snapshot.slowness
-    wait = expected_wait(request, snapshot, idle)
+    wait = estimated_queue_delay(request, snapshot, idle)
     completion = wait + transfer + compute
     return SiteEstimate(
         snapshot.site,
@@ -170,7 +170,7 @@ def _insufficient(
 def _decision(
     chosen: SiteEstimate,
     estimates: Sequence[SiteEstimate],
-    protocol: Protocol,
+    protocol: SelectionProtocol,
     mode: InsufficientMode,
     reasons: list[str],
 ) -> SiteSelection:

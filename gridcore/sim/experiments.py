@@ -67,7 +67,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gridcore.errors import ConfigError
-from gridcore.policies.selection import InsufficientMode, Protocol
+from gridcore.policies.selection import InsufficientMode, SelectionProtocol
 from gridcore.sim.selection import (
     MDS_INTERVAL_S,
     SelectionRun,
@@ -98,20 +98,23 @@ _SHARED = "shared"
 PROTOCOLS: Mapping[str, tuple[bool, StreamConfig]] = MappingProxyType(
     {
         # name: (keep the trace's two streams?, configuration of every stream)
-        "naive": (False, StreamConfig(Protocol.NAIVE, InsufficientMode.RANDOM, _UNIFIED)),
+        "naive": (False, StreamConfig(SelectionProtocol.NAIVE, InsufficientMode.RANDOM, _UNIFIED)),
         "stateful_random": (
             False,
-            StreamConfig(Protocol.STATEFUL, InsufficientMode.RANDOM, _UNIFIED),
+            StreamConfig(SelectionProtocol.STATEFUL, InsufficientMode.RANDOM, _UNIFIED),
         ),
-        "stateful_best": (False, StreamConfig(Protocol.STATEFUL, InsufficientMode.BEST, _UNIFIED)),
+        "stateful_best": (
+            False,
+            StreamConfig(SelectionProtocol.STATEFUL, InsufficientMode.BEST, _UNIFIED),
+        ),
         "stateful_earliest": (
             False,
-            StreamConfig(Protocol.STATEFUL, InsufficientMode.EARLIEST, _UNIFIED),
+            StreamConfig(SelectionProtocol.STATEFUL, InsufficientMode.EARLIEST, _UNIFIED),
         ),
-        "stateful_split": (True, StreamConfig(Protocol.STATEFUL, InsufficientMode.BEST)),
+        "stateful_split": (True, StreamConfig(SelectionProtocol.STATEFUL, InsufficientMode.BEST)),
         "stateful_split_shared": (
             True,
-            StreamConfig(Protocol.STATEFUL, InsufficientMode.BEST, _SHARED),
+            StreamConfig(SelectionProtocol.STATEFUL, InsufficientMode.BEST, _SHARED),
         ),
     }
 )

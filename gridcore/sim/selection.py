@@ -59,7 +59,7 @@ from gridcore.model import (
     SiteSelection,
     SiteSnapshot,
 )
-from gridcore.policies.selection import InsufficientMode, Protocol, select_site
+from gridcore.policies.selection import InsufficientMode, SelectionProtocol, select_site
 from gridcore.sim.core import SimulationError, Simulator
 
 MDS_INTERVAL_S = 60.0
@@ -114,7 +114,7 @@ class StreamConfig:
     """How one stream selects. Streams with the same ``state`` share in-flight knowledge;
     ``None`` keeps it private to the stream."""
 
-    protocol: Protocol = Protocol.STATEFUL
+    protocol: SelectionProtocol = SelectionProtocol.STATEFUL
     mode: InsufficientMode = InsufficientMode.BEST
     state: str | None = None
 
@@ -411,7 +411,7 @@ class _SelectionModel:
         running = {j.job_id for j in report.jobs if j.state is JobState.RUNNING}
         pending = report.pending()
         in_flight: list[_Placed] = []
-        if config.protocol is Protocol.STATEFUL:
+        if config.protocol is SelectionProtocol.STATEFUL:
             in_flight = [
                 p
                 for p in state.placed

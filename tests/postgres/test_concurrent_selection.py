@@ -18,7 +18,7 @@ from sqlalchemy import func, select, update
 
 from gridcore.engine import ledger
 from gridcore.model import GridSpec, JobRequest, SiteKind, SiteSpec
-from gridcore.policies.selection import InsufficientMode, Protocol
+from gridcore.policies.selection import InsufficientMode, SelectionProtocol
 from gridcore.state.schema import selections, sites
 from gridcore.state.store import Store, open_store
 
@@ -40,7 +40,7 @@ def _selector(url: str, index: int, count: int) -> None:
             store,
             GRID,
             JobRequest(f"p{index}-{i}", rng.randint(1, 4)),
-            Protocol.STATEFUL,
+            SelectionProtocol.STATEFUL,
             InsufficientMode.BEST,
             f"p{index}",
             time.time(),

@@ -25,7 +25,7 @@ from gridcore.model import (
     SiteObservation,
     SiteSpec,
 )
-from gridcore.policies.selection import InsufficientMode, Protocol
+from gridcore.policies.selection import InsufficientMode, SelectionProtocol
 from gridcore.state.schema import selections, sites
 from gridcore.state.store import Store, open_store
 
@@ -47,7 +47,7 @@ def make_store(tmp_path: Path) -> Store:
 
 
 def decide(
-    store: Store, name: str, procs: int, protocol: Protocol = Protocol.STATEFUL
+    store: Store, name: str, procs: int, protocol: SelectionProtocol = SelectionProtocol.STATEFUL
 ) -> ledger.Recorded:
     return ledger.select_and_record(
         store,
@@ -148,7 +148,7 @@ def test_site_errors_make_a_site_unusable_and_an_observation_restores_it(tmp_pat
             store,
             GRID,
             JobRequest("big", 12),
-            Protocol.STATEFUL,
+            SelectionProtocol.STATEFUL,
             InsufficientMode.BEST,
             "t",
             0.0,

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from gridcore.model import MB, JobRequest, Outcome, SiteSnapshot
-from gridcore.policies.selection import InsufficientMode, Protocol, select_site
+from gridcore.policies.selection import InsufficientMode, SelectionProtocol, select_site
 
 # Table 1 of the paper: the test bench.
 BENCH = (
@@ -27,7 +27,7 @@ def flat(src: str, dst: str) -> float:
 def pick(
     request: JobRequest,
     snaps: tuple[SiteSnapshot, ...] | list[SiteSnapshot],
-    protocol: Protocol = Protocol.STATEFUL,
+    protocol: SelectionProtocol = SelectionProtocol.STATEFUL,
     mode: InsufficientMode = InsufficientMode.BEST,
     seed: int = 0,
     bandwidth=flat,
@@ -44,7 +44,7 @@ def with_in_flight(snaps, site: str, processors: int):  # type: ignore[no-untype
     ]
 
 
-def burst(protocol: Protocol, n: int, procs: int) -> list[str]:
+def burst(protocol: SelectionProtocol, n: int, procs: int) -> list[str]:
     """n members selected before monitoring shows any of them (the hysteresis window):
     the stored report never changes; only our own in-flight record grows."""
     snaps = list(BENCH)
@@ -61,18 +61,18 @@ def burst(protocol: Protocol, n: int, procs: int) -> list[str]:
 
 def test_burst_naive_sends_every_member_to_the_same_apparently_free_site() -> None:
     # Section 3: "all the jobs may be sent to a single (overloaded) resource".
-    assert burst(Protocol.NAIVE, 6, 4) == ["mileva"] * 6
+    assert burst(SelectionProtocol.NAIVE, 6, 4) == ["mileva"] * 6
 
 
 def test_burst_stateful_discounts_its_own_in_flight_members_and_spreads() -> None:
-    chosen = burst(Protocol.STATEFUL, 6, 4)
+    chosen = burst(SelectionProtocol.STATEFUL, 6, 4)
     # Equal estimates: the most effective room wins, ties alphabetically. Room after each
     # pick (mileva/scoops/canbc01/ci-team): 12/8/6/4, 8/8/6/4, 4/8/6/4, 4/4/6/4, 4/4/2/4.
     assert chosen == ["mileva", "mileva", "mileva", "scoops", "canbc01", "ci-team"]
 
 
 def test_burst_stateful_uses_every_site_before_any_queue() -> None:
-    chosen = burst(Protocol.STATEFUL, 8, 4)
+    chosen = burst(SelectionProtocol.STATEFUL, 8, 4)
     assert Counter(chosen) == Counter({"mileva": 4, "scoops": 2, "canbc01": 1, "ci-team": 1})
 
 
@@ -83,7 +83,7 @@ def test_burst_stateful_uses_every_site_before_any_queue() -> None:
             "slowness: equal room, the faster site finishes first",
             [SiteSnapshot("slow", 8, 8, slowness=2.0), SiteSnapshot("fast", 8, 8, slowness=1.0)],
             JobRequest("j", 4, 100.0),
-            Protocol.STATEFUL,
+            SelectionProtocol.STATEFUL,
             InsufficientMode.BEST,
             "fast",
             Outcome.FIT,
@@ -92,7 +92,7 @@ def test_burst_stateful_uses_every_site_before_any_queue() -> None:
             "a site too small in total is never chosen, even if fastest",
             [SiteSnapshot("tiny", 2, 2, slowness=0.5), SiteSnapshot("big", 16, 16, slowness=1.0)],
             JobRequest("j", 4),
-            Protocol.STATEFUL,
+            SelectionProtocol.STATEFUL,
             InsufficientMode.BEST,
             "big",
             Outcome.FIT,
@@ -101,7 +101,7 @@ def test_burst_stateful_uses_every_site_before_any_queue() -> None:
             "an unusable site is skipped",
             [SiteSnapshot("down", 16, 16, usable=False), SiteSnapshot("up", 8, 8, slowness=3.0)],
             JobRequest("j", 4),
-            Protocol.STATEFUL,
+            SelectionProtocol.STATEFUL,
             InsufficientMode.BEST,
             "up",
             Outcome.FIT,
@@ -113,7 +113,7 @@ def test_burst_stateful_uses_every_site_before_any_queue() -> None:
                 SiteSnapshot("other", 8, 8, slowness=1.5),
             ],
             JobRequest("j", 4),
-            Protocol.STATEFUL,
+            SelectionProtocol.STATEFUL,
             InsufficientMode.BEST,
             "other",
             Outcome.FIT,
@@ -125,7 +125,7 @@ def test_burst_stateful_uses_every_site_before_any_queue() -> None:
                 SiteSnapshot("other", 8, 8, slowness=1.5),
             ],
             JobRequest("j", 4),
-            Protocol.NAIVE,
+            SelectionProtocol.NAIVE,
             InsufficientMode.BEST,
             "busy",
             Outcome.FIT,
@@ -137,7 +137,7 @@ def test_burst_stateful_uses_every_site_before_any_queue() -> None:
                 SiteSnapshot("b", 8, 0, in_flight_processors=2),
             ],
             JobRequest("j", 4),
-            Protocol.STATEFUL,
+            SelectionProtocol.STATEFUL,
             InsufficientMode.BEST,
             "b",
             Outcome.QUEUE,
@@ -146,7 +146,7 @@ def test_burst_stateful_uses_every_site_before_any_queue() -> None:
             "best: ties go to the alphabetically first site, also for prefixed names",
             [SiteSnapshot("site10", 4, 0), SiteSnapshot("site1", 4, 0)],
             JobRequest("j", 4),
-            Protocol.STATEFUL,
+            SelectionProtocol.STATEFUL,
             InsufficientMode.BEST,
             "site1",
             Outcome.QUEUE,
@@ -158,7 +158,7 @@ def test_burst_stateful_uses_every_site_before_any_queue() -> None:
                 SiteSnapshot("shortq", 16, 0, mean_queue_wait_s=30.0, mean_runtime_s=600.0),
             ],
             JobRequest("j", 4, 600.0),
-            Protocol.STATEFUL,
+            SelectionProtocol.STATEFUL,
             InsufficientMode.EARLIEST,
             "shortq",
             Outcome.QUEUE,
@@ -167,7 +167,7 @@ def test_burst_stateful_uses_every_site_before_any_queue() -> None:
             "earliest: no history, the backlog relative to size decides",
             [SiteSnapshot("small", 4, -8), SiteSnapshot("large", 32, -8)],
             JobRequest("j", 4, 600.0),
-            Protocol.STATEFUL,
+            SelectionProtocol.STATEFUL,
             InsufficientMode.EARLIEST,
             "large",
             Outcome.QUEUE,
@@ -212,7 +212,9 @@ def test_insufficient_random_draws_from_the_injected_rng_only() -> None:
 
 def test_random_protocol_ignores_room() -> None:
     snaps = [SiteSnapshot("a", 8, 8), SiteSnapshot("b", 8, 0)]
-    picks = {pick(JobRequest("j", 4), snaps, Protocol.RANDOM, seed=s).site for s in range(30)}
+    picks = {
+        pick(JobRequest("j", 4), snaps, SelectionProtocol.RANDOM, seed=s).site for s in range(30)
+    }
     assert picks == {"a", "b"}
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from gridcore.errors import ConfigError
 from gridcore.model import JobState, ObservedJob
-from gridcore.policies.selection import InsufficientMode, Protocol
+from gridcore.policies.selection import InsufficientMode, SelectionProtocol
 from gridcore.sim.experiments import canonical_trace
 from gridcore.sim.selection import (
     ExternalJob,
@@ -21,9 +21,9 @@ from gridcore.sim.selection import (
     simulate_selection,
 )
 
-NAIVE = StreamConfig(Protocol.NAIVE, InsufficientMode.RANDOM)
-STATEFUL = StreamConfig(Protocol.STATEFUL, InsufficientMode.BEST)
-EARLIEST = StreamConfig(Protocol.STATEFUL, InsufficientMode.EARLIEST)
+NAIVE = StreamConfig(SelectionProtocol.NAIVE, InsufficientMode.RANDOM)
+STATEFUL = StreamConfig(SelectionProtocol.STATEFUL, InsufficientMode.BEST)
+EARLIEST = StreamConfig(SelectionProtocol.STATEFUL, InsufficientMode.EARLIEST)
 
 
 def _sites(run: SelectionRun) -> dict[str, str]:
@@ -164,7 +164,7 @@ def test_independent_stateful_streams_overload_the_site_they_both_prefer() -> No
 
 def test_streams_sharing_one_state_see_each_others_jobs() -> None:
     sites, jobs = _two_streams()
-    shared = StreamConfig(Protocol.STATEFUL, InsufficientMode.BEST, state="db")
+    shared = StreamConfig(SelectionProtocol.STATEFUL, InsufficientMode.BEST, state="db")
     run = simulate_selection(sites, jobs, {0: shared, 1: shared})
     assert _sites(run) == {"j0": "A", "j1": "A", "j2": "B", "j3": "B"}
     assert [r.start_s for r in run.jobs] == [30.0, 40.0, 50.0, 60.0]
@@ -186,8 +186,8 @@ def test_observed_queue_waits_of_finished_jobs_feed_the_earliest_mode() -> None:
     assert selection is not None
     a_view, b_view = selection.estimate_for("A"), selection.estimate_for("B")
     assert a_view is not None and b_view is not None
-    assert a_view.expected_wait_s == pytest.approx(396.0)  # observed at A
-    assert b_view.expected_wait_s == pytest.approx(100.0)  # drain estimate only
+    assert a_view.queue_delay_s == pytest.approx(396.0)  # observed at A
+    assert b_view.queue_delay_s == pytest.approx(100.0)  # drain estimate only
     assert run.by_name("j1").site == "B"
 
 
@@ -239,7 +239,7 @@ def test_the_same_seed_gives_the_same_run(config: StreamConfig) -> None:
 def test_random_choices_depend_on_the_seed() -> None:
     sites, jobs, external = _busy_case()
     # Stateful+random: the grid is oversubscribed, so the random fallback is used.
-    config = StreamConfig(Protocol.STATEFUL, InsufficientMode.RANDOM)
+    config = StreamConfig(SelectionProtocol.STATEFUL, InsufficientMode.RANDOM)
     streams = {0: config, 1: config}
     placements = {
         tuple(_sites(simulate_selection(sites, jobs, streams, external=external, seed=s)).items())
@@ -275,7 +275,7 @@ def _assert_capacity_and_fifo(run: SelectionRun, sites: Sequence[SimSite]) -> No
 
 @pytest.mark.parametrize(
     "config",
-    [NAIVE, STATEFUL, EARLIEST, StreamConfig(Protocol.STATEFUL, InsufficientMode.RANDOM)],
+    [NAIVE, STATEFUL, EARLIEST, StreamConfig(SelectionProtocol.STATEFUL, InsufficientMode.RANDOM)],
     ids=["naive", "best", "earliest", "stateful-random"],
 )
 def test_no_site_ever_runs_more_processors_than_it_has(config: StreamConfig) -> None:
