@@ -23,7 +23,7 @@ from gridcore.state import schema
 
 DB_ENV = "GRIDCORE_DB_URL"
 HOME_ENV = "GRIDCORE_HOME"
-HEAD_REVISION = "0004"
+HEAD_REVISION = "0007"
 
 
 def state_dir() -> Path:
