@@ -42,13 +42,8 @@ from gridcore.model import (
     Replica,
     RequestKind,
 )
-from gridcore.policies.placement import (
-    Bandwidth,
-    PlacementPolicy,
-    best_replica,
-    close_to_files,
-    place,
-)
+from gridcore.policies.placement import PlacementPolicy, close_to_files, place
+from gridcore.policies.transfer import Bandwidth, best_replica
 
 
 @dataclass(frozen=True)

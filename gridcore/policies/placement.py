@@ -58,7 +58,7 @@ import contextlib
 import enum
 import itertools
 import math
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from gridcore.errors import RequestError
@@ -66,15 +66,13 @@ from gridcore.model import (
     MB,
     ClusterSnapshot,
     CoAllocationRequest,
-    FileDelivery,
     Outcome,
     PlacedComponent,
     Placement,
     Replica,
     RequestKind,
 )
-
-Bandwidth = Callable[[str, str], float]
+from gridcore.policies.transfer import Bandwidth, best_replica, component_bytes
 
 
 class PlacementPolicy(enum.StrEnum):
@@ -200,55 +198,6 @@ def usable_idle(cluster: ClusterSnapshot, quota: float | None) -> int:
         total = cluster.total_processors
         idle = min(idle, math.floor(quota * total + _QUOTA_SLACK) - (total - idle))
     return max(0, idle)
-
-
-def transfer_seconds(
-    request: CoAllocationRequest,
-    component_size: int,
-    replica: Replica | None,
-    site: str,
-    bandwidth: Bandwidth | None,
-) -> float:
-    """Estimated seconds to bring a component's input from ``replica`` to ``site``
-    (seed 000 Sec. 2.3: the whole file, or the component's chunk of it)."""
-    if replica is None:
-        # No input file: nothing to move. An input file without a source: never arrives.
-        return 0.0 if request.input_file is None else math.inf
-    if replica.site == site:
-        return 0.0
-    if bandwidth is None:
-        raise RequestError(
-            f"bandwidth: needed to estimate moving {replica.logical_name}"
-            f" from {replica.site} to {site}"
-        )
-    rate = bandwidth(replica.site, site)
-    return _file_bytes(request, replica, component_size) / MB / rate if rate > 0 else math.inf
-
-
-def best_replica(
-    request: CoAllocationRequest,
-    component_size: int,
-    site: str,
-    replicas: Sequence[Replica],
-    bandwidth: Bandwidth | None,
-) -> tuple[Replica | None, float]:
-    """The replica of the request's input file that reaches ``site`` soonest, and the
-    seconds it takes. A replica at ``site`` itself wins; otherwise the first listed of the
-    fastest. ``(None, 0.0)`` without an input file, ``(None, inf)`` without a replica."""
-    if request.input_file is None:
-        return None, 0.0
-    name = request.input_file.logical_name
-    files = [r for r in replicas if r.logical_name == name]
-    for replica in files:
-        if replica.site == site:
-            return replica, 0.0
-    best: Replica | None = None
-    best_s = math.inf
-    for replica in files:
-        seconds = transfer_seconds(request, component_size, replica, site, bandwidth)
-        if best is None or seconds < best_s:
-            best, best_s = replica, seconds
-    return best, best_s
 
 
 # -- policy dispatch -------------------------------------------------------------------
@@ -504,7 +453,7 @@ class _Transfers:
     def ranking(self, size: int, by_idle: list[int]) -> tuple[list[float], list[int]]:
         """Per cluster the delay for a component of ``size``, and the clusters ordered by
         (delay, -usable idle, position); ``by_idle`` is the order of the last two."""
-        moved = tuple(_file_bytes(self.request, r, size) for r in self.files)
+        moved = tuple(component_bytes(self.request, r, size) for r in self.files)
         found = self._ranked.get(moved)
         if found is None:
             delay = self._delays(moved)
@@ -556,17 +505,10 @@ def _positions(sites: list[str], site: str) -> list[int]:
 
 
 def _seconds(megabytes: float, rates: list[float]) -> list[float]:
-    """megabytes / rate per cluster (the expression of transfer_seconds); inf if rate <= 0."""
+    """megabytes / rate per cluster (as transfer.transfer_seconds); inf if rate <= 0."""
     if min(rates, default=1.0) > 0:
         return list(map(megabytes.__truediv__, rates))
     return [megabytes / rate if rate > 0 else math.inf for rate in rates]
-
-
-def _file_bytes(request: CoAllocationRequest, replica: Replica, component_size: int) -> int:
-    """Seed 000 Sec. 2.3: the whole file, or the component's share of it."""
-    if request.input_file is not None and request.input_file.delivery is FileDelivery.CHUNKED:
-        return -(-replica.size_bytes * component_size // request.processors)
-    return replica.size_bytes
 
 
 def _replicas_of(request: CoAllocationRequest, replicas: Sequence[Replica]) -> list[Replica]:
@@ -685,6 +627,3 @@ def _validate_flexible(request: CoAllocationRequest) -> None:
             raise RequestError(f"{field}: every part must be > 0, got {split}")
         if sum(split) != total:
             raise RequestError(f"{field}: parts sum to {sum(split)}, not the total {total}")
-
-
-# -- benchmark -------------------------------------------------------------------------

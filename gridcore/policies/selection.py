@@ -25,11 +25,10 @@ from __future__ import annotations
 import enum
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from gridcore.model import MB, JobRequest, Outcome, SiteEstimate, SiteSelection, SiteSnapshot
-
-Bandwidth = Callable[[str, str], float]
+from gridcore.model import JobRequest, Outcome, SiteEstimate, SiteSelection, SiteSnapshot
+from gridcore.policies.transfer import Bandwidth, job_transfer_seconds
 
 
 class SelectionProtocol(enum.StrEnum):
@@ -83,16 +82,6 @@ def effective_idle(snapshot: SiteSnapshot, protocol: SelectionProtocol) -> int:
     return snapshot.idle_processors
 
 
-def transfer_seconds(request: JobRequest, site: str, bandwidth: Bandwidth) -> float:
-    """Upload of inputs and download of outputs over the bandwidth matrix (MB/s)."""
-    seconds = 0.0
-    if request.input_bytes:
-        seconds += request.input_bytes / MB / bandwidth(request.origin, site)
-    if request.output_bytes:
-        seconds += request.output_bytes / MB / bandwidth(site, request.origin)
-    return seconds
-
-
 def estimated_queue_delay(request: JobRequest, snapshot: SiteSnapshot, idle: int) -> float:
     """Expected queue wait at a site that lacks room (beyond the paper).
 
@@ -116,7 +105,7 @@ def estimate_site(
 ) -> SiteEstimate:
     idle = effective_idle(snapshot, protocol)
     fits = idle >= request.processors
-    transfer = transfer_seconds(request, snapshot.site, bandwidth)
+    transfer = job_transfer_seconds(request, snapshot.site, bandwidth)
     compute = request.runtime_s * snapshot.slowness
     wait = estimated_queue_delay(request, snapshot, idle)
     completion = wait + transfer + compute

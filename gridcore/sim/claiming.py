@@ -40,16 +40,14 @@ barrier releases, claiming tries (claiming-queue order), scans and submissions.
 
 from __future__ import annotations
 
-import math
 import random
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
 from gridcore.errors import ConfigError
 from gridcore.model import (
-    MB,
     ClusterSnapshot,
     CoAllocationRequest,
     Component,
@@ -76,7 +74,8 @@ from gridcore.policies.claiming import (
     scan_order,
     scan_placement_queue,
 )
-from gridcore.policies.placement import Bandwidth, PlacementPolicy
+from gridcore.policies.placement import PlacementPolicy
+from gridcore.policies.transfer import Bandwidth
 from gridcore.sim.core import SimulationError, Simulator
 
 _RELEASE = 0
@@ -785,20 +784,3 @@ def _where(components: Sequence[PlacedComponent]) -> str:
         f"{c.index}:{c.size}@{c.site}" + (f"<{c.file_site}" if c.file_site else "")
         for c in components
     )
-
-
-def uniform_bandwidth(mb_per_s: float) -> Callable[[str, str], float]:
-    """A bandwidth matrix with one rate between any two sites, and none needed within one
-    (the placement policies cost a replica at the execution site as 0 s)."""
-    if not mb_per_s > 0:
-        raise ConfigError(f"bandwidth must be > 0 MB/s, got {mb_per_s}")
-
-    def bandwidth(src: str, dst: str) -> float:
-        return math.inf if src == dst else mb_per_s
-
-    return bandwidth
-
-
-def transfer_s(file_bytes: int, mb_per_s: float) -> float:
-    """Seconds to move ``file_bytes`` at ``mb_per_s`` (decimal MB, as everywhere)."""
-    return file_bytes / MB / mb_per_s

@@ -80,6 +80,7 @@ from gridcore.model import (
 )
 from gridcore.policies.claiming import KoalaParams, QueuedJob, scan_placement_queue
 from gridcore.policies.placement import PlacementPolicy
+from gridcore.policies.transfer import transfer_seconds, uniform_bandwidth
 from gridcore.sim.claiming import (
     BackgroundLoad,
     KoalaJob,
@@ -87,8 +88,6 @@ from gridcore.sim.claiming import (
     KoalaRun,
     KoalaSite,
     simulate_koala,
-    transfer_s,
-    uniform_bandwidth,
 )
 
 GB = 10**9
@@ -363,7 +362,7 @@ def _setup(
         ],
         "unavailable_cluster": {"name": DAS_UNAVAILABLE[0], "das2_processors": DAS_UNAVAILABLE[1]},
         "backbone_mb_s": BACKBONE_MB_S,
-        "transfer_s": {f"{gb}GB": transfer_s(gb * GB, BACKBONE_MB_S) for gb in FILE_SIZES_GB},
+        "transfer_s": {f"{gb}GB": transfer_seconds(gb * GB, BACKBONE_MB_S) for gb in FILE_SIZES_GB},
         "workload": {
             "job_sizes": list(JOB_SIZES),
             "components": "uniform over 3, 4, 6, 8 with size / count > 8: 72 -> 3/4/6/8, 36 -> 3/4",

@@ -60,6 +60,7 @@ from gridcore.model import (
     SiteSnapshot,
 )
 from gridcore.policies.selection import InsufficientMode, SelectionProtocol, select_site
+from gridcore.policies.transfer import free_bandwidth
 from gridcore.sim.core import SimulationError, Simulator
 
 MDS_INTERVAL_S = 60.0
@@ -281,11 +282,6 @@ def _validate_times(name: str, at: float, runtime_s: float, processors: int) -> 
         )
 
 
-def _no_transfer(src: str, dst: str) -> float:
-    # Transfers are part of the hysteresis (see the module docstring): infinite bandwidth.
-    return float("inf")
-
-
 @dataclass
 class _Placed:
     """A job's life on its site; ``job`` is ours (SimJob) or external (ExternalJob)."""
@@ -392,7 +388,8 @@ class _SelectionModel:
         decision = select_site(
             request,
             snapshots,
-            _no_transfer,
+            # Transfers are part of the hysteresis (module docstring): none is costed.
+            free_bandwidth,
             config.protocol,
             config.mode,
             rng=self._rngs[job.stream],

@@ -12,7 +12,6 @@ from gridcore.staging.catalog import (
     RATE_EWMA_WEIGHT,
     ReplicaCatalog,
     check_logical_name,
-    transfer_seconds,
 )
 from gridcore.staging.transfer import (
     StagedFile,
@@ -35,5 +34,4 @@ __all__ = [
     "stage",
     "stage_measured",
     "sweep_partials",
-    "transfer_seconds",
 ]

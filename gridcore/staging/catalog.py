@@ -25,7 +25,8 @@ from sqlalchemy import Connection, delete, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from gridcore.errors import RequestError, StagingError, StateError
-from gridcore.model import MB, GridSpec, Replica
+from gridcore.model import GridSpec, Replica
+from gridcore.policies.transfer import transfer_seconds
 from gridcore.state.schema import replicas, transfer_rates
 from gridcore.state.store import Store
 
@@ -187,13 +188,6 @@ class ReplicaCatalog:
             select(table.mean_mbps).where((table.src == src) & (table.dst == dst))
         ).scalar_one()
         return float(mean)
-
-
-def transfer_seconds(size_bytes: int, mbps: float) -> float:
-    """Seconds to move ``size_bytes`` at ``mbps`` MB/s (0 within a site)."""
-    if size_bytes <= 0 or math.isinf(mbps):
-        return 0.0
-    return size_bytes / (mbps * MB)
 
 
 def check_logical_name(name: object) -> str:

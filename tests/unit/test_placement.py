@@ -23,18 +23,17 @@ from gridcore.model import (
     RequestKind,
 )
 from gridcore.policies.placement import (
-    Bandwidth,
     PlacementPolicy,
     best_replica,
     close_to_files,
     cluster_minimization,
     flexible_cluster_minimization,
     place,
-    transfer_seconds,
     usable_idle,
     validate_request,
     worst_fit,
 )
+from gridcore.policies.transfer import Bandwidth, component_transfer_seconds
 
 WF, CF, CM, FCM = PlacementPolicy.WF, PlacementPolicy.CF, PlacementPolicy.CM, PlacementPolicy.FCM
 
@@ -654,13 +653,17 @@ def test_transfer_seconds(
     rate: float,
     seconds: float,
 ) -> None:
-    got = transfer_seconds(request_, component_size, replica(source), site, lambda s, d: rate)
+    got = component_transfer_seconds(
+        request_, component_size, replica(source), site, lambda s, d: rate
+    )
     assert got == pytest.approx(seconds)
 
 
 def test_transfer_seconds_without_a_replica() -> None:
-    assert transfer_seconds(non_fixed(8), 8, None, "C1", None) == 0.0
-    assert transfer_seconds(non_fixed(8, input_file=DATA), 8, None, "C1", None) == math.inf
+    assert component_transfer_seconds(non_fixed(8), 8, None, "C1", None) == 0.0
+    assert (
+        component_transfer_seconds(non_fixed(8, input_file=DATA), 8, None, "C1", None) == math.inf
+    )
 
 
 def test_best_replica() -> None:

@@ -28,10 +28,10 @@ from gridcore.policies.placement import (
     cluster_minimization,
     flexible_cluster_minimization,
     place,
-    transfer_seconds,
     usable_idle,
     worst_fit,
 )
+from gridcore.policies.transfer import component_transfer_seconds
 
 PROPERTY = settings(max_examples=200, deadline=None)
 POLICIES = list(PlacementPolicy)
@@ -244,6 +244,9 @@ def test_cf_each_component_goes_where_its_input_arrives_soonest(
     for c in order:
         for site, room in left.items():
             if room >= c.size:
-                best = min(transfer_seconds(request, c.size, r, site, _bandwidth) for r in replicas)
+                best = min(
+                    component_transfer_seconds(request, c.size, r, site, _bandwidth)
+                    for r in replicas
+                )
                 assert c.transfer_s <= best
         left[c.site] -= c.size

@@ -8,6 +8,7 @@ import pytest
 from gridcore.errors import ConfigError
 from gridcore.model import Priority
 from gridcore.policies.claiming import KoalaParams
+from gridcore.policies.transfer import transfer_seconds, uniform_bandwidth
 from gridcore.sim.claiming import (
     BackgroundJob,
     BackgroundLoad,
@@ -15,8 +16,6 @@ from gridcore.sim.claiming import (
     KoalaRun,
     KoalaSite,
     simulate_koala,
-    transfer_s,
-    uniform_bandwidth,
 )
 from gridcore.sim.koala_experiments import (
     PAPER_PARAMS,
@@ -35,7 +34,7 @@ def steps(run: KoalaRun) -> list[tuple[float, str, str]]:
 
 
 def test_transfer_of_4gb_on_the_backbone_takes_320_s() -> None:
-    assert transfer_s(4 * GB, 12.5) == 320.0
+    assert transfer_seconds(4 * GB, 12.5) == 320.0
     assert BACKBONE("a", "b") == 12.5 and BACKBONE("a", "a") == float("inf")
 
 
