@@ -44,6 +44,7 @@ from types import FrameType
 
 from sqlalchemy import ColumnElement, and_, select, update
 
+from gridcore.engine.phases import BARRIER_JOB, STARTED_COMPONENT
 from gridcore.state.schema import coalloc_components, coalloc_jobs
 from gridcore.state.store import Store, default_db_url, open_store
 
@@ -53,9 +54,9 @@ POLL_S = 0.05
 DEFAULT_TIMEOUT_S = 600.0
 TIMEOUT_ENV = "GRIDCORE_BARRIER_TIMEOUT_S"
 PEERS_FILE = "peers-{job}-{epoch}-{component}.json"
-# Job states in which a component may still wait at (or pass) the barrier.
-_LIVE_JOB = ("claiming", "running")
-_LIVE_COMPONENT = ("submitting", "submitted")
+# Job and component states in which a component may still wait at (or pass) the barrier.
+_LIVE_JOB = tuple(p.value for p in BARRIER_JOB)
+_LIVE_COMPONENT = tuple(s.value for s in STARTED_COMPONENT)
 
 
 @dataclass(frozen=True)

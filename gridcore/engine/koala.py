@@ -30,20 +30,23 @@ Site I/O never happens inside a transaction. A component is marked ``submitting`
 its submission and ``submitted`` with the site's job id after; a ``submitting`` row seen
 by a later scan was left by an engine that died in between, and counts as a failed
 component (the site job it may have started dies at its barrier: its epoch is gone).
+
+This module holds the scan steps alone; what they share lives beside it: the phase
+enums (:mod:`gridcore.engine.phases`, also read by the barrier), the scan lease
+(:mod:`gridcore.engine.lease`), the row <-> record codecs
+(:mod:`gridcore.engine.koala_records`) and the barrier command line
+(:mod:`gridcore.engine.barrier_command`).
 """
 
 from __future__ import annotations
 
-import enum
-import json
 import logging
 import os
-import shlex
 import socket
 import sys
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import (
@@ -54,23 +57,27 @@ from sqlalchemy import (
     delete,
     func,
     insert,
-    or_,
     select,
     update,
 )
-from sqlalchemy.exc import IntegrityError
 
-from gridcore.engine import ledger
+from gridcore.engine import lease, ledger
+from gridcore.engine.barrier_command import barrier_command
 from gridcore.engine.health import probe_unusable_sites
+from gridcore.engine.koala_records import (
+    CoAllocationRecord,
+    ComponentRecord,
+    job_record,
+    placement_to_json,
+    request_from_json,
+    request_to_json,
+)
+from gridcore.engine.phases import LIVE_JOB, STARTED_COMPONENT, ComponentState, JobPhase
 from gridcore.engine.runtime import GridRuntime
 from gridcore.errors import GridError, RequestError, SiteError, StateError
 from gridcore.model import (
     ClusterSnapshot,
     CoAllocationRequest,
-    Component,
-    FileDelivery,
-    FlexibleOptions,
-    InputFile,
     JobState,
     JobSubmission,
     Outcome,
@@ -78,7 +85,6 @@ from gridcore.model import (
     Placement,
     Priority,
     Replica,
-    RequestKind,
 )
 from gridcore.policies.claiming import (
     ClaimDecision,
@@ -103,9 +109,21 @@ from gridcore.state.schema import (
     coalloc_components,
     coalloc_jobs,
     coalloc_site_health,
-    leases,
     sites,
 )
+
+# Re-exported: the Airflow layer and the tests import the records from here.
+__all__ = [
+    "LEASE_SCANS",
+    "CoAllocationRecord",
+    "ComponentRecord",
+    "ComponentState",
+    "JobPhase",
+    "KoalaEngine",
+    "ScanReport",
+    "request_from_json",
+    "request_to_json",
+]
 
 log = logging.getLogger(__name__)
 
@@ -117,35 +135,6 @@ PROBE_EVERY_SCANS = 10
 LEASE_SCANS = 3
 # A barrier waits up to the JST plus this long for the other components.
 BARRIER_SLACK_S = 600.0
-
-
-class JobPhase(enum.StrEnum):
-    QUEUED = "queued"  # in its placement queue
-    PLACED = "placed"  # placed, input files being staged
-    CLAIMING = "claiming"  # in the claiming queue
-    RUNNING = "running"  # every component started (at the barrier or past it)
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-    @property
-    def finished(self) -> bool:
-        return self in (JobPhase.COMPLETED, JobPhase.FAILED, JobPhase.CANCELLED)
-
-
-class Part(enum.StrEnum):
-    """A component's state."""
-
-    PLACED = "placed"  # has a site, not started
-    SUBMITTING = "submitting"  # claimed; its submission is under way
-    SUBMITTED = "submitted"  # the site has it (pending, at the barrier or running)
-    COMPLETED = "completed"
-    FAILED = "failed"
-    ABORTED = "aborted"  # cancelled by KOALA (abort, cancel)
-
-
-_LIVE = (JobPhase.QUEUED, JobPhase.PLACED, JobPhase.CLAIMING, JobPhase.RUNNING)
-_STARTED = (Part.SUBMITTING, Part.SUBMITTED)
 
 
 @dataclass(frozen=True)
@@ -160,70 +149,6 @@ class ScanReport:
     requeued: tuple[int, ...] = ()
     failed: tuple[int, ...] = ()
     reasons: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class ComponentRecord:
-    index: int
-    size: int
-    site: str
-    file_site: str | None
-    transfer_s: float
-    state: str
-    site_job_id: str | None
-    host: str | None
-    port: int | None
-    claimed_at: float | None
-    released_at: float | None
-    finished_at: float | None
-    exit_code: int | None
-    message: str
-
-
-@dataclass(frozen=True)
-class CoAllocationRecord:
-    """A co-allocated job as the state DB knows it; plain JSON via :meth:`as_json`."""
-
-    job_id: int
-    name: str
-    state: str
-    policy: str
-    priority: str
-    epoch: int
-    placement_tries: int
-    claim_tries: int
-    retries: int
-    L: float
-    jpt: float | None
-    ftt: float | None
-    jst: float | None
-    jct: float | None
-    submitted_at: float
-    placed_at: float | None
-    started_at: float | None
-    finished_at: float | None
-    message: str
-    placement: dict[str, Any] | None = None
-    components: tuple[ComponentRecord, ...] = ()
-
-    @property
-    def finished(self) -> bool:
-        return JobPhase(self.state).finished
-
-    @property
-    def barrier_skew_s(self) -> float | None:
-        """Spread of the components' barrier release times (None until all passed)."""
-        released = [c.released_at for c in self.components]
-        if not released or any(t is None for t in released):
-            return None
-        times = [t for t in released if t is not None]
-        return max(times) - min(times)
-
-    def as_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["components"] = [asdict(c) for c in self.components]
-        data["barrier_skew_s"] = self.barrier_skew_s
-        return data
 
 
 class KoalaEngine:
@@ -347,42 +272,12 @@ class KoalaEngine:
 
     def release_lease(self) -> None:
         """Give up the scan lease now (another engine may scan at once)."""
-        with self.store.begin() as conn:
-            conn.execute(
-                update(leases)
-                .where(and_(leases.c.name == SCAN_LEASE, leases.c.holder == self.holder))
-                .values(expires_at=0.0)
-            )
+        lease.release(self.store, SCAN_LEASE, self.holder)
 
     def _take_lease(self, now: float) -> int | None:
-        """Take or renew the lease (free, expired, or already ours): the scan's index in
-        the placement-queue cycle, or None while another holder has it."""
-        lc = leases.c
-        expires = now + self.lease_s
-        try:
-            with self.store.begin() as conn:
-                taken = conn.execute(
-                    update(leases)
-                    .where(
-                        and_(
-                            lc.name == SCAN_LEASE,
-                            or_(lc.holder == self.holder, lc.expires_at < now),
-                        )
-                    )
-                    .values(holder=self.holder, expires_at=expires, scans=lc.scans + 1)
-                )
-                if taken.rowcount != 1:
-                    if conn.execute(select(lc.name).where(lc.name == SCAN_LEASE)).first():
-                        return None
-                    conn.execute(
-                        insert(leases).values(
-                            name=SCAN_LEASE, holder=self.holder, expires_at=expires, scans=1
-                        )
-                    )
-                scans = conn.execute(select(lc.scans).where(lc.name == SCAN_LEASE)).scalar_one()
-        except IntegrityError:
-            return None  # another engine created the lease row at the same moment
-        return int(scans) - 1
+        """Take or renew the scan lease: the scan's index in the placement-queue cycle,
+        or None while another engine has it."""
+        return lease.take(self.store, SCAN_LEASE, self.holder, now, self.lease_s)
 
     # (b) placement queues ---------------------------------------------------------------
 
@@ -446,7 +341,7 @@ class KoalaEngine:
                 ftt=ftt,
                 jst=job_start_time(now, ftt),
                 jct=first_claim_try(now, ftt, row["L"], self.params),
-                placement=json.dumps(_placement_json(placement)),
+                placement=placement_to_json(placement),
                 placed_at=now,
                 message=placement.reasons[0] if placement.reasons else "",
             )
@@ -465,7 +360,7 @@ class KoalaEngine:
                     "site": c.site,
                     "file_site": c.file_site,
                     "transfer_s": c.transfer_s,
-                    "state": Part.PLACED.value,
+                    "state": ComponentState.PLACED.value,
                 }
                 for c in placement.components
             ],
@@ -567,12 +462,12 @@ class KoalaEngine:
         for c in decision.start:
             conn.execute(
                 update(coalloc_components)
-                .where(and_(_component(row, c.index), cc.state == Part.PLACED.value))
+                .where(and_(_component(row, c.index), cc.state == ComponentState.PLACED.value))
                 .values(
                     site=c.site,
                     file_site=c.file_site,
                     transfer_s=c.transfer_s,
-                    state=Part.SUBMITTING.value,
+                    state=ComponentState.SUBMITTING.value,
                     claimed_at=now,
                 )
             )
@@ -585,7 +480,7 @@ class KoalaEngine:
         transaction); record the site's job id, or the component's failure."""
         where = and_(
             _component(row, component.index),
-            coalloc_components.c.state == Part.SUBMITTING.value,
+            coalloc_components.c.state == ComponentState.SUBMITTING.value,
         )
         try:
             # A component re-placed by ICP gets its file now (Sec. 3.3); others have it.
@@ -598,14 +493,14 @@ class KoalaEngine:
                 conn.execute(
                     update(coalloc_components)
                     .where(where)
-                    .values(state=Part.FAILED.value, message=f"submission failed: {exc}")
+                    .values(state=ComponentState.FAILED.value, message=f"submission failed: {exc}")
                 )
             return
         with self.store.begin() as conn:
             done = conn.execute(
                 update(coalloc_components)
                 .where(where)
-                .values(site_job_id=site_job_id, state=Part.SUBMITTED.value)
+                .values(site_job_id=site_job_id, state=ComponentState.SUBMITTED.value)
             )
         if done.rowcount != 1:  # the job was cancelled while we submitted
             self._cancel_site_jobs([(component.site, site_job_id)])
@@ -613,23 +508,19 @@ class KoalaEngine:
     def _submission(
         self, row: RowMapping, component: PlacedComponent, count: int, now: float
     ) -> JobSubmission:
-        url = self.store.engine.url
         timeout = max(0.0, (row["jst"] or now) - now) + self.barrier_slack_s
-        argv = [self.python, "-m", "gridcore.barrier"]
-        env = {
-            "GRIDCORE_JOB": str(row["id"]),
-            "GRIDCORE_COMPONENT": str(component.index),
-            "GRIDCORE_COMPONENTS": str(count),
-        }
-        if url.password:
-            env["GRIDCORE_DB_URL"] = url.render_as_string(hide_password=False)
-        else:
-            argv += ["--db", url.render_as_string(hide_password=False)]
-        argv += ["--job", str(row["id"]), "--component", str(component.index)]
-        argv += ["--epoch", str(row["epoch"]), "--timeout", f"{timeout:.0f}"]
-        argv += ["--", "/bin/sh", "-c", row["command"]]
+        barrier = barrier_command(
+            job_id=row["id"],
+            component=component.index,
+            count=count,
+            epoch=row["epoch"],
+            timeout_s=timeout,
+            db_url=self.store.engine.url,
+            python=self.python,
+            command=row["command"],
+        )
         return JobSubmission(
-            f"{row['name']}#{component.index}", shlex.join(argv), component.size, env=env
+            f"{row['name']}#{component.index}", barrier.shell, component.size, env=barrier.env
         )
 
     # (e) following started components --------------------------------------------------
@@ -641,7 +532,7 @@ class KoalaEngine:
             with self.store.begin() as conn:
                 parts = _components(conn, row)
             for part in parts:
-                if part["state"] == Part.SUBMITTED.value:
+                if part["state"] == ComponentState.SUBMITTED.value:
                     self._poll_component(row, part)
             with self.store.begin() as conn:
                 parts = _components(conn, row)
@@ -663,11 +554,11 @@ class KoalaEngine:
                 .where(
                     and_(
                         _component(row, part["idx"]),
-                        coalloc_components.c.state == Part.SUBMITTED.value,
+                        coalloc_components.c.state == ComponentState.SUBMITTED.value,
                     )
                 )
                 .values(
-                    state=(Part.COMPLETED if ok else Part.FAILED).value,
+                    state=(ComponentState.COMPLETED if ok else ComponentState.FAILED).value,
                     exit_code=status.exit_code,
                     finished_at=status.finished_at or self.runtime.clock(),
                     message=status.reason or status.state.value,
@@ -678,14 +569,18 @@ class KoalaEngine:
 
     def _settle(self, row: RowMapping, parts: Sequence[RowMapping], work: _Log) -> None:
         # A "submitting" row here was left by an engine that died mid-submission.
-        broken = [p for p in parts if p["state"] in (Part.FAILED.value, Part.SUBMITTING.value)]
+        broken = [
+            p
+            for p in parts
+            if p["state"] in (ComponentState.FAILED.value, ComponentState.SUBMITTING.value)
+        ]
         if broken:
             self._fail(row, broken[0])
             work.requeued.append(row["id"])
             return
         if row["state"] != JobPhase.RUNNING.value:
             return
-        if all(p["state"] == Part.COMPLETED.value for p in parts):
+        if all(p["state"] == ComponentState.COMPLETED.value for p in parts):
             ends = [p["finished_at"] for p in parts if p["finished_at"] is not None]
             with self.store.begin() as conn:
                 done = conn.execute(
@@ -736,7 +631,7 @@ class KoalaEngine:
             if row is None:
                 raise StateError(f"no co-allocation job {job_id} in the state database")
             parts = _components(conn, row)
-        return _record(row, parts)
+        return job_record(row, parts)
 
     def cancel(self, job_id: int) -> CoAllocationRecord:
         """Cancel the job and every started component (a finished job is left alone)."""
@@ -749,7 +644,9 @@ class KoalaEngine:
                 .mappings()
                 .one()
             )
-            cancels = _end(conn, row, _LIVE, JobPhase.CANCELLED, "cancelled", self.runtime.clock())
+            cancels = _end(
+                conn, row, LIVE_JOB, JobPhase.CANCELLED, "cancelled", self.runtime.clock()
+            )
         self._cancel_site_jobs(cancels)
         return self.status(job_id)
 
@@ -760,7 +657,7 @@ class KoalaEngine:
         cc, hc = coalloc_components.c, coalloc_site_health.c
         rows = {r.name: r for r in conn.execute(select(sites)).all()}
         health = dict(conn.execute(select(hc.site, hc.usable)).all())
-        held_q = select(cc.site, func.sum(cc.size)).where(cc.state == Part.PLACED.value)
+        held_q = select(cc.site, func.sum(cc.size)).where(cc.state == ComponentState.PLACED.value)
         if exclude_job is not None:
             held_q = held_q.where(cc.job_id != exclude_job)
         held = {site: int(n) for site, n in conn.execute(held_q.group_by(cc.site)).all()}
@@ -875,7 +772,7 @@ def _claiming_job(
     replicas: tuple[Replica, ...],
 ) -> ClaimingJob:
     parts = _components(conn, row)
-    started = frozenset(p["idx"] for p in parts if p["state"] != Part.PLACED.value)
+    started = frozenset(p["idx"] for p in parts if p["state"] != ComponentState.PLACED.value)
     return ClaimingJob(
         request,
         tuple(_placed(p) for p in parts),
@@ -892,7 +789,7 @@ def _started(conn: Connection, row: RowMapping) -> list[tuple[str, str]]:
     return [
         (p["site"], p["site_job_id"])
         for p in _components(conn, row)
-        if p["state"] in _STARTED and p["site_job_id"]
+        if p["state"] in STARTED_COMPONENT and p["site_job_id"]
     ]
 
 
@@ -905,7 +802,7 @@ def _preemptible(conn: Connection) -> list[RunningLowJob]:
             continue
         held: dict[str, int] = {}
         for part in _components(conn, low):
-            if part["state"] in _STARTED:
+            if part["state"] in STARTED_COMPONENT:
                 held[part["site"]] = held.get(part["site"], 0) + part["size"]
         if held:
             jst = low["jst"] if low["jst"] is not None else 0.0
@@ -985,10 +882,10 @@ def _end(
         .where(
             and_(
                 cc.job_id == row["id"],
-                cc.state.in_([Part.PLACED.value, *(p.value for p in _STARTED)]),
+                cc.state.in_([ComponentState.PLACED.value, *(p.value for p in STARTED_COMPONENT)]),
             )
         )
-        .values(state=Part.ABORTED.value, finished_at=now, message=message)
+        .values(state=ComponentState.ABORTED.value, finished_at=now, message=message)
     )
     return cancels
 
@@ -1011,86 +908,3 @@ def _store_health(conn: Connection, health: SiteHealth) -> None:
     )
     if done.rowcount != 1:
         conn.execute(insert(coalloc_site_health).values(site=health.site, **values))
-
-
-def _record(row: RowMapping, parts: Sequence[RowMapping]) -> CoAllocationRecord:
-    return CoAllocationRecord(
-        row["id"],
-        row["name"],
-        row["state"],
-        row["policy"],
-        row["priority"],
-        row["epoch"],
-        row["placement_tries"],
-        row["claim_tries"],
-        row["retries"],
-        row["L"],
-        row["jpt"],
-        row["ftt"],
-        row["jst"],
-        row["jct"],
-        row["submitted_at"],
-        row["placed_at"],
-        row["started_at"],
-        row["finished_at"],
-        row["message"] or "",
-        json.loads(row["placement"]) if row["placement"] else None,
-        tuple(
-            ComponentRecord(
-                p["idx"],
-                p["size"],
-                p["site"],
-                p["file_site"],
-                p["transfer_s"],
-                p["state"],
-                p["site_job_id"],
-                p["host"],
-                p["port"],
-                p["claimed_at"],
-                p["released_at"],
-                p["finished_at"],
-                p["exit_code"],
-                p["message"] or "",
-            )
-            for p in parts
-        ),
-    )
-
-
-def _placement_json(placement: Placement) -> dict[str, Any]:
-    return {
-        "policy": placement.policy,
-        "clusters_combined": placement.clusters_combined,
-        "file_transfer_s": placement.file_transfer_s,
-        "components": [asdict(c) for c in placement.components],
-        "reasons": list(placement.reasons),
-    }
-
-
-# -- the request as stored ------------------------------------------------------------------
-
-
-def request_to_json(request: CoAllocationRequest) -> str:
-    """The request as one JSON object (enums by value); :func:`request_from_json` inverts."""
-    return json.dumps(asdict(request))
-
-
-def request_from_json(text: str) -> CoAllocationRequest:
-    data = json.loads(text)
-    flexible = data["flexible"]
-    input_file = data["input_file"]
-    return CoAllocationRequest(
-        data["name"],
-        RequestKind(data["kind"]),
-        tuple(Component(c["size"], c["site"]) for c in data["components"]),
-        data["total"],
-        InputFile(input_file["logical_name"], FileDelivery(input_file["delivery"]))
-        if input_file
-        else None,
-        Priority(data["priority"]),
-        FlexibleOptions(
-            flexible["min_component_size"],
-            flexible["max_components"],
-            tuple(tuple(split) for split in flexible["splits"]),
-        ),
-    )
