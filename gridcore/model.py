@@ -121,6 +121,8 @@ class ObservedJob:
     job_id: str
     processors: int
     state: JobState
+    # the submission key the job carries (gridcore.sites.keys), None for others' jobs
+    key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -180,6 +182,9 @@ class JobSubmission:
     processors: int
     workdir: str | None = None
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # unique per holder (gridcore.sites.keys): a site that has a job with this key
+    # returns it instead of starting a second one; None submits without a key
+    key: str | None = None
 
 
 @dataclass(frozen=True)

@@ -2,29 +2,44 @@
 
 Site I/O (observe, submit, status, cancel) happens outside transactions; every state
 change is one committed transaction on the state database, so a killed worker or
-triggerer resumes from the rows (``poll`` is idempotent, ``submit`` never submits a
-selection twice).
+triggerer resumes from the rows (``poll`` is idempotent).
+
+A selection's site job carries the key ``gc-<install>-s<selection id>``
+(:mod:`gridcore.sites.keys`): ``submit`` (and the expiry of a selection whose worker
+died) first asks the site for it and adopts the job found, so a kill at any point makes
+at most one site job per selection; ``refresh`` cancels our keyed jobs whose holder is
+gone (:mod:`gridcore.engine.submission`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from sqlalchemy import and_, func, select, update
 
 from gridcore import credentials
 from gridcore.config import GRID_ENV, default_grid, load_grid
-from gridcore.engine import ledger
+from gridcore.engine import ledger, submission
 from gridcore.errors import GridError, RequestError, SiteError, StateError
-from gridcore.model import GridSpec, JobRequest, JobState, JobSubmission, SiteKind, SiteSpec
+from gridcore.model import (
+    GridSpec,
+    JobRequest,
+    JobState,
+    JobSubmission,
+    ObservedJob,
+    SiteKind,
+    SiteSpec,
+)
 from gridcore.policies.selection import InsufficientMode, SelectionProtocol
 from gridcore.sites.base import SiteAdapter
+from gridcore.sites.keys import selection_key
 from gridcore.state.schema import coalloc_site_health, selections, sites
 from gridcore.state.store import Store, open_store, state_dir
 
@@ -32,6 +47,8 @@ from gridcore.state.store import Store, open_store, state_dir
 DEFAULT_MAX_AGE_S = 5.0
 # A selection not submitted within this time lost its worker; its claim is returned.
 SUBMIT_DEADLINE_S = 600.0
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -105,6 +122,7 @@ class GridRuntime:
         store.check_migrated()
         with store.begin() as conn:
             ledger.register_sites(conn, grid)
+            self.install_id = submission.install_id(conn)
 
     @classmethod
     def open(
@@ -139,8 +157,10 @@ class GridRuntime:
         """Observe every site whose stored report is older than ``max_age_s``.
         Returns site -> error message (None when the observation succeeded)."""
         now = self.clock()
+        self._adopt_unrecorded(now - SUBMIT_DEADLINE_S)
         with self.store.begin() as conn:
             ages = dict(conn.execute(select(sites.c.name, sites.c.observed_at)).all())
+            # The same cutoff as the look-ups: every selection expired here was looked up.
             ledger.expire_unsubmitted(conn, now - SUBMIT_DEADLINE_S, now)
         results: dict[str, str | None] = {}
         for spec in self.grid.sites:
@@ -166,7 +186,48 @@ class GridRuntime:
                 )
             ).scalars()
             ledger.store_observation(conn, obs, [j for j in own if j])
+        self._cancel_orphans(site, obs.jobs)
         return None
+
+    def _cancel_orphans(self, site: str, jobs: tuple[ObservedJob, ...]) -> None:
+        """Cancel the site's jobs with our key and no live holder; a selection still
+        waiting for its job adopts it instead."""
+        with self.store.begin() as conn:
+            orphans = submission.judge_keyed_jobs(conn, self.install_id, site, jobs, self.clock())
+        for job_id in orphans:
+            self._cancel_quietly(site, job_id, "no live holder (orphan)")
+
+    def _cancel_quietly(self, site: str, job_id: str, why: str) -> None:
+        try:
+            self.adapter(site).cancel(job_id)
+        except GridError as exc:
+            log.warning("site %s: cancelling job %s (%s) failed: %s", site, job_id, why, exc)
+            return
+        log.info("site %s: cancelled job %s: %s", site, job_id, why)
+
+    def _adopt_unrecorded(self, older_than: float) -> None:
+        """Before selections past the submission deadline expire, ask their sites for
+        their keys: a worker may have died after the site accepted the job."""
+        with self.store.begin() as conn:
+            stale = conn.execute(
+                select(selections.c.id, selections.c.site).where(
+                    and_(
+                        selections.c.state == JobState.SELECTED.value,
+                        selections.c.job_id.is_(None),
+                        selections.c.selected_at < older_than,
+                    )
+                )
+            ).all()
+        for sid, site in stale:
+            try:
+                found = self.adapter(site).find(selection_key(self.install_id, sid))
+            except GridError as exc:
+                # It expires; a job the site does have is an orphan the next refresh cancels.
+                log.warning("site %s: looking up selection %s failed: %s", site, sid, exc)
+                continue
+            if found is not None:
+                with self.store.begin() as conn:
+                    submission.adopt_selection_job(conn, sid, found, self.clock())
 
     # -- jobs --------------------------------------------------------------------------
 
@@ -193,23 +254,26 @@ class GridRuntime:
         return self.record(rec.id)
 
     def submit(self, selection_id: int, job: JobSubmission) -> JobRecord:
-        """Submit the selected job to its site, once; on a site error the selection is
+        """Submit the selected job to its site, once: under the selection's key, looked
+        up at the site first (a job found is adopted). On any error the selection is
         marked failed and its processors released before the error propagates."""
         current = self.record(selection_id)
         if current.job_id is not None or current.finished:
             return current
+        keyed = replace(job, key=selection_key(self.install_id, selection_id))
         try:
-            job_id = self.adapter(current.site).submit(job)
-        except GridError as exc:
-            self._finish(selection_id, JobState.FAILED, None, f"submit failed: {exc}")
+            job_id, _ = submission.submit_once(self.adapter(current.site), keyed)
+        except Exception as exc:  # whatever it is, the claim must not leak
+            why = str(exc) if isinstance(exc, GridError) else f"{type(exc).__name__}: {exc}"
+            self._finish(selection_id, JobState.FAILED, None, f"submit failed: {why}")
             raise
         with self.store.begin() as conn:
-            conn.execute(
-                update(selections)
-                .where(selections.c.id == selection_id)
-                .values(job_id=job_id, state=JobState.PENDING.value, submitted_at=self.clock())
-            )
-        return self.record(selection_id)
+            recorded = submission.adopt_selection_job(conn, selection_id, job_id, self.clock())
+        record = self.record(selection_id)
+        if not recorded and record.job_id != job_id:
+            # The selection expired, failed or got another job meanwhile: ours has no holder.
+            self._cancel_quietly(current.site, job_id, f"selection {selection_id} moved on")
+        return record
 
     def poll(self, selection_id: int) -> JobRecord:
         """Ask the site for the job's state and commit what changed."""

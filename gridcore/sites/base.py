@@ -14,11 +14,19 @@ class SiteAdapter(Protocol):
     spec: SiteSpec
 
     def observe(self) -> SiteObservation:
-        """Total and idle processors now, and the site's jobs (anyone's) with states."""
+        """Total and idle processors now, and the site's jobs (anyone's) with states.
+        Each job carries the submission key it was submitted with (``ObservedJob.key``):
+        this is the listing of our keyed jobs that orphan detection reads."""
         ...
 
     def submit(self, job: JobSubmission) -> str:
-        """Start (or queue) the job; returns the site's job id as a string."""
+        """Start (or queue) the job; returns the site's job id as a string. A job is
+        recorded by the site whole or not at all, and carries ``job.key`` if given."""
+        ...
+
+    def find(self, key: str) -> str | None:
+        """The id of the site's job submitted with ``key``, or None if the site has none
+        (or, for Slurm, forgot it: see ``gridcore.sites.slurm`` on MinJobAge)."""
         ...
 
     def status(self, job_id: str) -> JobStatus:

@@ -6,6 +6,12 @@ job is started only inside a transaction that holds the site lock and sees the s
 running processors. Jobs run detached (their own session) and write their exit code to
 a file, so any process can observe or cancel them, including after the one that
 started them has died.
+
+A job is never half-made: its files are written first (in a directory named by its
+submission key), then its row is inserted, with its working directory, in one
+transaction. A worker killed (or a write failing) before that insert leaves at most a
+directory no row refers to; a row always has its files. The key is unique, so a second
+submission with the same key returns the first job instead of starting another.
 """
 
 from __future__ import annotations
@@ -17,11 +23,13 @@ import shlex
 import signal
 import subprocess
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, and_, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
 
 from gridcore.errors import SiteRejected, UnknownJob
 from gridcore.model import (
@@ -32,6 +40,7 @@ from gridcore.model import (
     SiteObservation,
     SiteSpec,
 )
+from gridcore.sites.keys import is_valid_key
 from gridcore.state.schema import local_jobs
 from gridcore.state.store import Store, state_dir
 
@@ -62,46 +71,89 @@ class LocalSite:
         now = self.clock()
         with self.store.begin() as conn:
             rows = conn.execute(
-                select(local_jobs.c.id, local_jobs.c.processors, local_jobs.c.state).where(
+                select(
+                    local_jobs.c.id, local_jobs.c.processors, local_jobs.c.state, local_jobs.c.key
+                ).where(
                     and_(
                         local_jobs.c.site == self.spec.name,
                         local_jobs.c.state.in_([JobState.PENDING.value, JobState.RUNNING.value]),
                     )
                 )
             ).all()
-        jobs = tuple(ObservedJob(str(r.id), r.processors, JobState(r.state)) for r in rows)
+        jobs = tuple(ObservedJob(str(r.id), r.processors, JobState(r.state), r.key) for r in rows)
         busy = sum(j.processors for j in jobs if j.state is JobState.RUNNING)
         return SiteObservation(
             self.spec.name, self.spec.processors, self.spec.processors - busy, jobs, now
         )
 
     def submit(self, job: JobSubmission) -> str:
+        """Files first, then the row (with its workdir) in one transaction; a job with
+        ``job.key`` already at this site is returned, not started again."""
+        self._check_submission(job)
+        if job.key is not None:
+            found = self.find(job.key)
+            if found is not None:
+                return found
+        workdir = self._write_job_files(job.key or f"anon-{uuid.uuid4().hex}", job)
+        try:
+            jid = self._insert(job, workdir)
+        except IntegrityError:
+            # Another worker inserted the same key between our look-up and our insert.
+            found = self.find(job.key) if job.key is not None else None
+            if found is None:
+                raise
+            return found
+        self.reconcile()
+        return str(jid)
+
+    def find(self, key: str) -> str | None:
+        """The id of this site's job submitted with ``key``, if there is one."""
+        with self.store.begin() as conn:
+            found = conn.execute(
+                select(local_jobs.c.id).where(
+                    and_(local_jobs.c.site == self.spec.name, local_jobs.c.key == key)
+                )
+            ).scalar_one_or_none()
+        return None if found is None else str(found)
+
+    def workdir(self, job_id: str) -> Path:
+        """Where the job's files and outputs (stdout.txt, stderr.txt, rc) are."""
+        jid = _int_id(self.spec.name, job_id)
+        with self.store.begin() as conn:
+            row = conn.execute(
+                select(local_jobs.c.workdir).where(
+                    and_(local_jobs.c.id == jid, local_jobs.c.site == self.spec.name)
+                )
+            ).scalar_one_or_none()
+        if row is None:
+            raise UnknownJob(self.spec.name, f"no local job {job_id}")
+        return Path(row)
+
+    def _check_submission(self, job: JobSubmission) -> None:
         if job.processors > self.spec.processors:
             raise SiteRejected(
                 self.spec.name,
                 f"job {job.name!r} needs {job.processors} processors,"
                 f" the site has {self.spec.processors}",
             )
+        if job.key is not None and not is_valid_key(job.key):
+            raise SiteRejected(self.spec.name, f"job {job.name!r}: invalid key {job.key!r}")
+
+    def _insert(self, job: JobSubmission, workdir: Path) -> int:
         with self.store.begin() as conn:
             job_id = conn.execute(
                 insert(local_jobs).values(
                     site=self.spec.name,
                     name=job.name,
                     processors=job.processors,
-                    workdir="",
+                    workdir=str(workdir),
                     state=JobState.PENDING.value,
                     submitted_at=self.clock(),
+                    key=job.key,
                 )
             ).inserted_primary_key
         assert job_id is not None
-        jid = int(job_id[0])
-        workdir = self._write_job_files(jid, job)
-        with self.store.begin() as conn:
-            conn.execute(
-                update(local_jobs).where(local_jobs.c.id == jid).values(workdir=str(workdir))
-            )
-        self.reconcile()
-        return str(jid)
+        return int(job_id[0])
 
     def status(self, job_id: str) -> JobStatus:
         self.reconcile()
@@ -218,7 +270,6 @@ class LocalSite:
                 and_(
                     local_jobs.c.site == self.spec.name,
                     local_jobs.c.state == JobState.PENDING.value,
-                    local_jobs.c.workdir != "",
                 )
             )
             .order_by(local_jobs.c.id)
@@ -247,7 +298,7 @@ class LocalSite:
                 f"/bin/sh -c {shlex.quote(_WRAPPER)} </dev/null >/dev/null 2>&1 & echo $!",
             ],
             cwd=workdir,
-            env=self._job_env(workdir),
+            env=self._job_env(jid, workdir),
             capture_output=True,
             text=True,
             start_new_session=True,
@@ -266,22 +317,36 @@ class LocalSite:
         with self.store.begin() as conn:
             conn.execute(update(local_jobs).where(local_jobs.c.id == jid).values(**values))
 
-    def _job_env(self, workdir: Path) -> dict[str, str]:
+    def _job_env(self, jid: int, workdir: Path) -> dict[str, str]:
         extra = json.loads((workdir / "env.json").read_text())
-        return {**os.environ, **extra}
+        return {**os.environ, **extra, "GRIDCORE_JOB_ID": str(jid)}
 
-    def _write_job_files(self, jid: int, job: JobSubmission) -> Path:
-        workdir = self.root / "jobs" / str(jid)
-        workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / "job.sh").write_text(_script(job))
+    def _write_job_files(self, name: str, job: JobSubmission) -> Path:
+        """The job's directory with complete files, or SiteRejected naming the problem
+        (nothing is recorded then). Each file appears whole, by rename."""
+        workdir = self.root / "jobs" / name
         env = {
             **job.env,
             "GRIDCORE_SITE": self.spec.name,
-            "GRIDCORE_JOB_ID": str(jid),
             "GRIDCORE_PROCESSORS": str(job.processors),
         }
-        (workdir / "env.json").write_text(json.dumps(env))
+        try:
+            workdir.mkdir(parents=True, exist_ok=True)
+            _write_whole(workdir / "job.sh", _script(job))
+            _write_whole(workdir / "env.json", json.dumps(env))
+        except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
+            raise SiteRejected(
+                self.spec.name, f"job {job.name!r}: cannot write its files in {workdir}: {exc}"
+            ) from exc
         return workdir
+
+
+def _write_whole(path: Path, text: str) -> None:
+    # A concurrent submission of the same key writes the same files: neither ever sees
+    # (nor leaves) a half-written one.
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _exit_outcome(rc_file: Path) -> dict[str, Any]:

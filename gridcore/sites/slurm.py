@@ -16,6 +16,17 @@ Facts about slurmrestd 22.05 this adapter relies on (checked against a real clus
 * ``exit_code`` is the raw wait(2) status (``exit 3`` reports 768), not the exit status.
 * ``end_time`` of a running job is its projected end (start + time limit), so it only
   counts as a finish time once the job is in a finished state.
+
+Submission keys (:mod:`gridcore.sites.keys`) travel in the job's ``comment`` (the name
+stays the user's): v0.0.38 accepts ``comment`` at submission and returns it in
+``GET /jobs``, which has no filter, so :meth:`SlurmSite.find` lists the jobs and picks
+the key. Slurm itself does not refuse a second job with the same comment: exactly-once
+rests on the caller looking the key up first and recording the id conditionally.
+
+Finished jobs vanish from slurmctld (and from ``GET /jobs``) ``MinJobAge`` seconds
+after they end (300 s in the test grid; there is no slurmdbd to ask instead). A retry
+made later than that after a job that already FINISHED cannot see it and submits again;
+a retry while the job is pending or running, or within MinJobAge of its end, finds it.
 """
 
 from __future__ import annotations
@@ -323,6 +334,17 @@ class SlurmSite:
         log.info("site %s: submitted %s as job %s", self.spec.name, job.name, job_id)
         return str(job_id)
 
+    def find(self, key: str) -> str | None:
+        """The id of the job submitted with ``key`` (its comment), if slurmctld still
+        knows it (see the module's note on MinJobAge). Several (a race between two
+        submitters): the oldest, which is the one a conditional record keeps."""
+        found = [
+            int(j["job_id"])
+            for j in _dicts(self._call("GET", "/jobs"), "jobs")
+            if j.get("comment") == key and isinstance(j.get("job_id"), int)
+        ]
+        return str(min(found)) if found else None
+
     def status(self, job_id: str) -> JobStatus:
         path = self._job_path(job_id)
         found = [
@@ -351,6 +373,7 @@ class SlurmSite:
             "script": f"#!/bin/bash\n{job.command}\n",
             "job": {
                 "name": job.name,
+                **({"comment": job.key} if job.key is not None else {}),
                 "partition": self.spec.partition or DEFAULT_PARTITION,
                 "ntasks": 1,
                 "cpus_per_task": job.processors,
@@ -364,10 +387,12 @@ class SlurmSite:
 
     @staticmethod
     def _observed_job(job: Json) -> ObservedJob:
+        comment = job.get("comment")
         return ObservedJob(
             job_id=str(job.get("job_id")),
             processors=_int(job, "cpus"),
             state=map_job_state(_state_name(job.get("job_state"))),
+            key=comment if isinstance(comment, str) and comment else None,
         )
 
     @staticmethod

@@ -22,6 +22,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    UniqueConstraint,
 )
 
 metadata = MetaData()
@@ -91,7 +92,20 @@ local_jobs = Table(
     Column("submitted_at", Float, nullable=False),
     Column("started_at", Float, nullable=True),
     Column("finished_at", Float, nullable=True),
+    # the submission key (gridcore.sites.keys): one job per key, whoever submits it
+    Column("key", String(128), nullable=True),
     Index("ix_gc_local_jobs_site_state", "site", "state"),
+    UniqueConstraint("key", name="uq_gc_local_jobs_key"),
+)
+
+# -- this state database ----------------------------------------------------------------
+# ``install_id``: 12 hex digits made once by migration 0007, part of every submission key,
+# so that state databases sharing a cluster never take each other's jobs for their own.
+meta = Table(
+    "gc_meta",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("value", Text, nullable=False),
 )
 
 # -- replica catalog (gridcore.staging) ------------------------------------------------

@@ -74,8 +74,14 @@ def scan_until(
 
 
 def stdout_of(koala: KoalaEngine, site: str, site_job_id: str | None) -> str:
-    root = Path(koala.grid.site(site).storage_dir or "")
-    return (root / "jobs" / str(site_job_id) / "stdout.txt").read_text()
+    # A local job's directory is named by its submission key: the row says where.
+    with koala.store.begin() as conn:
+        workdir = conn.execute(
+            select(local_jobs.c.workdir).where(
+                local_jobs.c.id == int(site_job_id or 0), local_jobs.c.site == site
+            )
+        ).scalar_one()
+    return (Path(workdir) / "stdout.txt").read_text()
 
 
 def test_three_components_co_allocated_meet_at_the_barrier_and_complete(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from gridcore.engine import ledger
 from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.errors import ConfigError, RequestError, SiteRejected
 from gridcore.model import JobRequest, JobSubmission
+from gridcore.sites.local import LocalSite
 from gridcore.state.schema import local_jobs, selections
 from gridcore.state.store import open_store
 
@@ -52,7 +53,9 @@ def test_job_runs_on_its_site_and_releases_its_processors(tmp_path: Path) -> Non
     sid = run(rt, "hello", 2, 'echo "on $GRIDCORE_SITE with $GRIDCORE_PROCESSORS"')
     rec = wait(rt, sid)
     assert (rec.state, rec.exit_code) == ("completed", 0)
-    out = Path(rt.grid.site(rec.site).storage_dir or "") / "jobs" / str(rec.job_id) / "stdout.txt"
+    site = rt.adapter(rec.site)
+    assert isinstance(site, LocalSite)
+    out = site.workdir(str(rec.job_id)) / "stdout.txt"
     assert out.read_text().strip() == f"on {rec.site} with 2"
     assert (
         rec.started_at is not None and rec.finished_at is not None and rec.submitted_at is not None

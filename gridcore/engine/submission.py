@@ -1,0 +1,132 @@
+"""Exactly-once submission: look a key up before submitting, and judge keyed site jobs.
+
+Every site job gridcore submits carries a key naming its holder
+(:mod:`gridcore.sites.keys`). Two rules follow, applied by the runtime and the KOALA
+engine:
+
+* before submitting, ask the site for the key (:func:`submit_once`): a job found was
+  submitted by a worker that died before recording it, and is adopted, not doubled;
+* a site job with our key whose holder is not live is an orphan, cancelled by the next
+  refresh (:func:`judge_keyed_jobs`). A live holder is never cancelled: a selection
+  still ``selected`` (its submission may be under way in another worker) adopts the job
+  instead, and a component ``submitting`` is left to the scan that owns it.
+
+Site I/O happens outside transactions; :func:`judge_keyed_jobs` only reads and adopts
+in the caller's transaction and returns the site jobs to cancel.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import uuid
+from collections.abc import Iterable
+
+from sqlalchemy import Connection, and_, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from gridcore.model import JobState, JobSubmission, ObservedJob
+from gridcore.sites.base import SiteAdapter
+from gridcore.sites.keys import HolderKind, KeyHolder, install_prefix, parse_key
+from gridcore.state.schema import meta, selections
+
+log = logging.getLogger(__name__)
+
+INSTALL_ID = "install_id"
+
+
+class Verdict(enum.Enum):
+    KEEP = "keep"  # the holder is live and this is (or may become) its job
+    ADOPTED = "adopted"  # the holder had no job yet: it has this one now
+    ORPHAN = "orphan"  # no live holder: cancel
+
+
+def install_id(conn: Connection) -> str:
+    """This state database's install id (made by migration 0007; made here if a
+    database was created otherwise)."""
+    found = conn.execute(select(meta.c.value).where(meta.c.name == INSTALL_ID)).scalar()
+    if found is not None:
+        return str(found)
+    try:
+        with conn.begin_nested():
+            conn.execute(insert(meta).values(name=INSTALL_ID, value=uuid.uuid4().hex[:12]))
+    except IntegrityError:
+        pass  # another worker made it first
+    return str(conn.execute(select(meta.c.value).where(meta.c.name == INSTALL_ID)).scalar_one())
+
+
+def submit_once(adapter: SiteAdapter, job: JobSubmission) -> tuple[str, bool]:
+    """The site's job for ``job.key``: the one it has already (adopted: True), else a new
+    submission (False)."""
+    if job.key is not None:
+        found = adapter.find(job.key)
+        if found is not None:
+            log.info(
+                "site %s: key %s is job %s already: adopted", adapter.spec.name, job.key, found
+            )
+            return found, True
+    return adapter.submit(job), False
+
+
+def judge_keyed_jobs(
+    conn: Connection, install: str, site: str, jobs: Iterable[ObservedJob], now: float
+) -> list[str]:
+    """Judge every unfinished job of ``site`` carrying one of our keys; adopt what a
+    waiting holder can take and return the ids of the orphans to cancel."""
+    prefix = install_prefix(install)
+    orphans = []
+    for job in jobs:
+        if job.key is None or not job.key.startswith(prefix) or job.state.finished:
+            continue
+        verdict = _judge(conn, parse_key(job.key), site, job.job_id, now)
+        if verdict is Verdict.ORPHAN:
+            orphans.append(job.job_id)
+        elif verdict is Verdict.ADOPTED:
+            log.info("site %s: job %s (key %s) adopted by its holder", site, job.job_id, job.key)
+    return orphans
+
+
+def _judge(
+    conn: Connection, holder: KeyHolder | None, site: str, job_id: str, now: float
+) -> Verdict:
+    if holder is None:
+        return Verdict.ORPHAN  # our prefix, but no holder we know how to name
+    if holder.kind is HolderKind.SELECTION:
+        return judge_selection_job(conn, holder.ids[0], site, job_id, now)
+    # Components and probes are judged by their engines (KOALA, health) until wired.
+    return Verdict.KEEP
+
+
+def judge_selection_job(
+    conn: Connection, selection_id: int, site: str, job_id: str, now: float
+) -> Verdict:
+    row = conn.execute(
+        select(selections.c.site, selections.c.state, selections.c.job_id).where(
+            selections.c.id == selection_id
+        )
+    ).one_or_none()
+    if row is None or row.site != site or JobState(row.state).finished:
+        return Verdict.ORPHAN
+    if row.job_id is not None:
+        return Verdict.KEEP if row.job_id == job_id else Verdict.ORPHAN
+    if not adopt_selection_job(conn, selection_id, job_id, now):
+        return Verdict.KEEP  # it changed under us: the next refresh judges again
+    return Verdict.ADOPTED
+
+
+def adopt_selection_job(conn: Connection, selection_id: int, job_id: str, now: float) -> bool:
+    """Record ``job_id`` as the selection's job if it is still selected without one."""
+    done = conn.execute(
+        update(selections)
+        .where(
+            and_(
+                selections.c.id == selection_id,
+                selections.c.state == JobState.SELECTED.value,
+                selections.c.job_id.is_(None),
+            )
+        )
+        .values(job_id=job_id, state=JobState.PENDING.value, submitted_at=now)
+    )
+    if done.rowcount != 1:
+        return False
+    return True
