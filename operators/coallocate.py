@@ -1,7 +1,8 @@
 """Run one co-allocated job: components that start together, possibly on several sites.
 
 The operator is thin: validate into a :class:`~gridcore.model.CoAllocationRequest`,
-``KoalaEngine.submit`` (the job joins its placement queue), then defer to
+``KoalaEngine.submit`` through :class:`~operators.hooks.GridcoreHook` (the job joins its
+placement queue), then defer to
 :class:`~sensors.coalloc_trigger.CoAllocationTrigger`, which drives KOALA's scans until
 the job ends; the result is plain JSON for XCom.
 """
@@ -25,15 +26,10 @@ from gridcore.model import (
     RequestKind,
 )
 from gridcore.policies.placement import PlacementPolicy
+from operators.hooks import GridcoreHook
 from operators.site_job import job_name, map_index, positive_int, state_store, translated
-from sensors.coalloc_trigger import (
-    CoAllocationTrigger,
-    close_engine,
-    completed_record,
-    event_for_record,
-    open_engine,
-    wait_blocking,
-)
+from sensors.base import wait_inline
+from sensors.coalloc_trigger import CoAllocationTrigger
 
 JOB_KEY = "gridcore_coalloc_job_id"  # in the task state store, shared by all tries
 # Per component, in component order (the order of ``components``).
@@ -125,6 +121,7 @@ class CoAllocateOperator(BaseOperator):
         db_url: str | None = None,
         poll_interval: float = 1.0,
         deferrable: bool = True,
+        gridcore_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -142,34 +139,37 @@ class CoAllocateOperator(BaseOperator):
         self.db_url = db_url
         self.poll_interval = poll_interval
         self.deferrable = deferrable
+        self.gridcore_conn_id = gridcore_conn_id
         self._job_id: int | None = None
+
+    def hook(self) -> GridcoreHook:
+        return GridcoreHook(self.gridcore_conn_id, self.grid_file, self.db_url)
 
     def execute(self, context: Context) -> dict[str, Any]:
         request, policy, quota = self.plan_request(context)
         state = state_store(context)
-        with translated(request.name):
-            # The first job on a fresh state DB creates its tables (upgrade).
-            engine = open_engine(self.grid_file, self.db_url, self.poll_interval, upgrade=True)
-        try:
-            with translated(request.name):
-                record = self._resume(engine, state)
-                if record is None:
-                    self._job_id = self._submit(engine, state, request, policy, quota)
-                else:
-                    self._job_id = record.job_id
-            if record is not None and record.finished:  # an earlier try's job completed
-                return self.execute_complete(context, dict(event_for_record(record)))
-            if self.deferrable:
-                self.defer(
-                    trigger=CoAllocationTrigger(
-                        self._job_id, self.grid_file, self.db_url, self.poll_interval
-                    ),
-                    method_name="execute_complete",
-                )
-            event = wait_blocking(engine, self._job_id, self.poll_interval)
-        finally:
-            close_engine(engine)
-        return self.execute_complete(context, dict(event))
+        # The first job on a fresh state DB creates its tables (upgrade).
+        with (
+            translated(request.name),
+            self.hook().koala_engine(self.poll_interval, upgrade=True) as engine,
+        ):
+            record = self._resume(engine, state)
+            if record is None:
+                self._job_id = self._submit(engine, state, request, policy, quota)
+            else:
+                self._job_id = record.job_id
+        if record is not None and record.finished:  # an earlier try's job completed
+            return self.execute_complete(context, dict(CoAllocationTrigger.event_for(record)))
+        trigger = CoAllocationTrigger(
+            self._job_id,
+            self.grid_file,
+            self.db_url,
+            self.poll_interval,
+            gridcore_conn_id=self.gridcore_conn_id,
+        )
+        if self.deferrable:
+            self.defer(trigger=trigger, method_name="execute_complete")
+        return self.execute_complete(context, wait_inline(trigger))
 
     def _submit(
         self,
@@ -218,7 +218,7 @@ class CoAllocateOperator(BaseOperator):
     def execute_complete(self, context: Context, event: Any = None) -> dict[str, Any]:
         """Map the trigger's event to the XCom result or an Airflow failure. Everything
         comes from the event: ``dag.test()`` in Airflow 3.3.2 drops ``defer(kwargs=)``."""
-        record = completed_record(event)
+        record = CoAllocationTrigger.completed_record(event)
         return result_of(record)
 
     def on_kill(self) -> None:
@@ -227,17 +227,11 @@ class CoAllocateOperator(BaseOperator):
         if self._job_id is None:
             return
         try:
-            engine = open_engine(self.grid_file, self.db_url, self.poll_interval)
-        except GridError as exc:
-            self.log.warning("could not cancel co-allocated job %s: %s", self._job_id, exc)
-            return
-        try:
-            record = engine.cancel(self._job_id)
+            with self.hook().koala_engine(self.poll_interval) as engine:
+                record = engine.cancel(self._job_id)
             self.log.info("cancelled co-allocated job %s: %s", record.job_id, record.state)
         except GridError as exc:
             self.log.warning("could not cancel co-allocated job %s: %s", self._job_id, exc)
-        finally:
-            close_engine(engine)
 
     # -- validation: everything is checked before anything is written ------------------
 

@@ -1,24 +1,114 @@
-"""The ``gridcore_slurm`` Airflow connection type and the credential bridge to gridcore.
+"""Hooks: how operators reach gridcore (``gridcore`` connections) and Slurm site tokens
+(``gridcore_slurm`` connections).
 
-A grid file names a Slurm site's token by reference, ``token = { airflow_conn = "id" }``;
-gridcore (which never imports Airflow) resolves such references through the function
-:func:`install_connection_resolver` registers, backed by Airflow's connections (and thus
-by every secrets backend Airflow is configured with). The token lives in the password.
+Operators open gridcore's engines only through :class:`GridcoreHook`; the triggers, which
+live one layer below (``sensors/``) and never import ``operators/``, open them through the
+same :class:`~sensors.connections.GridLocation` the hook wraps, so a worker and the
+triggerer always find the same grid and state database, and resolve the grid file's
+``{ airflow_conn = ... }`` credentials the same way.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from airflow.sdk import BaseHook
 
-from gridcore import credentials
-from gridcore.errors import CredentialError
+from gridcore.engine.koala import KoalaEngine
+from gridcore.engine.runtime import GridRuntime
+from gridcore.staging import ReplicaCatalog
+from sensors.connections import (
+    GridLocation,
+    close_koala,
+    connection_token,
+    install_connection_resolver,
+)
+
+__all__ = ["GridcoreHook", "GridcoreSlurmHook", "install_connection_resolver"]
 
 
 class GridcoreHook(BaseHook):
+    """gridcore's grid and state database, and the engines on them.
+
+    Where they are: ``grid_file`` / ``db_url`` when given, else the ``gridcore``
+    connection ``gridcore_conn_id`` (state database as host/port/login/password/schema,
+    or ``extra.db_url``; grid file as ``extra.grid_file``), else ``$GRIDCORE_GRID`` /
+    ``$GRIDCORE_DB_URL``, else the embedded local sites on SQLite. Slurm tokens the grid
+    file references as ``{ airflow_conn = "id" }`` resolve through Airflow connections.
+
+    The ``runtime``/``koala_engine``/``catalog`` context managers close what they open
+    (the database pool; KOALA's scan lease). Errors are gridcore's own (``GridError``);
+    operators translate them into Airflow failures.
+    """
+
+    conn_name_attr = "gridcore_conn_id"
+    default_conn_name = "gridcore_default"
+    conn_type = "gridcore"
+    hook_name = "gridcore grid"
+
+    def __init__(
+        self,
+        gridcore_conn_id: str | None = None,
+        grid_file: str | None = None,
+        db_url: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.gridcore_conn_id = gridcore_conn_id
+        self.location = GridLocation(grid_file, db_url, gridcore_conn_id)
+
+    def get_conn(self) -> GridLocation:
+        """The grid file and state database URL this hook opens (resolved)."""
+        return self.location.resolved()
+
+    @contextmanager
+    def runtime(self, *, upgrade: bool = True) -> Iterator[GridRuntime]:
+        """A :class:`GridRuntime`; ``upgrade`` migrates the state DB first (a fresh one)."""
+        opened = self.location.open_runtime(upgrade=upgrade)
+        try:
+            yield opened
+        finally:
+            opened.store.dispose()
+
+    @contextmanager
+    def catalog(self, *, upgrade: bool = True) -> Iterator[tuple[GridRuntime, ReplicaCatalog]]:
+        """The runtime and the replica catalog in its state DB."""
+        with self.runtime(upgrade=upgrade) as opened:
+            yield opened, ReplicaCatalog(opened.store)
+
+    @contextmanager
+    def koala_engine(self, scan_interval: float, *, upgrade: bool = False) -> Iterator[KoalaEngine]:
+        """A KOALA engine scanning about every ``scan_interval`` s (with the replica
+        catalog); its scan lease is given up on exit."""
+        engine = self.location.open_koala(scan_interval, upgrade=upgrade)
+        try:
+            yield engine
+        finally:
+            close_koala(engine)
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        return {
+            "hidden_fields": [],
+            "relabeling": {
+                "host": "state DB host (PostgreSQL; empty: $GRIDCORE_DB_URL or SQLite)",
+                "schema": "state DB name",
+                "login": "state DB user",
+                "password": "state DB password",
+            },
+            "placeholders": {
+                "host": "postgres.example.org",
+                "port": "5432",
+                "extra": '{"grid_file": "/etc/gridcore/grid.toml"}',
+            },
+        }
+
+
+class GridcoreSlurmHook(BaseHook):
     """A slurmrestd endpoint of one gridcore site: host = REST URL, login = Slurm user,
-    password = JWT token."""
+    password = JWT token. A grid file names it as ``token = { airflow_conn = "id" }``."""
 
     conn_name_attr = "gridcore_conn_id"
     default_conn_name = "gridcore_slurm_default"
@@ -48,16 +138,3 @@ class GridcoreHook(BaseHook):
             },
             "placeholders": {"host": "http://cluster.example.org:6820", "login": "root"},
         }
-
-
-def connection_token(conn_id: str) -> str:
-    password = BaseHook.get_connection(conn_id).password
-    if not password:
-        raise CredentialError(f"Airflow connection {conn_id!r} has no password (the token)")
-    return str(password)
-
-
-def install_connection_resolver() -> None:
-    """Let gridcore resolve ``{ airflow_conn = ... }`` through Airflow connections.
-    Idempotent; called on import of ``operators`` and before triggers open a runtime."""
-    credentials.register_connection_resolver(connection_token)

@@ -40,10 +40,15 @@ def get_provider_info() -> dict[str, Any]:
         "hooks": [{"integration-name": _INTEGRATION, "python-modules": ["operators.hooks"]}],
         "connection-types": [
             {
-                "connection-type": "gridcore_slurm",
+                "connection-type": "gridcore",
                 "hook-class-name": "operators.hooks.GridcoreHook",
+                "hook-name": "gridcore grid",
+            },
+            {
+                "connection-type": "gridcore_slurm",
+                "hook-class-name": "operators.hooks.GridcoreSlurmHook",
                 "hook-name": "gridcore Slurm site",
-            }
+            },
         ],
     }
 

@@ -1,6 +1,7 @@
 """Run one job on a grid site chosen by gridcore's selection policy (or pinned).
 
-The operator is thin: validate, ``GridRuntime.select`` + ``submit``, then defer to
+The operator is thin: validate, ``GridRuntime.select`` + ``submit`` (through
+:class:`~operators.hooks.GridcoreHook`), then defer to
 :class:`~sensors.triggers.SiteJobTrigger`; the result is plain JSON for XCom.
 """
 
@@ -21,7 +22,9 @@ from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.errors import ConfigError, GridError, RequestError, StateError
 from gridcore.model import JobRequest, JobState, JobSubmission
 from gridcore.policies.selection import InsufficientMode, SelectionProtocol
-from sensors.triggers import SiteJobTrigger, completed_record, event_for_record, wait_blocking
+from operators.hooks import GridcoreHook
+from sensors.base import wait_inline
+from sensors.triggers import SiteJobTrigger
 
 AUTO_SITE = "auto"
 INPUTS_ENV = "GRIDCORE_INPUTS"
@@ -60,6 +63,8 @@ class SiteJobOperator(BaseOperator):
     :param env: extra environment for the job (templated).
     :param grid_file: grid description; default ``$GRIDCORE_GRID`` or the embedded grid.
     :param db_url: state database URL; default ``$GRIDCORE_DB_URL`` or SQLite.
+    :param gridcore_conn_id: a ``gridcore`` Airflow connection giving the grid file and
+        the state database where ``grid_file`` / ``db_url`` are not given.
     :param poll_interval: seconds between status polls while waiting.
     :param deferrable: wait in the triggerer (default) instead of holding a worker slot.
 
@@ -92,6 +97,7 @@ class SiteJobOperator(BaseOperator):
         db_url: str | None = None,
         poll_interval: float = 2.0,
         deferrable: bool = True,
+        gridcore_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -108,32 +114,32 @@ class SiteJobOperator(BaseOperator):
         self.db_url = db_url
         self.poll_interval = poll_interval
         self.deferrable = deferrable
+        self.gridcore_conn_id = gridcore_conn_id
         self._selection_id: int | None = None
+
+    def hook(self) -> GridcoreHook:
+        return GridcoreHook(self.gridcore_conn_id, self.grid_file, self.db_url)
 
     def execute(self, context: Context) -> dict[str, Any]:
         job = self.plan_job(context)
         state = state_store(context)
-        with translated(job.request.name):
-            runtime = GridRuntime.open(self.grid_file, self.db_url)
-        try:
-            with translated(job.request.name):
-                record = self._resume(runtime, state, job)
-                if record is None:
-                    record = self._select_and_submit(runtime, state, job)
-            self._selection_id = record.selection_id
-            if record.finished:  # an earlier try's job completed: its result stands
-                return self.execute_complete(context, dict(event_for_record(record)))
-            if self.deferrable:
-                self.defer(
-                    trigger=SiteJobTrigger(
-                        record.selection_id, self.grid_file, self.db_url, self.poll_interval
-                    ),
-                    method_name="execute_complete",
-                )
-            event = wait_blocking(runtime, record.selection_id, self.poll_interval)
-        finally:
-            runtime.store.dispose()
-        return self.execute_complete(context, dict(event))
+        with translated(job.request.name), self.hook().runtime() as runtime:
+            record = self._resume(runtime, state, job)
+            if record is None:
+                record = self._select_and_submit(runtime, state, job)
+        self._selection_id = record.selection_id
+        if record.finished:  # an earlier try's job completed: its result stands
+            return self.execute_complete(context, dict(SiteJobTrigger.event_for(record)))
+        trigger = SiteJobTrigger(
+            record.selection_id,
+            self.grid_file,
+            self.db_url,
+            self.poll_interval,
+            gridcore_conn_id=self.gridcore_conn_id,
+        )
+        if self.deferrable:
+            self.defer(trigger=trigger, method_name="execute_complete")
+        return self.execute_complete(context, wait_inline(trigger))
 
     def _select_and_submit(self, runtime: GridRuntime, state: Any, job: JobPlan) -> JobRecord:
         pinned = _pinned_site(runtime, self.site)
@@ -186,7 +192,7 @@ class SiteJobOperator(BaseOperator):
     def execute_complete(self, context: Context, event: Any = None) -> dict[str, Any]:
         """Map the trigger's event to the XCom result or an Airflow failure. Everything
         comes from the event: ``dag.test()`` in Airflow 3.3.2 drops ``defer(kwargs=)``."""
-        record = completed_record(event)
+        record = SiteJobTrigger.completed_record(event)
         result = {key: record.get(key) for key in RESULT_KEYS}
         result["selection_id"] = record["selection_id"]
         return result
@@ -197,17 +203,11 @@ class SiteJobOperator(BaseOperator):
         if self._selection_id is None:
             return
         try:
-            runtime = GridRuntime.open(self.grid_file, self.db_url, upgrade=False)
-        except GridError as exc:
-            self.log.warning("could not cancel selection %s: %s", self._selection_id, exc)
-            return
-        try:
-            record = runtime.cancel(self._selection_id)
+            with self.hook().runtime(upgrade=False) as runtime:
+                record = runtime.cancel(self._selection_id)
             self.log.info("cancelled selection %s (job %s)", record.selection_id, record.job_id)
         except GridError as exc:
             self.log.warning("could not cancel selection %s: %s", self._selection_id, exc)
-        finally:
-            runtime.store.dispose()
 
     # -- validation: everything is checked before anything is selected or submitted ---
 

@@ -16,6 +16,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from gridcore.engine.runtime import GridRuntime
 from gridcore.errors import ConfigError, GridError, RequestError
 from gridcore.staging import ReplicaCatalog, StagedFile, stage_measured
+from operators.hooks import GridcoreHook
 
 
 class StageFilesOperator(BaseOperator):
@@ -31,6 +32,8 @@ class StageFilesOperator(BaseOperator):
     :param site: the destination grid site (templated).
     :param grid_file: grid description; default ``$GRIDCORE_GRID`` or the embedded grid.
     :param db_url: state database URL; default ``$GRIDCORE_DB_URL`` or SQLite.
+    :param gridcore_conn_id: a ``gridcore`` Airflow connection giving the grid file and
+        the state database where ``grid_file`` / ``db_url`` are not given.
     :param storage_options: fsspec arguments by protocol for remote storage, e.g.
         ``{"sftp": {"key_filename": "/keys/id_ed25519"}}``.
 
@@ -54,6 +57,7 @@ class StageFilesOperator(BaseOperator):
         grid_file: str | None = None,
         db_url: str | None = None,
         storage_options: Mapping[str, Mapping[str, Any]] | None = None,
+        gridcore_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -62,24 +66,19 @@ class StageFilesOperator(BaseOperator):
         self.grid_file = grid_file
         self.db_url = db_url
         self.storage_options = storage_options
+        self.gridcore_conn_id = gridcore_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
         names = _names(self.logical_names)
+        hook = GridcoreHook(self.gridcore_conn_id, self.grid_file, self.db_url)
         try:
-            runtime = GridRuntime.open(self.grid_file, self.db_url)
-        except GridError as exc:
-            raise _airflow_error(exc) from exc
-        try:
-            catalog = ReplicaCatalog(runtime.store)
-            try:
+            with hook.catalog() as (runtime, catalog):
                 runtime.grid.site(str(self.site))
                 for name in names:
                     catalog.require(name)
                 staged = [self._stage(catalog, runtime, name) for name in names]
-            except GridError as exc:
-                raise _airflow_error(exc) from exc
-        finally:
-            runtime.store.dispose()
+        except GridError as exc:
+            raise _airflow_error(exc) from exc
         return {"site": self.site, "replicas": [_result(s) for s in staged]}
 
     def _stage(self, catalog: ReplicaCatalog, runtime: GridRuntime, name: str) -> StagedFile:

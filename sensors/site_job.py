@@ -9,9 +9,9 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from gridcore.engine.runtime import GridRuntime
 from gridcore.errors import GridError, SiteError
-from sensors.triggers import SiteJobTrigger, completed_record, event_for_record
+from sensors.connections import GridLocation
+from sensors.triggers import SiteJobTrigger
 
 
 class SiteJobSensor(BaseSensorOperator):
@@ -20,6 +20,8 @@ class SiteJobSensor(BaseSensorOperator):
     :param selection_id: the gridcore selection to follow (templated, e.g. from an XCom).
     :param grid_file: grid description; default ``$GRIDCORE_GRID`` or the embedded grid.
     :param db_url: state database URL; default ``$GRIDCORE_DB_URL`` or SQLite.
+    :param gridcore_conn_id: a ``gridcore`` Airflow connection giving the grid file and
+        the state database where ``grid_file`` / ``db_url`` are not given.
     :param poll_interval: seconds between polls (also the poke interval).
     :param deferrable: wait in the triggerer (default) instead of poking from a worker.
 
@@ -37,6 +39,7 @@ class SiteJobSensor(BaseSensorOperator):
         db_url: str | None = None,
         poll_interval: float = 2.0,
         deferrable: bool = True,
+        gridcore_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("poke_interval", poll_interval)
@@ -46,13 +49,20 @@ class SiteJobSensor(BaseSensorOperator):
         self.db_url = db_url
         self.poll_interval = poll_interval
         self.deferrable = deferrable
+        self.gridcore_conn_id = gridcore_conn_id
 
     def execute(self, context: Context) -> Any:
         selection_id = self._selection()
         if not self.deferrable:
             return super().execute(context)
         self.defer(
-            trigger=SiteJobTrigger(selection_id, self.grid_file, self.db_url, self.poll_interval),
+            trigger=SiteJobTrigger(
+                selection_id,
+                self.grid_file,
+                self.db_url,
+                self.poll_interval,
+                gridcore_conn_id=self.gridcore_conn_id,
+            ),
             method_name="execute_complete",
             timeout=timedelta(seconds=self.timeout),
         )
@@ -60,7 +70,8 @@ class SiteJobSensor(BaseSensorOperator):
     def poke(self, context: Context) -> bool | PokeReturnValue:
         selection_id = self._selection()
         try:
-            runtime = GridRuntime.open(self.grid_file, self.db_url, upgrade=False)
+            location = GridLocation(self.grid_file, self.db_url, self.gridcore_conn_id)
+            runtime = location.open_runtime(upgrade=False)
         except GridError as exc:
             raise AirflowException(f"selection {selection_id}: {exc}") from exc
         try:
@@ -75,10 +86,11 @@ class SiteJobSensor(BaseSensorOperator):
             runtime.store.dispose()
         if not record.finished:
             return False
-        return PokeReturnValue(True, self.execute_complete(context, dict(event_for_record(record))))
+        event = SiteJobTrigger.event_for(record)
+        return PokeReturnValue(True, self.execute_complete(context, dict(event)))
 
     def execute_complete(self, context: Context, event: Any = None) -> dict[str, Any]:
-        return completed_record(event)
+        return SiteJobTrigger.completed_record(event)
 
     def _selection(self) -> int:
         value = self.selection_id

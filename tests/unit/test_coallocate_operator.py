@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,16 +13,14 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 from sqlalchemy import func, inspect, select
 
-from gridcore.state.schema import coalloc_jobs
+from gridcore.engine.koala import KoalaEngine
+from gridcore.state.schema import coalloc_components, coalloc_jobs
 from gridcore.state.store import open_store
-from operators.coallocate import JOB_KEY, CoAllocateOperator, result_of
-from sensors.coalloc_trigger import (
-    REQUIRED_EVENT_KEYS,
-    CoAllocationTrigger,
-    close_engine,
-    error_event,
-    open_engine,
-)
+from operators.coallocate import JOB_KEY, CoAllocateOperator
+from operators.hooks import GridcoreHook
+from sensors.base import REQUIRED_EVENT_KEYS
+from sensors.coalloc_trigger import CoAllocationTrigger
+from sensors.connections import GridLocation, close_koala
 from tests.fakes import FakeTaskStateStore
 
 WAIT_S = 60.0
@@ -64,15 +63,22 @@ def job_rows(db_url: str) -> int:
         store.dispose()
 
 
+def engine_of(db_url: str, scan_interval: float = 1.0) -> Any:
+    """A KOALA engine on the test's state DB, opened as operators open it."""
+    return GridcoreHook(db_url=db_url).koala_engine(scan_interval)
+
+
+def open_koala(db_url: str, scan_interval: float) -> KoalaEngine:
+    """A KOALA engine opened as triggers open it (close with close_koala)."""
+    return GridLocation(db_url=db_url).open_koala(scan_interval, upgrade=False)
+
+
 def test_execute_submits_a_queued_job_and_defers(db_url: str) -> None:
     trigger = deferred(operator(components=[8, 4, 4]))
 
     assert (trigger.grid_file, trigger.db_url, trigger.poll_interval) == (None, None, 0.1)
-    engine = open_engine(None, db_url, 1.0)
-    try:
+    with engine_of(db_url) as engine:
         record = engine.status(trigger.job_id)
-    finally:
-        close_engine(engine)
     assert record.state == "queued"
     assert record.policy == "WF"
     assert record.name.endswith(".coalloc.-1")  # dag.task.map_index
@@ -113,7 +119,7 @@ def test_bad_input_fails_naming_the_field_before_anything_is_written(
     assert job_rows(db_url) == 0
 
 
-def test_execute_complete_returns_the_placement_and_maps_other_events_to_failures() -> None:
+def test_execute_complete_maps_a_record_to_the_xcom_shape() -> None:
     record = {
         "job_id": 7,
         "name": "d.t.-1",
@@ -131,37 +137,134 @@ def test_execute_complete_returns_the_placement_and_maps_other_events_to_failure
         "components": [
             {"index": 0, "size": 4, "site": "a", "file_site": None, "site_job_id": "1",
              "released_at": 11.95},
-            {"index": 1, "size": 2, "site": "b", "file_site": None, "site_job_id": "2",
+            {"index": 1, "size": 2, "site": "b", "file_site": "a", "site_job_id": "2",
              "released_at": 12.0},
         ],
     }  # fmt: skip
-    op = operator()
-    event = {"status": "success", "message": "ok", "job_id": 7, "record": record}
-    result = op.execute_complete({}, event)
-    assert result["sites"] == ["a", "b"] and result["sizes"] == [4, 2]
-    assert result["start_times"] == [11.95, 12.0] and result["site_job_ids"] == ["1", "2"]
-    assert result["file_sites"] == [None, None]
-    assert (result["jpt"], result["jst"], result["barrier_skew_s"]) == (10.0, 10.0, 0.05)
-    assert result["placement"]["clusters_combined"] == 2 and result["retries"] == 0
-    assert result == result_of(record)
+    event = {"status": "success", "message": "ok", "subject": "co-allocated job", "id": 7,
+             "record": record}  # fmt: skip
 
-    failed = {**event, "status": "failed", "message": "component 1: exit 3"}
-    with pytest.raises(AirflowException, match="failed: component 1: exit 3"):
+    assert operator().execute_complete({}, event) == {
+        "job_id": 7,
+        "name": "d.t.-1",
+        "state": "completed",
+        "policy": "WF",
+        "jpt": 10.0,
+        "jst": 10.0,
+        "started_at": 12.0,
+        "finished_at": 20.0,
+        "barrier_skew_s": 0.05,
+        "retries": 0,
+        "placement_tries": 1,
+        "claim_tries": 1,
+        "placement": {"policy": "WF", "clusters_combined": 2},
+        "sites": ["a", "b"],
+        "sizes": [4, 2],
+        "file_sites": [None, "a"],
+        "site_job_ids": ["1", "2"],
+        "start_times": [11.95, 12.0],
+    }
+
+
+def rows_of(db_url: str, job_id: int) -> tuple[Any, list[Any]]:
+    """The job's row and its current epoch's component rows, straight from the tables."""
+    store = open_store(db_url)
+    try:
+        with store.begin() as conn:
+            job = conn.execute(select(coalloc_jobs).where(coalloc_jobs.c.id == job_id)).one()
+            parts = conn.execute(
+                select(coalloc_components)
+                .where(coalloc_components.c.job_id == job_id)
+                .where(coalloc_components.c.epoch == job.epoch)
+                .order_by(coalloc_components.c.idx)
+            ).all()
+    finally:
+        store.dispose()
+    return job, list(parts)
+
+
+def test_the_xcom_of_a_finished_job_agrees_with_its_rows_and_the_grid(db_url: str) -> None:
+    # WF on local-a 8, local-b 4, local-c 4: the 8 fills local-a, the 4 goes elsewhere.
+    op = operator(components=[8, 4], command='test -n "$GRIDCORE_PEERS"')
+    trigger = deferred(op)
+    result = op.execute_complete({}, run_trigger(trigger))
+    job, parts = rows_of(db_url, trigger.job_id)
+
+    assert result["job_id"] == job.id == trigger.job_id
+    assert (result["name"], result["state"], result["policy"]) == (job.name, "completed", "WF")
+    assert job.state == "completed" and job.name == "adhoc_airflow.coalloc.-1"
+    assert (result["jpt"], result["jst"]) == (job.jpt, job.jst)
+    assert (result["started_at"], result["finished_at"]) == (job.started_at, job.finished_at)
+    assert (result["retries"], result["placement_tries"], result["claim_tries"]) == (
+        job.retries,
+        job.placement_tries,
+        job.claim_tries,
+    )
+    assert result["placement"] == json.loads(job.placement)
+    # Per component, in request order, from the component rows:
+    assert [p.idx for p in parts] == [0, 1]
+    assert result["sizes"] == [p.size for p in parts] == [8, 4]
+    assert result["sites"] == [p.site for p in parts]
+    assert result["sites"][0] == "local-a" and result["sites"][1] in {"local-b", "local-c"}
+    assert result["file_sites"] == [p.file_site for p in parts] == [None, None]
+    assert result["site_job_ids"] == [p.site_job_id for p in parts]
+    assert None not in result["site_job_ids"] and len(set(result["site_job_ids"])) == 2
+    assert result["start_times"] == [p.released_at for p in parts]
+    assert all(p.state == "completed" and p.exit_code == 0 for p in parts)
+    # Every component was released at the barrier only after all had registered.
+    assert min(p.released_at for p in parts) >= max(p.registered_at for p in parts)
+    assert result["barrier_skew_s"] == max(result["start_times"]) - min(result["start_times"])
+
+
+def test_execute_complete_maps_failed_error_and_malformed_events_to_failures() -> None:
+    op = operator()
+    failed = {"status": "failed", "message": "component 1: exit 3", "subject": "co-allocated job",
+              "id": 7, "record": {"state": "failed"}}  # fmt: skip
+    with pytest.raises(AirflowException, match="job 7: failed: component 1: exit 3"):
         op.execute_complete({}, failed)
     with pytest.raises(AirflowException, match="error: gridcore: boom"):
-        op.execute_complete({}, dict(error_event(7, "gridcore: boom")))
+        op.execute_complete({}, dict(CoAllocationTrigger.error_event(7, "gridcore: boom")))
     with pytest.raises(AirflowException, match="lacks key"):
         op.execute_complete({}, {"status": "success"})
+    with pytest.raises(AirflowException, match="about a 'selection'"):
+        op.execute_complete({}, {**failed, "status": "success", "subject": "selection"})
 
 
 def test_trigger_serialize_round_trips_through_its_class_path() -> None:
-    trigger = CoAllocationTrigger(5, "/g.toml", "sqlite:////x.db", 0.5, max_retries=2)
+    trigger = CoAllocationTrigger(
+        5, "/g.toml", "sqlite:////x.db", 0.5, max_retries=2, gridcore_conn_id="gridcore_lab"
+    )
     path, kwargs = trigger.serialize()
     module, _, name = path.rpartition(".")
     clone = getattr(importlib.import_module(module), name)(**kwargs)
 
     assert path == "sensors.coalloc_trigger.CoAllocationTrigger"
+    assert kwargs == {
+        "job_id": 5,
+        "grid_file": "/g.toml",
+        "db_url": "sqlite:////x.db",
+        "poll_interval": 0.5,
+        "max_retries": 2,
+        "gridcore_conn_id": "gridcore_lab",
+    }
+    assert json.loads(json.dumps(kwargs)) == kwargs  # plain JSON, as the triggerer stores it
     assert clone.serialize() == trigger.serialize()
+    assert (clone.job_id, clone.location) == (5, trigger.location)
+
+
+@pytest.mark.asyncio
+async def test_an_unknown_job_is_one_error_event(db_url: str) -> None:
+    await asyncio.to_thread(deferred, operator())  # migrates the database
+    trigger = CoAllocationTrigger(999, None, db_url, 0.05)
+
+    events = await all_events(trigger.run())
+    await trigger.cleanup()
+
+    assert [e.payload["status"] for e in events] == ["error"]
+    payload = events[0].payload
+    assert set(payload) == REQUIRED_EVENT_KEYS
+    assert (payload["subject"], payload["id"], payload["record"]) == ("co-allocated job", 999, None)
+    assert "no co-allocation job 999" in payload["message"]
 
 
 @pytest.mark.asyncio
@@ -177,6 +280,7 @@ async def test_trigger_scans_a_two_site_job_to_one_success_event(db_url: str) ->
     payload = events[0].payload
     assert set(payload) == REQUIRED_EVENT_KEYS
     assert payload["status"] == "success", payload
+    assert (payload["subject"], payload["id"]) == ("co-allocated job", trigger.job_id)
     record = payload["record"]
     assert record["state"] == "completed"
     assert [c["state"] for c in record["components"]] == ["completed", "completed"]
@@ -192,7 +296,7 @@ async def test_a_failing_job_is_retried_until_on_kill_cancels_it(db_url: str) ->
     # wait for the first such retry, then kill the task as a user would.
     op = operator(components=[1, 1], command="exit 3")
     trigger = await asyncio.to_thread(deferred, op)
-    engine = await asyncio.to_thread(open_engine, None, db_url, 0.1)
+    engine = await asyncio.to_thread(open_koala, db_url, 0.1)
     try:
 
         async def retried() -> None:
@@ -202,7 +306,7 @@ async def test_a_failing_job_is_retried_until_on_kill_cancels_it(db_url: str) ->
 
         await asyncio.wait_for(retried(), WAIT_S)
     finally:
-        await asyncio.to_thread(close_engine, engine)
+        await asyncio.to_thread(close_koala, engine)
     await trigger.on_kill()
     events = await all_events(trigger.run())
     await trigger.cleanup()
@@ -251,11 +355,8 @@ def test_a_retry_reattaches_to_the_live_job_and_returns_a_completed_one(db_url: 
 def test_a_retry_after_a_cancelled_job_submits_afresh(db_url: str) -> None:
     state = FakeTaskStateStore()
     first = deferred(operator(command="sleep 5"), {"task_state_store": state})
-    engine = open_engine(None, db_url, 0.1)
-    try:
+    with engine_of(db_url, 0.1) as engine:
         assert engine.cancel(first.job_id).state == "cancelled"
-    finally:
-        close_engine(engine)
 
     retry = deferred(operator(), {"task_state_store": state})
     assert retry.job_id != first.job_id
@@ -272,10 +373,10 @@ async def test_a_finished_trigger_leaves_the_scan_lease_free(db_url: str) -> Non
     (event,) = await all_events(trigger.run())
     assert event.payload["status"] == "success", event.payload
 
-    other = await asyncio.to_thread(open_engine, None, db_url, 1.0)
+    other = await asyncio.to_thread(open_koala, db_url, 1.0)
     try:
         report = await asyncio.to_thread(other.scan)
         assert not report.skipped, report.reasons
     finally:
-        await asyncio.to_thread(close_engine, other)
+        await asyncio.to_thread(close_koala, other)
         await trigger.cleanup()

@@ -23,7 +23,7 @@ from operators.site_job import (
     SiteJobOperator,
     job_name,
 )
-from sensors.triggers import SiteJobTrigger, error_event
+from sensors.triggers import SiteJobTrigger
 from tests.fakes import FakeTaskStateStore
 
 RESULT_KEYS = {
@@ -156,7 +156,9 @@ def test_execute_complete_raises_the_sites_message_for_a_failed_job(db_url: str)
 
 def test_execute_complete_raises_for_an_error_event() -> None:
     with pytest.raises(AirflowException, match="selection 4: error: site alpha: unreachable"):
-        operator().execute_complete({}, dict(error_event(4, "site alpha: unreachable")))
+        operator().execute_complete(
+            {}, dict(SiteJobTrigger.error_event(4, "site alpha: unreachable"))
+        )
 
 
 @pytest.mark.parametrize(
@@ -164,11 +166,26 @@ def test_execute_complete_raises_for_an_error_event() -> None:
     [
         None,
         "success",
-        {"status": "success", "message": "", "selection_id": 1},
-        {"status": "weird", "message": "", "selection_id": 1, "record": None},
-        {"status": "success", "message": "", "selection_id": 1, "record": None},
+        {"status": "success", "message": "", "subject": "selection", "id": 1},
+        {"status": "weird", "message": "", "subject": "selection", "id": 1, "record": None},
+        {"status": "success", "message": "", "subject": "selection", "id": 1, "record": None},
+        # A co-allocated job's event handed to a site job's execute_complete:
+        {
+            "status": "success",
+            "message": "",
+            "subject": "co-allocated job",
+            "id": 1,
+            "record": {"state": "completed"},
+        },
     ],
-    ids=["none", "not-a-dict", "missing-record", "unknown-status", "success-without-record"],
+    ids=[
+        "none",
+        "not-a-dict",
+        "missing-record",
+        "unknown-status",
+        "success-without-record",
+        "another-triggers-event",
+    ],
 )
 def test_execute_complete_rejects_events_that_break_the_contract(event: Any) -> None:
     with pytest.raises(AirflowException, match="SiteJobTrigger"):

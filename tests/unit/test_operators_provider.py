@@ -1,4 +1,5 @@
-"""The provider entry point, the gridcore_slurm connection type and the credential bridge."""
+"""The provider entry point, the gridcore and gridcore_slurm connection types and the
+credential bridge."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import pytest
 from gridcore import credentials
 from gridcore.errors import CredentialError
 from gridcore.model import CredentialRef
-from operators.hooks import GridcoreHook, install_connection_resolver
+from operators.hooks import GridcoreSlurmHook
 from operators.provider import get_provider_info
+from sensors.connections import install_connection_resolver
 
 
 def test_provider_info_matches_airflows_runtime_schema() -> None:
@@ -29,15 +31,18 @@ def test_providers_manager_discovers_gridcore_and_its_connection_type() -> None:
 
     manager = ProvidersManager()
     assert "gridcore" in manager.providers
-    (slurm,) = [
-        m
+    hooks = {
+        m.connection_type: (m.hook_class_name, m.hook_name)
         for m in manager.iter_connection_type_hook_ui_metadata()
-        if m.connection_type == "gridcore_slurm"
-    ]
-    assert slurm.hook_class_name == "operators.hooks.GridcoreHook"
-    assert slurm.hook_name == "gridcore Slurm site"
+        if m.connection_type.startswith("gridcore")
+    }
+    assert hooks == {
+        "gridcore": ("operators.hooks.GridcoreHook", "gridcore grid"),
+        "gridcore_slurm": ("operators.hooks.GridcoreSlurmHook", "gridcore Slurm site"),
+    }
     triggers = {(t.package_name, t.trigger_class_name) for t in manager.trigger}
     assert ("gridcore", "sensors.triggers") in triggers
+    assert ("gridcore", "sensors.coalloc_trigger") in triggers
 
 
 def test_an_airflow_connection_supplies_a_sites_token(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -48,7 +53,7 @@ def test_an_airflow_connection_supplies_a_sites_token(monkeypatch: pytest.Monkey
     install_connection_resolver()
 
     assert credentials.resolve(CredentialRef(airflow_conn="alpha_slurm")) == "t0k"
-    assert GridcoreHook("alpha_slurm").get_conn() == {
+    assert GridcoreSlurmHook("alpha_slurm").get_conn() == {
         "url": "http://alpha:6820",
         "user": None,
         "token": "t0k",

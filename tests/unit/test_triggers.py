@@ -1,8 +1,9 @@
 """SiteJobTrigger and ForcingFileTrigger against a real GridRuntime (temp SQLite + the
-embedded local sites) and a real directory."""
+embedded local sites) and a real directory; the trigger base's wait loop and layering."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import importlib
 import json
@@ -18,13 +19,9 @@ import pytest
 from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.errors import SiteUnavailable
 from gridcore.model import JobRequest, JobSubmission
-from sensors import triggers
-from sensors.triggers import (
-    REQUIRED_EVENT_KEYS,
-    ForcingFileTrigger,
-    SiteJobTrigger,
-    consume_next_file,
-)
+from sensors import base
+from sensors.base import REQUIRED_EVENT_KEYS
+from sensors.triggers import ForcingFileTrigger, SiteJobTrigger, consume_next_file
 
 EVENT_TIMEOUT_S = 30.0
 
@@ -58,15 +55,31 @@ async def all_events(run: AsyncIterator[Any]) -> list[Any]:
 
 
 def test_site_job_trigger_serialize_round_trips_through_its_class_path() -> None:
-    trigger = SiteJobTrigger(7, grid_file="/g.toml", db_url="sqlite:///x.db", poll_interval=0.5)
+    trigger = SiteJobTrigger(
+        7,
+        grid_file="/g.toml",
+        db_url="sqlite:///x.db",
+        poll_interval=0.5,
+        max_retries=2,
+        gridcore_conn_id="gridcore_lab",
+    )
     classpath, kwargs = trigger.serialize()
 
     module, _, name = classpath.rpartition(".")
     rebuilt = getattr(importlib.import_module(module), name)(**kwargs)
 
     assert classpath == "sensors.triggers.SiteJobTrigger"
+    assert kwargs == {
+        "selection_id": 7,
+        "grid_file": "/g.toml",
+        "db_url": "sqlite:///x.db",
+        "poll_interval": 0.5,
+        "max_retries": 2,
+        "gridcore_conn_id": "gridcore_lab",
+    }
     assert json.loads(json.dumps(kwargs)) == kwargs  # plain JSON, as the triggerer stores it
     assert rebuilt.serialize() == (classpath, kwargs)
+    assert (rebuilt.selection_id, rebuilt.location) == (7, trigger.location)
 
 
 @pytest.mark.asyncio
@@ -79,7 +92,8 @@ async def test_run_yields_one_success_event_for_a_quick_job(db_url: str) -> None
     payload = events[0].payload
     assert set(payload) == REQUIRED_EVENT_KEYS
     assert payload["status"] == "success"
-    assert payload["selection_id"] == selection_id
+    assert (payload["subject"], payload["id"]) == ("selection", selection_id)
+    assert payload["record"]["selection_id"] == selection_id
     assert payload["record"]["state"] == "completed"
     assert payload["record"]["exit_code"] == 0
     assert "completed" in payload["message"]
@@ -93,6 +107,7 @@ async def test_run_yields_one_failed_event_for_exit_3(db_url: str) -> None:
 
     assert [e.payload["status"] for e in events] == ["failed"]
     payload = events[0].payload
+    assert payload["id"] == selection_id
     assert payload["record"]["exit_code"] == 3
     assert "exit code 3" in payload["message"]
 
@@ -104,7 +119,9 @@ async def test_an_unknown_selection_becomes_an_error_event_not_an_exception(db_u
     events = await all_events(SiteJobTrigger(999, None, db_url, 0.1).run())
 
     assert len(events) == 1
+    assert set(events[0].payload) == REQUIRED_EVENT_KEYS
     assert events[0].payload["status"] == "error"
+    assert (events[0].payload["subject"], events[0].payload["id"]) == ("selection", 999)
     assert events[0].payload["record"] is None
     assert "no selection 999" in events[0].payload["message"]
 
@@ -127,7 +144,7 @@ class FlakySite:
 class FlakyTrigger(SiteJobTrigger):
     site: FlakySite
 
-    def _open_runtime(self) -> Any:  # the seam: no database, a scripted site
+    def _connect(self) -> Any:  # the seam: no database, a scripted site
         return self.site
 
 
@@ -153,7 +170,7 @@ def finished(db_url: str) -> JobRecord:
 
 @pytest.fixture
 def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(triggers, "_BACKOFF_CAP_S", 0.001)
+    monkeypatch.setattr(base, "_BACKOFF_CAP_S", 0.001)
 
 
 @pytest.mark.asyncio
@@ -180,10 +197,53 @@ async def test_retries_are_bounded_then_reported_as_an_error_event(finished: Job
 
 
 def test_backoff_is_jittered_and_capped() -> None:
-    delays = [triggers.backoff_delay(attempt) for attempt in (1, 1, 1, 1, 20)]
+    delays = [base.backoff_delay(attempt) for attempt in (1, 1, 1, 1, 20)]
     assert all(0.1 <= d <= 1.0 for d in delays[:4])
     assert len(set(delays[:4])) > 1
-    assert delays[4] <= triggers._BACKOFF_CAP_S
+    assert delays[4] <= base._BACKOFF_CAP_S
+
+
+class BrokenSite:
+    """A runtime whose poll fails with something no trigger expects."""
+
+    def poll(self, selection_id: int) -> JobRecord:
+        raise RuntimeError("driver exploded")
+
+
+class BrokenTrigger(SiteJobTrigger):
+    def _connect(self) -> Any:
+        return BrokenSite()
+
+
+@pytest.mark.asyncio
+async def test_an_unexpected_exception_is_one_error_event_not_a_raise() -> None:
+    events = await all_events(BrokenTrigger(5, None, None, 0.01).run())
+
+    assert [e.payload for e in events] == [
+        {
+            "status": "error",
+            "message": "RuntimeError: driver exploded",
+            "subject": "selection",
+            "id": 5,
+            "record": None,
+        }
+    ]
+
+
+def test_sensors_never_import_operators() -> None:
+    # The Airflow layers point one way: operators -> sensors -> gridcore.
+    sensors_dir = Path(base.__file__).parent
+    upward = []
+    for path in sorted(sensors_dir.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            upward += [f"{path.name}: {n}" for n in names if n.split(".")[0] == "operators"]
+    assert {p.name for p in sensors_dir.glob("*.py")} >= {"base.py", "coalloc_trigger.py"}
+    assert upward == []
 
 
 async def wait_until_running(db_url: str, selection_id: int) -> None:

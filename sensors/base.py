@@ -1,0 +1,301 @@
+"""The one trigger base every gridcore trigger subclasses, and the one event contract.
+
+A gridcore trigger waits on one thing gridcore runs (a selection's site job, a
+co-allocated job; next pilots and data-plan jobs): it opens an engine once
+(:meth:`GridcoreTrigger._connect`), calls a poll function on it until the record it
+returns is finished, and turns that record into exactly one :class:`GridcoreEvent`.
+The base owns everything else, once: the wait loop, bounded retries of transient
+``SiteError``s with jittered exponential back-off, errors reported as an ``"error"``
+event instead of raised out of ``run()``, ``serialize()``, ``on_kill()`` (cancel) and
+``cleanup()`` (local resources only).
+
+The engines are synchronous (SQLAlchemy, HTTP): every call to them runs in a worker
+thread via ``asyncio.to_thread``, so the triggerer's event loop is never blocked.
+Triggers live in this installed package: the triggerer never loads DAG bundles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from abc import abstractmethod
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar, Generic, Literal, NamedTuple, Protocol, TypedDict, TypeVar
+
+from airflow.sdk.exceptions import AirflowException
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from gridcore.errors import GridError, SiteError
+from sensors.connections import GridLocation
+
+EventStatus = Literal["success", "failed", "error"]
+EVENT_STATUSES: tuple[EventStatus, ...] = ("success", "failed", "error")
+# Transient site errors (slurmrestd restarting, a network blip) are retried this many
+# times in a row before the trigger gives up with an "error" event.
+DEFAULT_MAX_RETRIES = 5
+_BACKOFF_BASE_S = 1.0
+_BACKOFF_CAP_S = 30.0
+# on_kill() gets a bounded time from the triggerer ([triggerer] on_kill_timeout, 30 s);
+# stay inside it so a slow site cannot leave the cancel half done unnoticed.
+_CANCEL_TIMEOUT_S = 20.0
+
+
+class GridcoreEvent(TypedDict):
+    """The one event every gridcore trigger yields: the contract with the
+    ``execute_complete`` of the operators and sensors that deferred to it."""
+
+    status: EventStatus
+    message: str
+    subject: str  # what was waited on: "selection", "co-allocated job", ...
+    id: int  # its id in gridcore's state DB (a selection id, a KOALA job id, ...)
+    record: dict[str, Any] | None  # the finished record (as_json); None for "error"
+
+
+REQUIRED_EVENT_KEYS = frozenset(GridcoreEvent.__annotations__)
+
+
+class FinishedRecord(Protocol):
+    """What a poll function returns: gridcore's ``JobRecord``, ``CoAllocationRecord``."""
+
+    @property
+    def finished(self) -> bool: ...
+
+    def as_json(self) -> dict[str, Any]: ...
+
+
+class Outcome(NamedTuple):
+    """A finished record, read by a trigger: its id, whether it succeeded, and the
+    message a person reads in the task log or the failure."""
+
+    id: int
+    succeeded: bool
+    message: str
+
+
+H = TypeVar("H")  # the engine a trigger opens once and polls (GridRuntime, KoalaEngine)
+R = TypeVar("R", bound=FinishedRecord)
+
+
+class GridcoreTrigger(BaseTrigger, Generic[H, R]):
+    """Wait until the ``subject`` with id ``ident`` is finished; yield exactly one event.
+
+    Subclasses name their ``subject`` and the constructor argument holding the id
+    (``id_field``) and give the synchronous pieces: :meth:`_connect`, :meth:`_poll`,
+    :meth:`outcome`, :meth:`_cancel`, :meth:`_close` (and :meth:`_finished` if the
+    engine holds something to give up as soon as the wait ends).
+
+    A user killing the task (mark failed/success, clear) cancels the remote work in
+    :meth:`on_kill`, NOT in :meth:`cleanup`: Airflow calls ``cleanup()`` on every exit,
+    including a triggerer restart or redistribution, where the work must go on and
+    another triggerer resumes waiting on it.
+    """
+
+    subject: ClassVar[str]
+    id_field: ClassVar[str]
+    poll_noun: ClassVar[str] = "polls"
+
+    def __init__(
+        self, ident: int, location: GridLocation, poll_interval: float, max_retries: int
+    ) -> None:
+        super().__init__()
+        self.ident = ident
+        self.location = location
+        self.poll_interval = poll_interval
+        self.max_retries = max_retries
+        self._handle: H | None = None
+
+    @property
+    def grid_file(self) -> str | None:
+        return self.location.grid_file
+
+    @property
+    def db_url(self) -> str | None:
+        return self.location.db_url
+
+    # -- what a subclass gives (synchronous: each runs in a worker thread) -------------
+
+    @abstractmethod
+    def _connect(self) -> H:
+        """Open the engine this trigger polls (the seam tests replace)."""
+
+    @abstractmethod
+    def _poll(self, handle: H) -> R:
+        """One poll: the record as it is now. ``SiteError`` means try again later."""
+
+    @classmethod
+    @abstractmethod
+    def outcome(cls, record: R) -> Outcome:
+        """How a finished record ends the wait."""
+
+    @abstractmethod
+    def _cancel(self, handle: H) -> str:
+        """Cancel the remote work; what happened, for the log."""
+
+    @abstractmethod
+    def _close(self, handle: H) -> None:
+        """Release local resources (connection pools, leases), never the remote work."""
+
+    def _finished(self, handle: H) -> None:
+        """Called once the record is finished, before the event is yielded."""
+
+    # -- the contract, shared by every subclass ------------------------------------------
+
+    @classmethod
+    def event_for(cls, record: R) -> GridcoreEvent:
+        """The event for a finished record (also for the non-deferrable code paths)."""
+        ident, succeeded, message = cls.outcome(record)
+        return GridcoreEvent(
+            status="success" if succeeded else "failed",
+            message=message,
+            subject=cls.subject,
+            id=ident,
+            record=record.as_json(),
+        )
+
+    @classmethod
+    def error_event(cls, ident: int, message: str) -> GridcoreEvent:
+        return GridcoreEvent(
+            status="error", message=message, subject=cls.subject, id=ident, record=None
+        )
+
+    @classmethod
+    def checked_event(cls, event: Any) -> GridcoreEvent:
+        """``event`` as a :class:`GridcoreEvent` of this trigger, or ``ValueError``
+        naming what is wrong (a trigger from another version, a hand-made event)."""
+        return checked_event(event, cls.subject, cls.__name__)
+
+    @classmethod
+    def completed_record(cls, event: Any) -> dict[str, Any]:
+        """The record of a successful event; any other event becomes the Airflow failure
+        that ``execute_complete`` of the operators and sensors raise."""
+        return completed_record(event, cls.subject, cls.__name__)
+
+    # -- Airflow's trigger interface ----------------------------------------------------
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                self.id_field: self.ident,
+                "grid_file": self.location.grid_file,
+                "db_url": self.location.db_url,
+                "poll_interval": self.poll_interval,
+                "max_retries": self.max_retries,
+                "gridcore_conn_id": self.location.conn_id,
+            },
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        try:
+            event = await self._wait_until_finished()
+        except GridError as exc:
+            event = self.error_event(self.ident, f"gridcore: {exc}")
+        except Exception as exc:  # the event contract: errors are reported, never raised
+            self.log.exception("waiting on %s %s failed", self.subject, self.ident)
+            event = self.error_event(self.ident, f"{type(exc).__name__}: {exc}")
+        yield TriggerEvent(dict(event))
+
+    async def on_kill(self) -> None:
+        handle = await self._handle_once()
+        said = await asyncio.wait_for(asyncio.to_thread(self._cancel, handle), _CANCEL_TIMEOUT_S)
+        self.log.info("cancelled %s %s: %s", self.subject, self.ident, said)
+
+    async def cleanup(self) -> None:
+        # Local resources only: the remote work must survive a triggerer restart.
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            await asyncio.to_thread(self._close, handle)
+
+    # -- the one wait loop ----------------------------------------------------------------
+
+    async def _wait_until_finished(self) -> GridcoreEvent:
+        handle = await self._handle_once()
+        failures = 0
+        while True:
+            try:
+                record = await asyncio.to_thread(self._poll, handle)
+            except SiteError as exc:
+                failures += 1
+                if failures > self.max_retries:
+                    return self.error_event(
+                        self.ident,
+                        f"gave up after {failures} failed {self.poll_noun} in a row: {exc}",
+                    )
+                delay = backoff_delay(failures)
+                self.log.warning(
+                    "%s failed (%s); retry %d in %.1f s", self.poll_noun, exc, failures, delay
+                )
+                await asyncio.sleep(delay)
+                continue
+            failures = 0
+            if record.finished:
+                await asyncio.to_thread(self._finished, handle)
+                return self.event_for(record)
+            await asyncio.sleep(self.poll_interval)
+
+    async def _handle_once(self) -> H:
+        if self._handle is None:
+            self._handle = await asyncio.to_thread(self._connect)
+        return self._handle
+
+
+def wait_inline(trigger: GridcoreTrigger[Any, Any]) -> dict[str, Any]:
+    """The non-deferrable path: run ``trigger`` to its one event in this (worker) thread,
+    so waiting without deferral has the same loop, retries and event as deferring."""
+
+    async def first_event() -> dict[str, Any]:
+        events = trigger.run()
+        try:
+            event = await anext(events)
+        finally:
+            await events.aclose()
+            await trigger.cleanup()
+        payload: dict[str, Any] = event.payload
+        return payload
+
+    return asyncio.run(first_event())
+
+
+def checked_event(event: Any, subject: str, trigger: str) -> GridcoreEvent:
+    """``event`` checked against :class:`GridcoreEvent` and ``subject``; ``ValueError``
+    naming what is wrong."""
+    if not isinstance(event, dict):
+        raise ValueError(f"expected a {trigger} event (a dict), got {type(event).__name__}")
+    missing = sorted(REQUIRED_EVENT_KEYS - set(event))
+    if missing:
+        raise ValueError(f"{trigger} event lacks key(s) {missing}: {event!r}")
+    if event["subject"] != subject:
+        raise ValueError(f"{trigger} event is about a {event['subject']!r}, not a {subject!r}")
+    if event["status"] not in EVENT_STATUSES:
+        raise ValueError(f"{trigger} event has an unknown status {event['status']!r}")
+    if event["status"] == "success" and not isinstance(event["record"], dict):
+        raise ValueError(f"{trigger} success event has no record: {event!r}")
+    return GridcoreEvent(
+        status=event["status"],
+        message=str(event["message"]),
+        subject=subject,
+        id=int(event["id"]),
+        record=event["record"],
+    )
+
+
+def completed_record(event: Any, subject: str, trigger: str) -> dict[str, Any]:
+    """The record of a successful event; a malformed event, a failure or an error
+    becomes an ``AirflowException`` (the task fails, and may be retried)."""
+    try:
+        checked = checked_event(event, subject, trigger)
+    except ValueError as exc:
+        raise AirflowException(str(exc)) from exc
+    if checked["status"] != "success" or checked["record"] is None:
+        raise AirflowException(
+            f"{subject} {checked['id']}: {checked['status']}: {checked['message']}"
+        )
+    return checked["record"]
+
+
+def backoff_delay(attempt: int, rng: random.Random | None = None) -> float:
+    """Jittered exponential back-off for the ``attempt``-th failure in a row: uniform in
+    [0.1 c, c] with c = min(cap, base * 2**(attempt - 1)), so retries of many triggers
+    that failed together (one site went down) spread out instead of arriving at once."""
+    ceiling = min(_BACKOFF_CAP_S, _BACKOFF_BASE_S * 2 ** max(0, attempt - 1))
+    return (rng or random).uniform(0.1 * ceiling, ceiling)

@@ -1,0 +1,129 @@
+"""Airflow connections -> gridcore: the lowest Airflow layer, shared by hooks and triggers.
+
+Both the workers (operators, through :class:`operators.hooks.GridcoreHook`) and the
+triggerer (every trigger, through :class:`sensors.base.GridcoreTrigger`) open gridcore's
+engines the same way, and both must resolve ``{ airflow_conn = "..." }`` credential
+references of the grid file. Both do it here, so nothing in ``sensors/`` ever imports
+``operators/`` (the arrow runs one way: operators -> sensors -> gridcore).
+
+Where gridcore's grid and state are (:class:`GridLocation`): explicit arguments first,
+then a ``gridcore`` Airflow connection, then ``$GRIDCORE_GRID`` / ``$GRIDCORE_DB_URL``
+(:meth:`GridRuntime.open`'s own defaults). A ``gridcore`` connection gives the state
+database as host/port/login/password/schema (PostgreSQL; the password stays in Airflow's
+connections or secrets backend, never in a DAG or a trigger's stored arguments) or as
+``extra.db_url``, and the grid description as ``extra.grid_file``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
+from sqlalchemy.engine import URL
+
+from gridcore import credentials
+from gridcore.engine.koala import LEASE_SCANS, KoalaEngine
+from gridcore.engine.runtime import GridRuntime
+from gridcore.errors import CredentialError
+from gridcore.policies.claiming import KoalaParams
+from gridcore.staging import ReplicaCatalog
+
+DEFAULT_DB_DRIVER = "postgresql+psycopg"
+# The scan lease must outlive one scan (staging a file or a slow slurmrestd can take a
+# while), or a second engine would start scanning while the first still is. A holder
+# that stops waiting releases it at once (close_koala), so the floor only matters when
+# a triggerer dies while holding it.
+MIN_LEASE_S = 60.0
+
+
+def connection_token(conn_id: str) -> str:
+    """The secret of Airflow connection ``conn_id`` (its password): how a grid file's
+    ``token = { airflow_conn = "id" }`` is resolved, in workers and in the triggerer."""
+    password = _connection(conn_id).password
+    if not password:
+        raise CredentialError(f"Airflow connection {conn_id!r} has no password (the token)")
+    return str(password)
+
+
+def install_connection_resolver() -> None:
+    """Let gridcore resolve ``{ airflow_conn = ... }`` through Airflow connections (and
+    thus every secrets backend Airflow is configured with). Idempotent; called before any
+    engine is opened, in workers and in the triggerer alike."""
+    credentials.register_connection_resolver(connection_token)
+
+
+@dataclass(frozen=True)
+class GridLocation:
+    """Where gridcore's grid description and state database are (see the module doc).
+    Plain strings only: triggers serialize the unresolved fields, so a password read from
+    a connection never lands in Airflow's trigger table."""
+
+    grid_file: str | None = None
+    db_url: str | None = None
+    conn_id: str | None = None
+
+    def resolved(self) -> GridLocation:
+        """Explicit fields, completed from the ``gridcore`` connection if one is named."""
+        if self.conn_id is None:
+            return self
+        conn = _connection(self.conn_id)
+        extra: dict[str, Any] = conn.extra_dejson or {}
+        return GridLocation(
+            grid_file=self.grid_file or _text(extra.get("grid_file")),
+            db_url=self.db_url or _text(extra.get("db_url")) or _db_url(conn, extra),
+        )
+
+    def open_runtime(self, *, upgrade: bool) -> GridRuntime:
+        """A :class:`GridRuntime` on this location. Without ``upgrade`` the state DB must
+        be migrated already (it is once a job exists), which keeps Alembic's CPU-bound
+        work away from the triggerer."""
+        install_connection_resolver()
+        where = self.resolved()
+        return GridRuntime.open(where.grid_file, where.db_url, upgrade=upgrade)
+
+    def open_koala(self, scan_interval: float, *, upgrade: bool) -> KoalaEngine:
+        """A KOALA engine scanning about every ``scan_interval`` seconds, with the
+        replica catalog its staging step needs."""
+        runtime = self.open_runtime(upgrade=upgrade)
+        return KoalaEngine(
+            runtime,
+            ReplicaCatalog(runtime.store),
+            KoalaParams(scan_interval_s=scan_interval),
+            lease_s=max(LEASE_SCANS * scan_interval, MIN_LEASE_S),
+        )
+
+
+def close_koala(engine: KoalaEngine) -> None:
+    """Give the scan lease up (another waiter may scan at once instead of waiting for its
+    expiry) and close the engine's database pool."""
+    try:
+        engine.release_lease()
+    finally:
+        engine.store.dispose()
+
+
+def _connection(conn_id: str) -> Any:
+    try:
+        return BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException as exc:
+        raise CredentialError(f"Airflow connection {conn_id!r} is not defined") from exc
+
+
+def _db_url(conn: Any, extra: dict[str, Any]) -> str | None:
+    if not conn.host:
+        return None  # the connection names only the grid file: $GRIDCORE_DB_URL or SQLite
+    url = URL.create(
+        _text(extra.get("drivername")) or DEFAULT_DB_DRIVER,
+        username=conn.login or None,
+        password=conn.password or None,
+        host=conn.host,
+        port=conn.port or None,
+        database=conn.schema or None,
+    )
+    return url.render_as_string(hide_password=False)
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value.strip() else None
