@@ -25,7 +25,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except GridError as exc:
-        print(f"gridcore: error: {exc}", file=sys.stderr)
+        # Bad input (a malformed grid file or request) and every other refusal: one line
+        # naming the file and field, exit status 2, no traceback.
+        print("gridcore: error: " + " | ".join(str(exc).splitlines()), file=sys.stderr)
         return 2
 
 

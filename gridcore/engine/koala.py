@@ -103,7 +103,7 @@ from gridcore.policies.claiming import (
     scan_order,
     scan_placement_queue,
 )
-from gridcore.policies.placement import PlacementPolicy, place, validate_request
+from gridcore.policies.placement import PlacementPolicy, place
 from gridcore.staging import ReplicaCatalog, stage
 from gridcore.state.schema import (
     coalloc_components,
@@ -111,6 +111,7 @@ from gridcore.state.schema import (
     coalloc_site_health,
     sites,
 )
+from gridcore.validation import check_coallocation_submission
 
 # Re-exported: the Airflow layer and the tests import the records from here.
 __all__ = [
@@ -191,6 +192,9 @@ class KoalaEngine:
         except ValueError:
             known = ", ".join(p.value for p in PlacementPolicy)
             raise RequestError(f"policy: unknown {policy!r} (known: {known})") from None
+        request, command, quota = check_coallocation_submission(
+            request, command, quota, self.grid.site_names
+        )
         self._check(request, policy, command, quota)
         with self.store.begin() as conn:
             key = conn.execute(
@@ -221,11 +225,6 @@ class KoalaEngine:
         command: str,
         quota: float | None,
     ) -> None:
-        validate_request(request, self.grid.site_names)
-        if not command.strip():
-            raise RequestError("command: must not be empty")
-        if quota is not None and not 0.0 < quota <= 1.0:
-            raise RequestError(f"quota: must be in (0, 1], got {quota}")
         if request.input_file is not None:
             if self.catalog is None:
                 raise RequestError(

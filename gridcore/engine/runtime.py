@@ -42,6 +42,7 @@ from gridcore.sites.base import SiteAdapter
 from gridcore.sites.keys import selection_key
 from gridcore.state.schema import coalloc_site_health, selections, sites
 from gridcore.state.store import Store, open_store, state_dir
+from gridcore.validation import check_job_request, check_selection_stream
 
 # Observations older than this are refreshed before a decision (monitoring period).
 DEFAULT_MAX_AGE_S = 5.0
@@ -240,8 +241,10 @@ class GridRuntime:
         site: str | None = None,
         max_age_s: float = DEFAULT_MAX_AGE_S,
     ) -> JobRecord:
-        """Choose a site (or record the pinned ``site``) and commit the decision."""
-        _validate(request)
+        """Choose a site (or record the pinned ``site``) and commit the decision.
+        A malformed request (gridcore.validation) is refused before anything is written."""
+        request = check_job_request(request, self.grid.site_names)
+        stream = check_selection_stream(stream)
         if site is not None:
             self.grid.site(site)
             with self.store.begin() as conn:
@@ -417,16 +420,3 @@ class GridRuntime:
             for r in rows
             if r["name"] in names
         ]
-
-
-def _validate(request: JobRequest) -> None:
-    if not request.name:
-        raise RequestError("request.name: must not be empty")
-    if request.processors <= 0:
-        raise RequestError(
-            f"request.processors: must be a positive integer, got {request.processors}"
-        )
-    if request.runtime_s < 0:
-        raise RequestError(f"request.runtime_s: must be >= 0, got {request.runtime_s}")
-    if request.input_bytes < 0 or request.output_bytes < 0:
-        raise RequestError("request.input_bytes/output_bytes: must be >= 0")

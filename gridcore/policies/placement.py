@@ -58,6 +58,7 @@ import contextlib
 import enum
 import itertools
 import math
+import weakref
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
@@ -73,6 +74,7 @@ from gridcore.model import (
     RequestKind,
 )
 from gridcore.policies.transfer import Bandwidth, best_replica, component_bytes
+from gridcore.validation import check_coallocation_request
 
 
 class PlacementPolicy(enum.StrEnum):
@@ -178,15 +180,18 @@ def flexible_cluster_minimization(
 
 def validate_request(request: CoAllocationRequest, sites: Collection[str] | None = None) -> None:
     """Raise :class:`RequestError` naming the first malformed field of ``request``; with
-    ``sites``, a fixed request may only name those sites."""
-    if not request.name.strip():
-        raise RequestError("request.name: must not be empty")
-    if request.input_file is not None and not request.input_file.logical_name.strip():
-        raise RequestError("request.input_file.logical_name: must not be empty")
-    if request.kind is RequestKind.FLEXIBLE:
-        _validate_flexible(request)
-    else:
-        _validate_components(request, sites)
+    ``sites``, a fixed request may only name those sites. The checks are the request
+    model's (:func:`gridcore.validation.check_coallocation_request`)."""
+    if sites is None and _VALID.get(id(request)) is request:
+        return  # this very (frozen) object passed already: a queue rescans its jobs
+    check_coallocation_request(request, sites)
+    if sites is None:
+        _VALID[id(request)] = request
+
+
+# Requests that passed validate_request, by identity (not equality: Component(8.0) equals
+# Component(8)); an entry goes when its request is garbage.
+_VALID: weakref.WeakValueDictionary[int, CoAllocationRequest] = weakref.WeakValueDictionary()
 
 
 def usable_idle(cluster: ClusterSnapshot, quota: float | None) -> int:
@@ -582,48 +587,3 @@ def _listing(pool: _Pool, order: Sequence[int], values: list[int] | None = None)
 def _check_quota(quota: float | None) -> None:
     if quota is not None and not 0.0 < quota <= 1.0:
         raise RequestError(f"quota: must be in (0, 1], got {quota}")
-
-
-def _validate_components(request: CoAllocationRequest, sites: Collection[str] | None) -> None:
-    kind = request.kind
-    if not request.components:
-        raise RequestError(f"request.components: a {kind.value} request needs at least one")
-    for i, component in enumerate(request.components):
-        field = f"request.components[{i}]"
-        if component.size <= 0:
-            raise RequestError(f"{field}.size: must be > 0, got {component.size}")
-        if kind is RequestKind.NON_FIXED:
-            if component.site is not None:
-                raise RequestError(
-                    f"{field}.site: a non-fixed request leaves sites to the scheduler,"
-                    f" got {component.site!r}"
-                )
-        elif not component.site:
-            raise RequestError(f"{field}.site: a fixed request names every component's site")
-        elif sites is not None and component.site not in sites:
-            known = ", ".join(sorted(sites))
-            raise RequestError(f"{field}.site: unknown site {component.site!r} (known: {known})")
-
-
-def _validate_flexible(request: CoAllocationRequest) -> None:
-    total = request.total
-    if total <= 0:
-        raise RequestError(f"request.total: a flexible request needs a total > 0, got {total}")
-    if request.components:
-        raise RequestError("request.components: a flexible request gives only a total")
-    options = request.flexible
-    if not 1 <= options.min_component_size <= total:
-        raise RequestError(
-            f"request.flexible.min_component_size: must be in [1, {total}],"
-            f" got {options.min_component_size}"
-        )
-    if options.max_components is not None and options.max_components < 1:
-        raise RequestError(
-            f"request.flexible.max_components: must be >= 1, got {options.max_components}"
-        )
-    for k, split in enumerate(options.splits):
-        field = f"request.flexible.splits[{k}]"
-        if any(part <= 0 for part in split):
-            raise RequestError(f"{field}: every part must be > 0, got {split}")
-        if sum(split) != total:
-            raise RequestError(f"{field}: parts sum to {sum(split)}, not the total {total}")

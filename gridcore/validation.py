@@ -1,0 +1,639 @@
+"""Typed validation of what users hand to gridcore: the grid description and requests.
+
+pydantic v2 models check types and limits and convert into the frozen domain types of
+:mod:`gridcore.model`, which stay what every other module works with:
+
+* :func:`grid_from_raw` -> :class:`~gridcore.model.GridSpec` (the parsed TOML of a grid
+  description file; reading the file itself is :func:`gridcore.config.load_grid`);
+* :func:`check_job_request` -> :class:`~gridcore.model.JobRequest` (site selection);
+* :func:`check_selection_stream`, :func:`check_job_submission` (what a site runs);
+* :func:`check_coallocation_request` -> :class:`~gridcore.model.CoAllocationRequest` and
+  :func:`check_coallocation_submission` (request + policy + command + quota, KOALA).
+
+Each accepts the domain dataclass (re-checked, as its types are not enforced) or a plain
+mapping (operators, JSON). Every refusal is ONE line naming the field, raised as
+:class:`~gridcore.errors.ConfigError` (grid: ``grid.toml: sites.alpha.processors: must be
+a positive integer (at most 2147483647), got 1e+99``) or
+:class:`~gridcore.errors.RequestError` (``request.name: must be at most 256 characters,
+got a string of 300 characters``), before anything is written or submitted.
+
+Limits match the state database's columns (``gridcore/state/schema.py``; a test compares):
+site names 64 characters of ``[A-Za-z0-9_-]``, job names 256, selection streams 128,
+logical file names 512; processor counts and sizes strict integers in 1..2**31-1 (never a
+bool, float or string); byte counts 0..2**63-1; floats finite.
+"""
+
+from __future__ import annotations
+
+import enum
+import posixpath
+from collections.abc import Callable, Collection, Mapping
+from types import MappingProxyType
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    HttpUrl,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from gridcore.errors import ConfigError, RequestError
+from gridcore.model import (
+    ORIGIN,
+    CoAllocationRequest,
+    Component,
+    CredentialRef,
+    FileDelivery,
+    FlexibleOptions,
+    GridSpec,
+    InputFile,
+    JobRequest,
+    JobSubmission,
+    Priority,
+    RequestKind,
+    SiteKind,
+    SiteSpec,
+)
+
+FORMAT_VERSION = 1
+INT32_MAX = 2**31 - 1  # Integer columns (processors, sizes)
+INT64_MAX = 2**63 - 1  # BigInteger columns (bytes)
+SITE_NAME_MAX = 64  # gc_sites.name, every site column
+JOB_NAME_MAX = 256  # gc_selections.name, gc_coalloc_jobs.name, gc_local_jobs.name
+STREAM_MAX = 128  # gc_selections.stream
+LOGICAL_NAME_MAX = 512  # gc_replicas.logical_name
+COMMAND_MAX = 131_072  # Linux MAX_ARG_STRLEN: the command is one argument of ``sh -c``
+TEXT_MAX = 255  # partition, user, credential references, env names
+STORAGE_DIR_MAX = 4096  # PATH_MAX
+API_VERSIONS = ("v0.0.36", "v0.0.37", "v0.0.38")
+
+_SITE_NAME = r"^[A-Za-z0-9_-]+$"
+# printable (no C0 control character or DEL) and not blank
+_NAME = r"^[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f][^\x00-\x1f\x7f]*$"
+_COMMAND = r"^[^\x00]*[^\s\x00][^\x00]*$"  # any text but NUL, not blank
+_NO_NUL = r"^[^\x00]*$"
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# a relative POSIX path of non-empty segments not starting with '.', no backslash or NUL
+# (the rule of gridcore.staging.catalog.check_logical_name)
+_SEGMENT = r"[^/\\\x00.][^/\\\x00]*"
+_LOGICAL_NAME = rf"^{_SEGMENT}(?:/{_SEGMENT})*$"
+_SLURM_ONLY = frozenset({"url", "partition", "user", "token", "api_version", "timeout_s"})
+
+_M = TypeVar("_M", bound=BaseModel)
+
+# -- how a refusal reads --------------------------------------------------------------
+
+
+def _refused(message: str, *at: str | int) -> PydanticCustomError:
+    """A refusal with our own wording; ``at`` locates it below the validated value."""
+    return PydanticCustomError("gridcore", "{message}", {"message": message, "at": at})
+
+
+def _shown(value: Any) -> str:
+    """``value`` for a one-line message: short, never a secret-sized blob."""
+    if isinstance(value, str) and len(value) > 40:
+        return f"a string of {len(value)} characters ({value[:20]!r}...)"
+    if isinstance(value, Mapping):
+        return "a table"
+    if isinstance(value, list | tuple):
+        return f"a list of {len(value)}"
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def _worded(
+    default: str, by_error: Mapping[str, str] | None = None, *, show: bool = True
+) -> WrapValidator:
+    """Reword pydantic's refusal of one value: the checks stay pydantic's, the message
+    says what the value must be (``by_error`` by pydantic's error type, else ``default``)."""
+    wording = dict(by_error or {})
+
+    def wrap(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            if first["type"] == "gridcore":
+                at = (first.get("ctx") or {}).get("at", ())
+                raise _refused(first["msg"], *first["loc"], *at) from None
+            message = wording.get(first["type"], default)
+            got = f", got {_shown(value)}" if show else ""
+            raise _refused(message + got) from None
+
+    return WrapValidator(wrap)
+
+
+def _string(max_length: int, pattern: str) -> StringConstraints:
+    return StringConstraints(strict=True, min_length=1, max_length=max_length, pattern=pattern)
+
+
+def _text_worded(max_length: int, pattern_means: str) -> WrapValidator:
+    """Wording for a :func:`_string`: empty, too long, not matching, not a string."""
+    return _worded(
+        "must be a string",
+        {
+            "string_too_short": "must not be empty",
+            "string_too_long": f"must be at most {max_length} characters",
+            "string_pattern_mismatch": pattern_means,
+        },
+    )
+
+
+def _one_of(kind: type[enum.Enum]) -> WrapValidator:
+    return _worded("must be " + " | ".join(str(member.value) for member in kind))
+
+
+_PRINTABLE = "must not be blank or contain control characters"
+SiteName = Annotated[
+    str,
+    _string(SITE_NAME_MAX, _SITE_NAME),
+    _text_worded(SITE_NAME_MAX, "site name must be letters, digits, - or _"),
+]
+JobName = Annotated[str, _string(JOB_NAME_MAX, _NAME), _text_worded(JOB_NAME_MAX, _PRINTABLE)]
+Stream = Annotated[str, _string(STREAM_MAX, _NAME), _text_worded(STREAM_MAX, _PRINTABLE)]
+LogicalName = Annotated[
+    str,
+    _string(LOGICAL_NAME_MAX, _LOGICAL_NAME),
+    _text_worded(
+        LOGICAL_NAME_MAX,
+        "must be a relative path of non-empty segments that do not start with '.'"
+        " (no '/x', 'a//b', '..', '.hidden', backslash or NUL)",
+    ),
+]
+Command = Annotated[
+    str,
+    _string(COMMAND_MAX, _COMMAND),
+    _text_worded(COMMAND_MAX, "must not be blank or contain a NUL byte"),
+]
+ShortText = Annotated[str, _string(TEXT_MAX, _NAME), _text_worded(TEXT_MAX, _PRINTABLE)]
+EnvName = Annotated[
+    str,
+    _string(TEXT_MAX, _ENV_NAME),
+    _text_worded(TEXT_MAX, "must be an environment variable name ([A-Za-z_][A-Za-z0-9_]*)"),
+]
+EnvValue = Annotated[
+    str,
+    StringConstraints(strict=True, max_length=COMMAND_MAX, pattern=_NO_NUL),
+    _worded(f"must be a string of at most {COMMAND_MAX} characters without a NUL byte"),
+]
+WorkDir = Annotated[
+    str,
+    _string(STORAGE_DIR_MAX, _NO_NUL),
+    _text_worded(STORAGE_DIR_MAX, "must not contain a NUL byte"),
+]
+Count = Annotated[
+    int,
+    Field(strict=True, ge=1, le=INT32_MAX),
+    _worded(f"must be a positive integer (at most {INT32_MAX})"),
+]
+Total = Annotated[
+    int,
+    Field(strict=True, ge=0, le=INT32_MAX),
+    _worded(f"must be an integer between 0 and {INT32_MAX}"),
+]
+ByteCount = Annotated[
+    int,
+    Field(strict=True, ge=0, le=INT64_MAX),
+    _worded(f"must be a byte count, an integer between 0 and {INT64_MAX}"),
+]
+Version = Annotated[
+    int,
+    Field(strict=True, ge=FORMAT_VERSION, le=FORMAT_VERSION),
+    _worded(f"must be {FORMAT_VERSION}"),
+]
+Positive = Annotated[
+    float, Field(strict=True, gt=0, allow_inf_nan=False), _worded("must be a finite number > 0")
+]
+NonNegative = Annotated[
+    float, Field(strict=True, ge=0, allow_inf_nan=False), _worded("must be a finite number >= 0")
+]
+Fraction = Annotated[
+    float, Field(strict=True, gt=0, le=1, allow_inf_nan=False), _worded("must be in (0, 1]")
+]
+_GB_MAX = INT64_MAX // 10**9  # storage_gb becomes a BigInteger byte count
+StorageGb = Annotated[
+    float,
+    Field(strict=True, gt=0, le=_GB_MAX, allow_inf_nan=False),
+    _worded(f"must be a finite number of GB > 0 and at most {_GB_MAX}"),
+]
+SlurmUrl = Annotated[HttpUrl, _worded("slurm sites need an http(s) slurmrestd URL")]
+ApiVersion = Annotated[
+    Literal["v0.0.36", "v0.0.37", "v0.0.38"],
+    _worded(f"must be one of {' | '.join(API_VERSIONS)}"),
+]
+SiteKindChoice = Annotated[SiteKind, _one_of(SiteKind)]
+RequestKindChoice = Annotated[RequestKind, _one_of(RequestKind)]
+PriorityChoice = Annotated[Priority, _one_of(Priority)]
+DeliveryChoice = Annotated[FileDelivery, _one_of(FileDelivery)]
+
+
+def _storage_dir(value: Any, handler: ValidatorFunctionWrapHandler) -> str:
+    """A directory on this machine or ``sftp://user@host:port/path``, normalised
+    (``a//b/./c/`` -> ``a/b/c``); refused with a NUL byte or a ``..`` segment (a storage
+    directory never climbs out of where it is written to be)."""
+    if not isinstance(value, str) or not value:
+        raise _refused(f"must be a non-empty path, got {_shown(value)}")
+    if "\x00" in value:
+        raise _refused("must not contain a NUL byte")
+    if len(value) > STORAGE_DIR_MAX:
+        raise _refused(f"must be at most {STORAGE_DIR_MAX} characters")
+    prefix, path = "", value
+    if "://" in value:
+        scheme, _, rest = value.partition("://")
+        netloc, slash, path = rest.partition("/")
+        if scheme != "sftp" or not netloc or not slash:
+            raise _refused(f"must be a path or sftp://user@host:port/path, got {_shown(value)}")
+        prefix, path = f"sftp://{netloc}", "/" + path
+    if ".." in path.split("/"):
+        raise _refused(f"must not contain '..' (it would escape the directory), got {value!r}")
+    return prefix + posixpath.normpath(path)
+
+
+StorageDir = Annotated[str, WrapValidator(_storage_dir)]
+
+
+def _one_line(exc: ValidationError, root: tuple[str, ...] = ()) -> tuple[str, str]:
+    """(field, message) of the first refusal: the field as dotted keys and [indexes]."""
+    first = exc.errors(include_url=False)[0]
+    at = (first.get("ctx") or {}).get("at", ())
+    field = _field((*root, *first["loc"], *at))
+    if first["type"] == "gridcore":
+        return field, first["msg"]
+    return field, _pydantic_message(first["type"], first["msg"], first.get("input"))
+
+
+def _pydantic_message(kind: str, text: str, value: Any) -> str:
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind == "missing":
+        return "is required"
+    if kind in ("model_type", "dict_type", "model_attributes_type"):
+        return f"must be a table, got {_shown(value)}"
+    if kind in ("tuple_type", "list_type"):
+        return f"must be a list, got {_shown(value)}"
+    return f"{text[:1].lower()}{text[1:]}, got {_shown(value)}"
+
+
+def _field(parts: tuple[Any, ...]) -> str:
+    out = ""
+    for part in parts:
+        if part == "[key]":
+            continue
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + _key(str(part))
+    return out
+
+
+def _key(name: str) -> str:
+    """A key as TOML would write it: bare when it can be, else quoted (and shortened)."""
+    if (
+        name
+        and len(name) <= SITE_NAME_MAX
+        and all(c.isascii() and (c.isalnum() or c in "-_") for c in name)
+    ):
+        return name
+    shown = name if len(name) <= 40 else f"{name[:37]}..."
+    return '"' + shown.encode("unicode_escape").decode("ascii").replace('"', '\\"') + '"'
+
+
+def _validated(
+    model: type[_M],
+    value: Any,
+    error: Callable[[str], Exception],
+    *,
+    root: tuple[str, ...] = (),
+    sites: Collection[str] | None = None,
+) -> _M:
+    context = {"sites": frozenset(sites)} if sites is not None else {}
+    try:
+        return model.model_validate(value, from_attributes=True, context=context)
+    except ValidationError as exc:
+        field, message = _one_line(exc, root)
+        raise error(f"{field}: {message}" if field else message) from None
+
+
+def _known(info: ValidationInfo) -> frozenset[str] | None:
+    context = info.context or {}
+    sites = context.get("sites")
+    return sites if isinstance(sites, frozenset) else None
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, from_attributes=True)
+
+
+# -- the grid description -------------------------------------------------------------
+
+
+class _Credential(_Model):
+    env: EnvName | None = None
+    airflow_conn: ShortText | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> _Credential:
+        if (self.env is None) == (self.airflow_conn is None):
+            raise ValueError("one reference")
+        return self
+
+
+Credential = Annotated[
+    _Credential,
+    _worded(
+        'must be a reference { env = "VAR" } or { airflow_conn = "conn_id" },'
+        " never the token itself",
+        {"extra_forbidden": "unknown credential reference: use env or airflow_conn"},
+        show=False,
+    ),
+]
+
+
+class _Site(_Model):
+    kind: SiteKindChoice
+    processors: Count
+    slowness: Positive = 1.0
+    storage_dir: StorageDir | None = None
+    storage_gb: StorageGb | None = None
+    url: SlurmUrl | None = None
+    partition: ShortText = "debug"
+    user: ShortText = "root"
+    token: Credential | None = None
+    api_version: ApiVersion = "v0.0.38"
+    timeout_s: Positive = 10.0
+
+    @model_validator(mode="after")
+    def _fields_of_kind(self) -> _Site:
+        if self.kind is SiteKind.LOCAL:
+            slurm_only = sorted(self.model_fields_set & _SLURM_ONLY)
+            if slurm_only:
+                raise _refused(f"key(s) {slurm_only} only apply to slurm")
+        elif self.url is None:
+            raise _refused("slurm sites need an http(s) slurmrestd URL, got None", "url")
+        return self
+
+    def spec(self, name: str) -> SiteSpec:
+        slurm = self.kind is SiteKind.SLURM
+        return SiteSpec(
+            name=name,
+            kind=SiteKind(self.kind),
+            processors=self.processors,
+            slowness=self.slowness,
+            storage_dir=self.storage_dir,
+            storage_bytes=None if self.storage_gb is None else int(self.storage_gb * 1e9),
+            url=str(self.url).rstrip("/") if slurm else None,
+            partition=self.partition if slurm else None,
+            user=self.user if slurm else None,
+            token=None if self.token is None else CredentialRef(**self.token.model_dump()),
+            api_version=self.api_version,
+            timeout_s=self.timeout_s,
+        )
+
+
+class _Grid(_Model):
+    version: Version
+    default_bandwidth_mbps: Positive = 100.0
+    sites: dict[SiteName, _Site] = Field(default_factory=dict, validate_default=True)
+    bandwidth: dict[SiteName, dict[SiteName, Positive]] = Field(default_factory=dict)
+
+    @field_validator("sites", mode="after")
+    @classmethod
+    def _some_sites(cls, sites: dict[str, _Site]) -> dict[str, _Site]:
+        if not sites:
+            raise _refused("at least one [sites.NAME] table is required")
+        if ORIGIN in sites:
+            raise _refused(f"site name {ORIGIN!r} is reserved for where inputs live", ORIGIN)
+        return sites
+
+    @model_validator(mode="after")
+    def _bandwidth_between_known_sites(self) -> _Grid:
+        known = {*self.sites, ORIGIN}
+        for src, row in self.bandwidth.items():
+            if src not in known:
+                raise _refused(
+                    f"unknown site (known: {', '.join(sorted(known))})", "bandwidth", src
+                )
+            for dst in row:
+                if dst not in known:
+                    raise _refused(
+                        f"unknown site (known: {', '.join(sorted(known))})", "bandwidth", src, dst
+                    )
+                if dst == src:
+                    raise _refused("a site to itself needs no bandwidth", "bandwidth", src, dst)
+        return self
+
+    def spec(self, source: str) -> GridSpec:
+        matrix = {
+            (src, dst): mbps for src, row in self.bandwidth.items() for dst, mbps in row.items()
+        }
+        return GridSpec(
+            tuple(site.spec(name) for name, site in self.sites.items()),
+            MappingProxyType(matrix),
+            self.default_bandwidth_mbps,
+            source,
+        )
+
+
+def grid_from_raw(raw: Any, source: str = "<memory>") -> GridSpec:
+    """Validate an already-parsed grid description (a dict shaped like the TOML)."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{source}: must be a table of keys, got {_shown(raw)}")
+    grid = _validated(_Grid, raw, lambda m: ConfigError(f"{source}: {m}"))
+    return grid.spec(source)
+
+
+# -- requests ---------------------------------------------------------------------------
+
+
+class _JobRequest(_Model):
+    name: JobName
+    processors: Count
+    runtime_s: NonNegative = 600.0
+    input_bytes: ByteCount = 0
+    output_bytes: ByteCount = 0
+    origin: SiteName = ORIGIN
+
+    @field_validator("origin", mode="after")
+    @classmethod
+    def _origin_known(cls, origin: str, info: ValidationInfo) -> str:
+        known = _known(info)
+        if known is not None and origin != ORIGIN and origin not in known:
+            names = ", ".join(sorted({*known, ORIGIN}))
+            raise _refused(f"unknown site {origin!r} (known: {names})")
+        return origin
+
+    def request(self) -> JobRequest:
+        return JobRequest(
+            self.name,
+            self.processors,
+            self.runtime_s,
+            self.input_bytes,
+            self.output_bytes,
+            self.origin,
+        )
+
+
+class _JobSubmission(_Model):
+    name: JobName
+    command: Command
+    processors: Count
+    workdir: WorkDir | None = None
+    env: dict[EnvName, EnvValue] = Field(default_factory=dict)
+
+
+class _Component(_Model):
+    size: Count
+    site: SiteName | None = None
+
+
+class _Flexible(_Model):
+    min_component_size: Count = 1
+    max_components: Count | None = None
+    splits: tuple[tuple[Count, ...], ...] = ()
+
+
+class _InputFile(_Model):
+    logical_name: LogicalName
+    delivery: DeliveryChoice = FileDelivery.WHOLE
+
+
+class _CoAllocationRequest(_Model):
+    name: JobName
+    kind: RequestKindChoice
+    components: tuple[_Component, ...] = ()
+    total: Total = 0
+    input_file: _InputFile | None = None
+    priority: PriorityChoice = Priority.LOW
+    flexible: _Flexible = Field(default_factory=_Flexible)
+
+    @model_validator(mode="after")
+    def _shape_of_kind(self, info: ValidationInfo) -> _CoAllocationRequest:
+        if self.kind is RequestKind.FLEXIBLE:
+            self._check_flexible()
+        else:
+            self._check_components(_known(info))
+        return self
+
+    def _check_components(self, sites: frozenset[str] | None) -> None:
+        kind = self.kind
+        if not self.components:
+            raise _refused(f"a {kind.value} request needs at least one", "components")
+        for i, component in enumerate(self.components):
+            if kind is RequestKind.NON_FIXED and component.site is not None:
+                raise _refused(
+                    f"a non-fixed request leaves sites to the scheduler, got {component.site!r}",
+                    "components",
+                    i,
+                    "site",
+                )
+            if kind is RequestKind.FIXED and component.site is None:
+                raise _refused(
+                    "a fixed request names every component's site", "components", i, "site"
+                )
+            if kind is RequestKind.FIXED and sites is not None and component.site not in sites:
+                raise _refused(
+                    f"unknown site {component.site!r} (known: {', '.join(sorted(sites))})",
+                    "components",
+                    i,
+                    "site",
+                )
+
+    def _check_flexible(self) -> None:
+        total = self.total
+        if total <= 0:
+            raise _refused(f"a flexible request needs a total > 0, got {total}", "total")
+        if self.components:
+            raise _refused("a flexible request gives only a total", "components")
+        options = self.flexible
+        if not options.min_component_size <= total:
+            raise _refused(
+                f"must be in [1, {total}], got {options.min_component_size}",
+                "flexible",
+                "min_component_size",
+            )
+        for k, split in enumerate(options.splits):
+            if sum(split) != total:
+                raise _refused(
+                    f"parts sum to {sum(split)}, not the total {total}", "flexible", "splits", k
+                )
+
+    def request(self) -> CoAllocationRequest:
+        flexible = self.flexible
+        return CoAllocationRequest(
+            self.name,
+            RequestKind(self.kind),
+            tuple(Component(c.size, c.site) for c in self.components),
+            self.total,
+            None
+            if self.input_file is None
+            else InputFile(self.input_file.logical_name, FileDelivery(self.input_file.delivery)),
+            Priority(self.priority),
+            FlexibleOptions(flexible.min_component_size, flexible.max_components, flexible.splits),
+        )
+
+
+class _CoAllocationSubmission(_Model):
+    request: _CoAllocationRequest
+    command: Command
+    quota: Fraction | None = None
+
+
+def check_job_request(
+    request: JobRequest | Mapping[str, Any], sites: Collection[str] | None = None
+) -> JobRequest:
+    """``request`` checked field by field (a new :class:`JobRequest`); with ``sites``,
+    its origin must be one of them or ``origin``. RequestError naming the field."""
+    return _validated(_JobRequest, request, RequestError, root=("request",), sites=sites).request()
+
+
+def check_selection_stream(stream: Any) -> str:
+    """A selection stream name (``gc_selections.stream``)."""
+    return _validated(_Stream, {"stream": stream}, RequestError).stream
+
+
+def check_job_submission(job: JobSubmission | Mapping[str, Any]) -> JobSubmission:
+    """What a site will run: its name, command, processors, workdir and environment."""
+    checked = _validated(_JobSubmission, job, RequestError, root=("job",))
+    if isinstance(job, JobSubmission):
+        return job  # its fields are as checked; fields the check does not cover stay
+    env = MappingProxyType(dict(checked.env))
+    return JobSubmission(checked.name, checked.command, checked.processors, checked.workdir, env)
+
+
+def check_coallocation_request(
+    request: CoAllocationRequest | Mapping[str, Any], sites: Collection[str] | None = None
+) -> CoAllocationRequest:
+    """``request`` checked field by field and against its kind's shape (seed 002 Sec.
+    2.2); with ``sites``, a fixed request may only name those sites."""
+    return _validated(
+        _CoAllocationRequest, request, RequestError, root=("request",), sites=sites
+    ).request()
+
+
+def check_coallocation_submission(
+    request: CoAllocationRequest | Mapping[str, Any],
+    command: Any,
+    quota: Any = None,
+    sites: Collection[str] | None = None,
+) -> tuple[CoAllocationRequest, str, float | None]:
+    """A KOALA submission: the request, the command every component runs, the quota."""
+    checked = _validated(
+        _CoAllocationSubmission,
+        {"request": request, "command": command, "quota": quota},
+        RequestError,
+        sites=sites,
+    )
+    return checked.request.request(), checked.command, checked.quota
+
+
+class _Stream(_Model):
+    stream: Stream
