@@ -40,6 +40,7 @@ barrier releases, claiming tries (claiming-queue order), scans and submissions.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -76,7 +77,17 @@ from gridcore.policies.claiming import (
 )
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.policies.transfer import Bandwidth
-from gridcore.sim.core import SimulationError, Simulator
+from gridcore.sim.cluster import Admission, Cluster, HolderKind, LoadStreams, OtherUsers
+from gridcore.sim.core import Simulator
+from gridcore.sim.workload import (
+    BackgroundLoad,
+    LocalJob,
+    SimSite,
+    validate_loads,
+    validate_local_jobs,
+    validate_sites,
+    validate_unique,
+)
 
 _RELEASE = 0
 _FAIL = 1
@@ -88,16 +99,6 @@ _SUBMIT = 6
 
 HORIZON_S = 30 * 86_400.0
 """The model stops here even with jobs unfinished (every site unusable, say)."""
-
-
-@dataclass(frozen=True)
-class KoalaSite:
-    """One cluster: processors KOALA may use, and the probability that a component started
-    there fails (Sec. 4.3: the testbed was unreliable)."""
-
-    name: str
-    processors: int
-    failure_probability: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -116,28 +117,6 @@ class KoalaJob:
     @property
     def processors(self) -> int:
         return sum(self.components)
-
-
-@dataclass(frozen=True)
-class BackgroundJob:
-    """Another user's job, submitted straight to ``site``'s local queue."""
-
-    name: str
-    site: str
-    submit_s: float
-    runtime_s: float
-    processors: int
-
-
-@dataclass(frozen=True)
-class BackgroundLoad:
-    """Other users' jobs at ``site``, drawn while KOALA's jobs are unfinished: Poisson
-    arrivals, uniform integer sizes, exponential runtimes."""
-
-    site: str
-    mean_interarrival_s: float
-    processors: tuple[int, int]
-    mean_runtime_s: float
 
 
 @dataclass(frozen=True)
@@ -250,12 +229,12 @@ class KoalaRun:
 
 
 def simulate_koala(
-    sites: Sequence[KoalaSite],
+    sites: Sequence[SimSite],
     jobs: Sequence[KoalaJob],
     params: KoalaParams | None = None,
     *,
     bandwidth: Bandwidth,
-    background: Sequence[BackgroundJob] = (),
+    background: Sequence[LocalJob] = (),
     background_load: Sequence[BackgroundLoad] = (),
     policy: PlacementPolicy = PlacementPolicy.CF,
     seed: int = 0,
@@ -274,42 +253,17 @@ def simulate_koala(
 
 
 def _validate(
-    sites: Sequence[KoalaSite],
+    sites: Sequence[SimSite],
     jobs: Sequence[KoalaJob],
-    background: Sequence[BackgroundJob],
+    background: Sequence[LocalJob],
     loads: Sequence[BackgroundLoad],
 ) -> None:
-    names = [s.name for s in sites]
-    if not sites or len(set(names)) != len(names):
-        raise ConfigError(f"sites: need at least one, with unique names; got {names}")
-    for site in sites:
-        if site.processors < 1 or not 0.0 <= site.failure_probability <= 1.0:
-            raise ConfigError(
-                f"site {site.name}: processors must be >= 1 and failure_probability in"
-                f" [0, 1] (got {site.processors}, {site.failure_probability})"
-            )
-    job_names = [j.name for j in jobs]
-    if len(set(job_names)) != len(job_names):
-        raise ConfigError("jobs: names must be unique")
+    validate_sites(sites)
+    validate_unique(j.name for j in jobs)
     for job in jobs:
-        _validate_job(job, set(names))
-    _validate_others({s.name: s.processors for s in sites}, background, loads)
-
-
-def _validate_others(
-    capacity: Mapping[str, int],
-    background: Sequence[BackgroundJob],
-    loads: Sequence[BackgroundLoad],
-) -> None:
-    for other in background:
-        if capacity.get(other.site, 0) < other.processors or other.processors < 1:
-            raise ConfigError(f"background job {other.name}: does not fit site {other.site!r}")
-    for load in loads:
-        low, high = load.processors
-        if not 1 <= low <= high <= capacity.get(load.site, 0):
-            raise ConfigError(f"background load at {load.site!r}: sizes {load.processors}")
-        if not (load.mean_interarrival_s > 0 and load.mean_runtime_s > 0):
-            raise ConfigError(f"background load at {load.site!r}: means must be > 0")
+        _validate_job(job, {s.name for s in sites})
+    validate_local_jobs(background, sites)
+    validate_loads(loads, sites)
 
 
 def _validate_job(job: KoalaJob, sites: set[str]) -> None:
@@ -376,51 +330,18 @@ class _Job:
         )
 
 
-@dataclass
-class _Site:
-    spec: KoalaSite
-    health: SiteHealth
-    ours: int = 0
-    others: int = 0
-    peak: int = 0
-    waiting: deque[BackgroundJob] = field(default_factory=deque)
-    # Processor-seconds in use so far (ours, others'), integrated up to ``since``.
-    busy: list[float] = field(default_factory=lambda: [0.0, 0.0])
-    since: float = 0.0
-
-    @property
-    def idle(self) -> int:
-        return self.spec.processors - self.ours - self.others
-
-    def take(self, processors: int, ours: bool, now: float) -> None:
-        if processors > self.idle:
-            raise SimulationError(
-                f"site {self.spec.name}: {processors} processors taken, only {self.idle} idle"
-            )
-        self.change(processors, ours, now)
-        self.peak = max(self.peak, self.ours + self.others)
-
-    def change(self, processors: int, ours: bool, now: float) -> None:
-        self.busy[0] += self.ours * (now - self.since)
-        self.busy[1] += self.others * (now - self.since)
-        self.since = now
-        if ours:
-            self.ours += processors
-        else:
-            self.others += processors
-
-
 class _KoalaModel:
     def __init__(
         self,
-        sites: Sequence[KoalaSite],
+        sites: Sequence[SimSite],
         params: KoalaParams,
         bandwidth: Bandwidth,
         policy: PlacementPolicy,
         seed: int,
     ) -> None:
         self._sim = Simulator()
-        self._sites = {s.name: _Site(s, SiteHealth(s.name)) for s in sites}
+        self._sites = {s.name: Cluster(self._sim, s, _RELEASE) for s in sites}
+        self._health = {s.name: SiteHealth(s.name) for s in sites}
         self._params = params
         self._bandwidth = bandwidth
         self._policy = policy
@@ -436,14 +357,14 @@ class _KoalaModel:
             ("starts", "failures", "runs", "failed_runs", "preemptions", "aborts"), 0
         )
         self._unusable: dict[str, float] = {}
-        self._background_jobs = 0
+        self._others = OtherUsers(self._sim, tuple(self._sites.values()), None, Admission.QUEUE)
 
     # -- the run ----------------------------------------------------------------------
 
     def run(
         self,
         jobs: Sequence[KoalaJob],
-        background: Sequence[BackgroundJob],
+        background: Sequence[LocalJob],
         loads: Sequence[BackgroundLoad],
         horizon_s: float,
     ) -> KoalaRun:
@@ -453,10 +374,9 @@ class _KoalaModel:
             self._jobs[spec.name] = job
             self._sim.schedule(spec.arrival_s, partial(self._arrive, job), _SUBMIT)
         for other in background:
-            self._sim.schedule(other.submit_s, partial(self._other_arrives, other), _OTHERS)
+            self._sim.schedule(other.submit_s, partial(self._others.submit, other), _OTHERS)
         for load in loads:
-            rng = random.Random(f"gridcore.sim.claiming:others:{self._seed}:{load.site}")
-            self._next_other(load, rng, 0)
+            self._load(load).start()
         self._sim.schedule(0.0, self._scan, _SCAN)
         while self._unfinished and self._sim.pending and self._sim.peek() < horizon_s:
             self._sim.step()
@@ -465,7 +385,7 @@ class _KoalaModel:
     def _result(self, jobs: Sequence[KoalaJob]) -> KoalaRun:
         counts = self._counts
         for site in self._sites.values():
-            site.change(0, True, self._sim.now)
+            site.close()
         return KoalaRun(
             tuple(self._jobs[spec.name].record() for spec in jobs),
             tuple(self._trace),
@@ -478,8 +398,11 @@ class _KoalaModel:
             self._scans,
             dict(self._unusable),
             {name: site.peak for name, site in self._sites.items()},
-            self._background_jobs,
-            {name: (site.busy[0], site.busy[1]) for name, site in self._sites.items()},
+            sum(site.started[HolderKind.LOCAL] for site in self._sites.values()),
+            {
+                name: (site.busy_s(HolderKind.GRID), site.busy_s(HolderKind.LOCAL))
+                for name, site in self._sites.items()
+            },
             self._sim.now,
         )
 
@@ -488,9 +411,9 @@ class _KoalaModel:
 
     def _snapshot(self) -> list[ClusterSnapshot]:
         return [
-            ClusterSnapshot(name, site.spec.processors, site.idle)
+            ClusterSnapshot(name, site.processors, site.idle)
             for name, site in self._sites.items()
-            if site.health.usable
+            if self._health[name].usable
         ]
 
     # -- submission and placement (Sec. 3.1) ---------------------------------------------
@@ -615,7 +538,7 @@ class _KoalaModel:
         for component in decision.start:
             self._start_component(job, component)
         for name in sorted(freed):
-            self._start_others(self._sites[name])
+            self._sites[name].start_queued()
         started = ",".join(str(c.index) for c in decision.start) or "-"
         self._log(
             "claim",
@@ -639,7 +562,7 @@ class _KoalaModel:
 
     def _start_component(self, job: _Job, component: PlacedComponent) -> None:
         site = self._sites[component.site]
-        site.take(component.size, True, self._sim.now)
+        site.claim(_holder(job, component.index), component.size, HolderKind.GRID)
         job.components[component.index] = component
         job.started[component.index] = component
         self._counts["starts"] += 1
@@ -647,7 +570,7 @@ class _KoalaModel:
             job.ran = True
             job.runs += 1
             self._counts["runs"] += 1
-        if self._failures.random() < site.spec.failure_probability:
+        if self._failures.random() < site.site.failure_probability:
             end = job.jst + job.spec.runtime_s
             at = self._failures.uniform(self._sim.now, end)
             fail = partial(self._component_fails, job, job.token, component.index)
@@ -676,16 +599,16 @@ class _KoalaModel:
     def _component_fails(self, job: _Job, token: int, index: int) -> None:
         if token != job.token or index not in job.started:
             return
-        site = self._sites[job.started[index].site]
-        decision = on_component_failure(job.request, index, site.health, self._params)
-        site.health = decision.site
+        site = job.started[index].site
+        decision = on_component_failure(job.request, index, self._health[site], self._params)
+        self._health[site] = decision.site
         job.failures += 1
         self._counts["failures"] += 1
         self._counts["failed_runs"] += 1
         if decision.outcome is FailureOutcome.SITE_UNUSABLE:
-            self._unusable[site.spec.name] = self._sim.now
-            self._log("unusable", site.spec.name, decision.reasons[-1])
-        self._abort(job, "failure", f"component {index} failed on {site.spec.name}", index)
+            self._unusable[site] = self._sim.now
+            self._log("unusable", site, decision.reasons[-1])
+        self._abort(job, "failure", f"component {index} failed on {site}", index)
 
     def _abort(
         self, job: _Job, why: str, detail: str, failed: int | None = None, defer: bool = False
@@ -708,16 +631,19 @@ class _KoalaModel:
         freed = {component.site for component in job.started.values()}
         for index, component in job.started.items():
             site = self._sites[component.site]
-            site.change(-component.size, True, self._sim.now)
+            if defer:
+                site.preempt([_holder(job, index)])
+            else:
+                site.release(_holder(job, index))
             if index != failed:
                 # It ends without an error from its site: the site's errors so far are no
                 # longer consecutive (Sec. 3.4).
-                site.health = record_site_success(site.health)
+                self._health[site.name] = record_site_success(self._health[site.name])
         job.started.clear()
         job.ran = False
         if not defer:
             for name in sorted(freed):
-                self._start_others(self._sites[name])
+                self._sites[name].start_queued()
         return freed
 
     def _finish_failed(self, job: _Job, why: str) -> None:
@@ -728,39 +654,24 @@ class _KoalaModel:
 
     # -- other users (Sec. 4.2) -------------------------------------------------------------
 
-    def _next_other(self, load: BackgroundLoad, rng: random.Random, number: int) -> None:
-        at = self._sim.now + rng.expovariate(1.0 / load.mean_interarrival_s)
-        other = BackgroundJob(
-            f"{load.site}-user{number}",
-            load.site,
-            at,
-            rng.expovariate(1.0 / load.mean_runtime_s),
-            rng.randint(*load.processors),
+    def _load(self, load: BackgroundLoad) -> OtherUsers:
+        streams = LoadStreams(
+            random.Random(f"gridcore.sim.claiming:others:{self._seed}:{load.site}"),
+            (f"{load.site}-user{number}" for number in itertools.count()),
+        )
+        return OtherUsers(
+            self._sim,
+            tuple(self._sites.values()),
+            load,
+            Admission.QUEUE,
+            streams=streams,
+            priority=_OTHERS,
+            active=lambda: self._unfinished > 0,
         )
 
-        def arrive() -> None:
-            self._other_arrives(other)
-            if self._unfinished:
-                self._next_other(load, rng, number + 1)
 
-        self._sim.schedule(at, arrive, _OTHERS)
-
-    def _other_arrives(self, other: BackgroundJob) -> None:
-        site = self._sites[other.site]
-        site.waiting.append(other)
-        self._start_others(site)
-
-    def _start_others(self, site: _Site) -> None:
-        # The local queue is FIFO: only its head may start.
-        while site.waiting and site.waiting[0].processors <= site.idle:
-            other = site.waiting.popleft()
-            site.take(other.processors, False, self._sim.now)
-            self._background_jobs += 1
-            self._sim.schedule_in(other.runtime_s, partial(self._other_ends, site, other), _RELEASE)
-
-    def _other_ends(self, site: _Site, other: BackgroundJob) -> None:
-        site.change(-other.processors, False, self._sim.now)
-        self._start_others(site)
+def _holder(job: _Job, index: int) -> str:
+    return f"{job.name}#{index}"
 
 
 def _new_job(spec: KoalaJob, params: KoalaParams) -> _Job:

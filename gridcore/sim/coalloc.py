@@ -8,11 +8,13 @@ The model supplies what a placement policy cannot see; the decision itself is al
 :func:`gridcore.policies.placement.place`, called on a snapshot of the idle processors of
 every cluster at the instant of the try:
 
-* **Clusters** are space-shared (SGE runs applications "on the nodes in an exclusive
+* **Clusters** (:class:`gridcore.sim.cluster.Cluster`, shared by every model) are
+  space-shared (SGE runs applications "on the nodes in an exclusive
   fashion", Sec. 5.3): a processor runs at most one job at a time.
 * **Grid jobs** get one placement try when they arrive ("upon receiving a job request ...
   the scheduler uses one of the placement policies", Sec. 3.2). A job that does not fit
-  goes to the tail of the **placement queue**, which is scanned from head to tail every
+  goes to the tail of the **placement queue**, which is scanned from head to tail (by
+  :func:`gridcore.policies.claiming.scan_placement_queue`, as the KOALA model does) every
   ``scan_interval_s`` (4 s in the paper's experiments, Sec. 5). Each queued job is tried
   on a fresh snapshot, so a job placed earlier in the same scan has already taken its
   processors; a job that still does not fit keeps its place and does not block the ones
@@ -29,7 +31,8 @@ every cluster at the instant of the try:
   that growth (see :data:`FIG5_EXECUTION_S` for where its numbers come from) and scales the
   wide-area part by ``comm_factor``.
 * **Local load** (Sec. 5.5): jobs of the clusters' own users hold processors too. Explicit
-  :class:`LocalJob` entries can be given (tests), and a :class:`BackgroundLoad` generates them:
+  :class:`~gridcore.sim.workload.LocalJob` entries can be given (tests), and a
+  :class:`~gridcore.sim.workload.BackgroundLoad` generates them:
   local jobs arrive by a Poisson process at a cluster drawn in proportion to its size,
   each of 1-4 whole dual-processor nodes (exclusive nodes) for 1-15 minutes (the DAS's
   15-minute limit, Sec. 6.2), and the paper's control is applied system-wide: a local job
@@ -57,7 +60,7 @@ import itertools
 import math
 import random
 import statistics
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -72,8 +75,18 @@ from gridcore.model import (
     Placement,
     RequestKind,
 )
+from gridcore.policies.claiming import QueuedJob, scan_placement_queue
 from gridcore.policies.placement import PlacementPolicy, place
+from gridcore.sim.cluster import Admission, Cluster, HolderKind, LoadStreams, LocalHooks, OtherUsers
 from gridcore.sim.core import SimulationError, Simulator
+from gridcore.sim.workload import (
+    BackgroundLoad,
+    LocalJob,
+    SimSite,
+    validate_local_jobs,
+    validate_sites,
+    validate_unique,
+)
 
 SCAN_INTERVAL_S = 4.0
 """Interval between successive scans of the placement queue in the paper (Sec. 5)."""
@@ -161,14 +174,6 @@ class Fig5ExecutionTime:
 
 
 @dataclass(frozen=True)
-class SimCluster:
-    """One cluster: a name and its (functioning) processors."""
-
-    name: str
-    processors: int
-
-
-@dataclass(frozen=True)
 class GridJob:
     """A co-allocated job: its arrival and its components' sizes (Sec. 5.4: equal sizes).
 
@@ -184,69 +189,6 @@ class GridJob:
     @property
     def size(self) -> int:
         return sum(self.component_sizes)
-
-
-@dataclass(frozen=True)
-class LocalJob:
-    """A job of a cluster's own users, submitted to that cluster's resource manager."""
-
-    name: str
-    cluster: str
-    submit_s: float
-    processors: int
-    duration_s: float
-
-
-@dataclass(frozen=True)
-class BackgroundLoad:
-    """Sec. 5.5's local load, kept system-wide between ``low_fraction`` and
-    ``high_fraction`` of all processors (see the module docstring for the mechanism).
-
-    Local jobs take ``nodes`` (inclusive range) whole nodes of ``node_processors`` for a
-    duration uniform in ``duration_s``. ``mean_interarrival_s`` of ``None`` derives the
-    Poisson rate that offers the band's midpoint (:meth:`interarrival_s`). At time 0 the
-    local load is filled to the band's midpoint.
-    """
-
-    low_fraction: float = 0.15
-    high_fraction: float = 0.20
-    node_processors: int = 2
-    nodes: tuple[int, int] = (1, 4)
-    duration_s: tuple[float, float] = (60.0, 900.0)
-    mean_interarrival_s: float | None = None
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.low_fraction < self.high_fraction <= 1:
-            raise ConfigError(
-                "background: need 0 <= low_fraction < high_fraction <= 1"
-                f" (got {self.low_fraction}, {self.high_fraction})"
-            )
-        if self.node_processors < 1 or not 1 <= self.nodes[0] <= self.nodes[1]:
-            raise ConfigError(
-                f"background: bad node_processors {self.node_processors} or nodes {self.nodes}"
-            )
-        if not 0 < self.duration_s[0] <= self.duration_s[1]:
-            raise ConfigError(f"background: bad duration_s range {self.duration_s}")
-        if self.mean_interarrival_s is not None and not self.mean_interarrival_s > 0:
-            raise ConfigError(
-                f"background: mean_interarrival_s must be > 0, got {self.mean_interarrival_s}"
-            )
-
-    def band(self, total_processors: int) -> tuple[int, int]:
-        """The band in processors: ``(ceil(low * total), floor(high * total))``."""
-        return (
-            math.ceil(self.low_fraction * total_processors),
-            math.floor(self.high_fraction * total_processors),
-        )
-
-    def interarrival_s(self, total_processors: int) -> float:
-        """Mean gap between local arrivals (offered load = band midpoint unless given)."""
-        if self.mean_interarrival_s is not None:
-            return self.mean_interarrival_s
-        mean_processors = self.node_processors * (self.nodes[0] + self.nodes[1]) / 2
-        mean_duration = (self.duration_s[0] + self.duration_s[1]) / 2
-        offered = (self.low_fraction + self.high_fraction) / 2 * total_processors
-        return mean_processors * mean_duration / offered
 
 
 class EventKind(enum.StrEnum):
@@ -340,7 +282,7 @@ def coallocation_request(job: GridJob, policy: PlacementPolicy) -> CoAllocationR
 
 
 def simulate_coallocation(
-    clusters: Sequence[SimCluster],
+    clusters: Sequence[SimSite],
     jobs: Sequence[GridJob],
     policy: PlacementPolicy,
     execution_time: ExecutionTime,
@@ -363,39 +305,21 @@ def simulate_coallocation(
 
 
 def _validate(
-    clusters: Sequence[SimCluster],
+    clusters: Sequence[SimSite],
     jobs: Sequence[GridJob],
     local_jobs: Sequence[LocalJob],
     scan_interval_s: float,
 ) -> None:
     if not (math.isfinite(scan_interval_s) and scan_interval_s > 0):
         raise ConfigError(f"scan_interval_s must be finite and > 0, got {scan_interval_s}")
-    _validate_clusters(clusters)
-    job_names = [j.name for j in jobs] + [j.name for j in local_jobs]
-    repeated = sorted(name for name, count in Counter(job_names).items() if count > 1)
-    if repeated:
-        raise ConfigError(f"job names must be unique; repeated: {repeated}")
+    validate_sites(clusters, "cluster")
+    validate_unique([j.name for j in jobs] + [j.name for j in local_jobs])
     for job in jobs:
         _validate_job(job, clusters)
-    by_name = {c.name: c for c in clusters}
-    for local in local_jobs:
-        if local.cluster not in by_name:
-            raise ConfigError(f"local job {local.name}: unknown cluster {local.cluster!r}")
-        if local.submit_s < 0 or local.duration_s < 0 or local.processors < 1:
-            raise ConfigError(
-                f"local job {local.name}: needs submit_s >= 0, duration_s >= 0, processors >= 1"
-            )
+    validate_local_jobs(local_jobs, clusters, "cluster")
 
 
-def _validate_clusters(clusters: Sequence[SimCluster]) -> None:
-    if not clusters:
-        raise ConfigError("clusters: at least one cluster is needed")
-    names = [c.name for c in clusters]
-    if len(set(names)) != len(names) or any(c.processors < 1 for c in clusters):
-        raise ConfigError(f"clusters: names must be unique and processors >= 1, got {clusters}")
-
-
-def _validate_job(job: GridJob, clusters: Sequence[SimCluster]) -> None:
+def _validate_job(job: GridJob, clusters: Sequence[SimSite]) -> None:
     largest = max(c.processors for c in clusters)
     total = sum(c.processors for c in clusters)
     if not (math.isfinite(job.arrival_s) and job.arrival_s >= 0) or not job.component_sizes:
@@ -410,7 +334,7 @@ def _validate_job(job: GridJob, clusters: Sequence[SimCluster]) -> None:
 
 
 def _check_placeable(
-    clusters: Sequence[SimCluster], jobs: Sequence[GridJob], policy: PlacementPolicy
+    clusters: Sequence[SimSite], jobs: Sequence[GridJob], policy: PlacementPolicy
 ) -> None:
     # A job the policy cannot place on the empty grid would be scanned for ever.
     empty = [ClusterSnapshot(c.name, c.processors, c.processors) for c in clusters]
@@ -425,13 +349,10 @@ def _check_placeable(
 
 @dataclass
 class _Pending:
-    """A grid job's life: its request, placement tries and, once placed, its times."""
+    """A grid job's life: its placement-queue entry (tries) and, once placed, its times."""
 
     job: GridJob
-    request: CoAllocationRequest
-    tries: int = 0
-    # The idle vector of the last failed try: a pure policy fails again on the same one.
-    last_failed: tuple[int, ...] | None = None
+    queued: QueuedJob
     placement: Placement | None = None
     start_s: float | None = None
     end_s: float | None = None
@@ -447,41 +368,14 @@ class _Pending:
             self.start_s,
             self.end_s,
             self.placement,
-            self.tries,
+            self.queued.placement_tries,
         )
-
-
-@dataclass
-class _LocalLoad:
-    """The band-controlled generator of local jobs (``None`` config: explicit jobs only)."""
-
-    config: BackgroundLoad
-    band: tuple[int, int]
-    weights: tuple[int, ...]
-    arrivals: random.Random
-    dummies: random.Random
-    counts: Counter[str] = field(default_factory=Counter)
-
-    def name(self, prefix: str) -> str:
-        # One counter per prefix: the arrival stream's names do not depend on the dummies.
-        self.counts[prefix] += 1
-        return f"{prefix}{self.counts[prefix]}"
-
-
-@dataclass
-class _State:
-    idle: dict[str, int]
-    local_busy: int = 0
-    events: list[SimEvent] = field(default_factory=list)
-    queue: list[_Pending] = field(default_factory=list)
-    scan_scheduled: bool = False
-    unfinished: int = 0
 
 
 class _CoallocModel:
     def __init__(
         self,
-        clusters: Sequence[SimCluster],
+        clusters: Sequence[SimSite],
         policy: PlacementPolicy,
         execution_time: ExecutionTime,
         background: BackgroundLoad | None,
@@ -489,79 +383,87 @@ class _CoallocModel:
         seed: int,
     ) -> None:
         self._sim = Simulator()
-        self._clusters = tuple(clusters)
+        self._clusters = {c.name: Cluster(self._sim, c, _END) for c in clusters}
         self._policy = policy
         self._execution_time = execution_time
         self._interval = scan_interval_s
-        self._state = _State({c.name: c.processors for c in clusters})
-        total = sum(c.processors for c in clusters)
-        self._load: _LocalLoad | None = None
-        if background is not None:
-            self._load = _LocalLoad(
-                background,
-                background.band(total),
-                tuple(c.processors for c in clusters),
+        self._events: list[SimEvent] = []
+        self._queue: list[_Pending] = []
+        self._scan_scheduled = False
+        self._unfinished = 0
+        self._background = background
+        self._users = OtherUsers(
+            self._sim,
+            tuple(self._clusters.values()),
+            background,
+            Admission.DROP,
+            streams=LoadStreams(
                 random.Random(f"gridcore.sim.coalloc:{seed}:local-arrivals"),
+                (f"local-{n}" for n in itertools.count(1)),
                 random.Random(f"gridcore.sim.coalloc:{seed}:dummies"),
-            )
-        self._mean_gap = background.interarrival_s(total) if background is not None else 0.0
+                (f"dummy-{n}" for n in itertools.count(1)),
+            ),
+            priority=_LOCAL,
+            active=lambda: self._unfinished > 0,
+            hooks=LocalHooks(
+                partial(self._log_local, EventKind.LOCAL_START),
+                partial(self._log_local, EventKind.LOCAL_END),
+                partial(self._log_local, EventKind.LOCAL_DROP),
+            ),
+        )
 
     def run(self, jobs: Sequence[GridJob], local_jobs: Sequence[LocalJob]) -> CoallocRun:
-        pending = [_Pending(job, coallocation_request(job, self._policy)) for job in jobs]
-        self._state.unfinished = len(pending)
-        if self._load is not None:
-            self._sim.schedule(0.0, self._start_background, _LOCAL)
+        pending = [
+            _Pending(job, QueuedJob(coallocation_request(job, self._policy))) for job in jobs
+        ]
+        self._unfinished = len(pending)
+        if self._background is not None:
+            self._sim.schedule(0.0, self._users.start, _LOCAL)
         for local in local_jobs:
-            self._sim.schedule(local.submit_s, partial(self._submit_local, local), _LOCAL)
+            self._sim.schedule(local.submit_s, partial(self._users.submit, local), _LOCAL)
         for item in pending:
             self._sim.schedule(item.job.arrival_s, partial(self._arrive, item), _ARRIVE)
         self._sim.run()
-        return CoallocRun(
-            self._policy, tuple(p.record() for p in pending), tuple(self._state.events)
-        )
+        return CoallocRun(self._policy, tuple(p.record() for p in pending), tuple(self._events))
 
     def _log(self, kind: EventKind, job: str, site: str = "", processors: int = 0) -> None:
-        self._state.events.append(SimEvent(self._sim.now, kind, job, site, processors))
+        self._events.append(SimEvent(self._sim.now, kind, job, site, processors))
+
+    def _log_local(self, kind: EventKind, job: LocalJob) -> None:
+        self._log(kind, job.name, job.site, job.processors)
 
     # -- grid jobs ---------------------------------------------------------------------
 
     def _arrive(self, item: _Pending) -> None:
         self._log(EventKind.ARRIVE, item.job.name, processors=item.job.size)
-        if not self._try(item):
-            self._state.queue.append(item)
+        if self._place([item]):
+            self._queue.append(item)
             self._log(EventKind.QUEUE, item.job.name, processors=item.job.size)
             self._ensure_scan()
 
-    def _try(self, item: _Pending) -> bool:
-        idle = tuple(self._state.idle[c.name] for c in self._clusters)
-        item.tries += 1
-        if idle == item.last_failed:
-            return False
-        snapshots = [
-            ClusterSnapshot(c.name, c.processors, free)
-            for c, free in zip(self._clusters, idle, strict=True)
-        ]
-        decision = place(item.request, snapshots, self._policy)
-        if decision.outcome is not Outcome.FIT:
-            item.last_failed = idle
-            return False
-        self._start(item, decision)
-        return True
+    def _place(self, items: Sequence[_Pending]) -> list[_Pending]:
+        """One placement try for each of ``items``, head to tail, on the idle processors
+        now (KOALA's queue scan, Sec. 3.2); starts the placed ones, returns the others."""
+        snapshot = [ClusterSnapshot(c.name, c.processors, c.idle) for c in self._clusters.values()]
+        by_name = {item.job.name: item for item in items}
+        result = scan_placement_queue([item.queued for item in items], snapshot, self._policy)
+        for queued, placement in result.placed:
+            by_name[queued.name].queued = queued
+            self._start(by_name[queued.name], placement)
+        waiting = []
+        for queued in result.waiting:
+            by_name[queued.name].queued = queued
+            waiting.append(by_name[queued.name])
+        return waiting
 
     def _start(self, item: _Pending, decision: Placement) -> None:
         per_site: dict[str, int] = defaultdict(int)
         for component in decision.components:
             per_site[component.site] += component.size
-        for site, processors in per_site.items():
-            if processors > self._state.idle.get(site, -1):
-                raise SimulationError(
-                    f"job {item.job.name}: {self._policy} placed {processors} processors on"
-                    f" {site!r} with {self._state.idle.get(site)} idle: {decision}"
-                )
         if sum(per_site.values()) != item.job.size:
             raise SimulationError(f"job {item.job.name}: placement does not cover its size")
         for site, processors in per_site.items():
-            self._state.idle[site] -= processors
+            self._clusters[site].claim(item.job.name, processors, HolderKind.GRID)
             self._log(EventKind.START, item.job.name, site, processors)
         duration = self._execution_time(item.job.size, decision.clusters_combined)
         if not (math.isfinite(duration) and duration >= 0):
@@ -573,104 +475,21 @@ class _CoallocModel:
     def _end(self, item: _Pending, per_site: Mapping[str, int]) -> None:
         item.end_s = self._sim.now
         for site, processors in per_site.items():
-            self._state.idle[site] += processors
+            self._clusters[site].release(item.job.name)
             self._log(EventKind.END, item.job.name, site, processors)
-        self._state.unfinished -= 1
-        self._top_up()
+        self._unfinished -= 1
+        self._users.top_up()
 
     def _ensure_scan(self) -> None:
-        if self._state.scan_scheduled:
+        if self._scan_scheduled:
             return
         # Scans are periodic on the global clock: the first tick strictly after now.
         tick = (math.floor(self._sim.now / self._interval) + 1) * self._interval
         self._sim.schedule(tick, self._scan, _SCAN)
-        self._state.scan_scheduled = True
+        self._scan_scheduled = True
 
     def _scan(self) -> None:
-        self._state.scan_scheduled = False
-        waiting: list[_Pending] = []
-        for item in self._state.queue:  # head to tail
-            if not self._try(item):
-                waiting.append(item)
-        self._state.queue = waiting
-        if waiting:
+        self._scan_scheduled = False
+        self._queue = self._place(self._queue)
+        if self._queue:
             self._ensure_scan()
-
-    # -- local load --------------------------------------------------------------------
-
-    def _start_background(self) -> None:
-        load = self._load
-        if load is None:  # pragma: no cover - only scheduled with a background
-            return
-        midpoint = (load.band[0] + load.band[1]) // 2
-        self._inject_until(midpoint)
-        self._schedule_next_local()
-
-    def _schedule_next_local(self) -> None:
-        load = self._load
-        if load is None or self._state.unfinished == 0:
-            return
-        rng = load.arrivals
-        # Always the same four draws per job, whatever the state: common random numbers.
-        gap = rng.expovariate(1.0 / self._mean_gap)
-        cluster = rng.choices(self._clusters, weights=load.weights)[0]
-        nodes = rng.randint(*load.config.nodes)
-        duration = rng.uniform(*load.config.duration_s)
-        local = LocalJob(
-            load.name("local-"),
-            cluster.name,
-            self._sim.now + gap,
-            nodes * load.config.node_processors,
-            duration,
-        )
-        self._sim.schedule(local.submit_s, partial(self._submit_local, local, True), _LOCAL)
-
-    def _submit_local(self, local: LocalJob, generated: bool = False) -> None:
-        band_full = self._load is not None and (
-            self._state.local_busy + local.processors > self._load.band[1]
-        )
-        if band_full or local.processors > self._state.idle[local.cluster]:
-            self._log(EventKind.LOCAL_DROP, local.name, local.cluster, local.processors)
-        else:
-            self._start_local(local)
-        if generated:
-            self._schedule_next_local()
-
-    def _start_local(self, local: LocalJob) -> None:
-        self._state.idle[local.cluster] -= local.processors
-        self._state.local_busy += local.processors
-        self._log(EventKind.LOCAL_START, local.name, local.cluster, local.processors)
-        self._sim.schedule_in(local.duration_s, partial(self._end_local, local), _END)
-
-    def _end_local(self, local: LocalJob) -> None:
-        self._state.idle[local.cluster] += local.processors
-        self._state.local_busy -= local.processors
-        self._log(EventKind.LOCAL_END, local.name, local.cluster, local.processors)
-        self._top_up()
-
-    def _top_up(self) -> None:
-        if self._load is not None and self._state.unfinished > 0:
-            self._inject_until(self._load.band[0])
-
-    def _inject_until(self, target: int) -> None:
-        while self._state.local_busy < target:
-            dummy = self._draw_dummy()
-            if dummy is None:
-                return  # no room now; the next release tries again
-            self._start_local(dummy)
-
-    def _draw_dummy(self) -> LocalJob | None:
-        load = self._load
-        if load is None:  # pragma: no cover - only called with a background
-            return None
-        node = load.config.node_processors
-        candidates = [c for c in self._clusters if self._state.idle[c.name] >= node]
-        room = (load.band[1] - self._state.local_busy) // node
-        if not candidates or room < 1:
-            return None
-        rng = load.dummies
-        nodes = rng.randint(*load.config.nodes)
-        duration = rng.uniform(*load.config.duration_s)
-        cluster = rng.choices(candidates, weights=[self._state.idle[c.name] for c in candidates])[0]
-        nodes = min(nodes, room, self._state.idle[cluster.name] // node)
-        return LocalJob(load.name("dummy-"), cluster.name, self._sim.now, nodes * node, duration)

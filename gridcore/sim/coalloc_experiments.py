@@ -40,7 +40,7 @@ The setup follows the paper's testbed and workloads:
 * Placement queue: scanned every 4 s, unlimited tries (Sec. 5).
 * Background load (Sec. 5.5): 15-20 % of all processors held by local jobs, kept in the
   band as the paper's dummy-job control does
-  (:class:`gridcore.sim.coalloc.BackgroundLoad`'s defaults).
+  (:class:`gridcore.sim.workload.BackgroundLoad`'s defaults).
 
 Left open by the paper and chosen here: the GRAM start-up overhead between placement and
 start (Fig. 6, 8) is not modelled, so wait = the paper's queue time; the background is
@@ -74,14 +74,13 @@ from gridcore.policies.placement import PlacementPolicy
 from gridcore.sim.coalloc import (
     FIG5_EXECUTION_S,
     SCAN_INTERVAL_S,
-    BackgroundLoad,
     CoallocRecord,
     CoallocRun,
     Fig5ExecutionTime,
     GridJob,
-    SimCluster,
     simulate_coallocation,
 )
+from gridcore.sim.workload import BackgroundLoad, SimSite
 
 DAS_TABLE1: tuple[tuple[str, str, int, int], ...] = (
     # (name, location in Table 1, total nodes, functioning nodes during the experiments)
@@ -137,11 +136,10 @@ def koala_placement_experiment(
     }
 
 
-def das_clusters() -> tuple[SimCluster, ...]:
+def das_clusters() -> tuple[SimSite, ...]:
     """Table 1's clusters with 2 processors per functioning node (module docstring)."""
     return tuple(
-        SimCluster(name, functioning * PROCESSORS_PER_NODE)
-        for name, _, _, functioning in DAS_TABLE1
+        SimSite(name, functioning * PROCESSORS_PER_NODE) for name, _, _, functioning in DAS_TABLE1
     )
 
 
@@ -223,7 +221,7 @@ def _setup(
     jobs: int,
     comm_factor: float,
     runs: int,
-    clusters: Sequence[SimCluster],
+    clusters: Sequence[SimSite],
     background: BackgroundLoad,
 ) -> dict[str, Any]:
     total = sum(c.processors for c in clusters)

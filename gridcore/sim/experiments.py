@@ -72,10 +72,10 @@ from gridcore.sim.selection import (
     MDS_INTERVAL_S,
     SelectionRun,
     SimJob,
-    SimSite,
     StreamConfig,
     simulate_selection,
 )
+from gridcore.sim.workload import SimSite
 
 TABLE1_SITES: tuple[tuple[str, str, int, float], ...] = (
     # (name, host in Table 1, CPUs, slowness)

@@ -81,14 +81,8 @@ from gridcore.model import (
 from gridcore.policies.claiming import KoalaParams, QueuedJob, scan_placement_queue
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.policies.transfer import transfer_seconds, uniform_bandwidth
-from gridcore.sim.claiming import (
-    BackgroundLoad,
-    KoalaJob,
-    KoalaJobRecord,
-    KoalaRun,
-    KoalaSite,
-    simulate_koala,
-)
+from gridcore.sim.claiming import KoalaJob, KoalaJobRecord, KoalaRun, simulate_koala
+from gridcore.sim.workload import BackgroundLoad, SimSite
 
 GB = 10**9
 
@@ -166,10 +160,10 @@ def koala_claiming_experiment(
     }
 
 
-def das_sites(failure_probability: Mapping[str, float] = FAILURE_PROBABILITY) -> list[KoalaSite]:
+def das_sites(failure_probability: Mapping[str, float] = FAILURE_PROBABILITY) -> list[SimSite]:
     """The four DAS clusters available to KOALA (Sec. 5.1), with their failure rates."""
     return [
-        KoalaSite(name, available, failure_probability.get(name, 0.0))
+        SimSite(name, available, failure_probability=failure_probability.get(name, 0.0))
         for name, _, available in DAS_CLUSTERS
     ]
 
@@ -200,13 +194,13 @@ def koala_workload(
     return workload
 
 
-def background_loads(sites: Sequence[KoalaSite], utilization: float) -> list[BackgroundLoad]:
+def background_loads(sites: Sequence[SimSite], utilization: float) -> list[BackgroundLoad]:
     """Other users offering ``utilization`` of every cluster: rate x size x runtime."""
     if utilization <= 0:
         return []
     mean_size = sum(BACKGROUND_PROCESSORS) / 2
     return [
-        BackgroundLoad(
+        BackgroundLoad.at_site(
             site.name,
             mean_size * BACKGROUND_RUNTIME_S / (utilization * site.processors),
             BACKGROUND_PROCESSORS,
@@ -339,7 +333,7 @@ def _shape_summary(run: KoalaRun) -> dict[str, dict[str, dict[str, float]]]:
 def _setup(
     seed: int,
     jobs: int,
-    sites: Sequence[KoalaSite],
+    sites: Sequence[SimSite],
     params: KoalaParams,
     mean_interarrival_s: float,
     background_utilization: float,

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import random
 import statistics
-from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -61,7 +60,15 @@ from gridcore.model import (
 )
 from gridcore.policies.selection import InsufficientMode, SelectionProtocol, select_site
 from gridcore.policies.transfer import free_bandwidth
+from gridcore.sim.cluster import Cluster, HolderKind, Queued
 from gridcore.sim.core import SimulationError, Simulator
+from gridcore.sim.workload import (
+    LocalJob,
+    SimSite,
+    validate_local_jobs,
+    validate_sites,
+    validate_unique,
+)
 
 MDS_INTERVAL_S = 60.0
 """MDS collects data every sixty seconds by default (Sec. 3.2)."""
@@ -70,15 +77,6 @@ _END = 0
 _REACH_QUEUE = 1
 _MONITOR = 2
 _SELECT = 3
-
-
-@dataclass(frozen=True)
-class SimSite:
-    """One emulated cluster (Table 2: name, CPU count, slowness factor)."""
-
-    name: str
-    processors: int
-    slowness: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -94,20 +92,6 @@ class SimJob:
     processors: int
     hysteresis_s: float = 0.0
     stream: int = 0
-
-
-@dataclass(frozen=True)
-class ExternalJob:
-    """A job of another system, queued directly at ``site`` at ``submit_s``.
-
-    ``runtime_s`` is its wall time on that site (not scaled: it is described where it runs).
-    """
-
-    name: str
-    site: str
-    submit_s: float
-    runtime_s: float
-    processors: int
 
 
 @dataclass(frozen=True)
@@ -196,7 +180,7 @@ def simulate_selection(
     jobs: Sequence[SimJob],
     streams: Mapping[int, StreamConfig] | None = None,
     *,
-    external: Sequence[ExternalJob] = (),
+    external: Sequence[LocalJob] = (),
     monitor_interval_s: float = MDS_INTERVAL_S,
     seed: int = 0,
 ) -> SelectionRun:
@@ -228,65 +212,34 @@ def _stream_configs(
 def _validate(
     sites: Sequence[SimSite],
     jobs: Sequence[SimJob],
-    external: Sequence[ExternalJob],
+    external: Sequence[LocalJob],
     monitor_interval_s: float,
 ) -> None:
     if not monitor_interval_s > 0:
         raise ConfigError(f"monitor_interval_s must be > 0, got {monitor_interval_s}")
-    _validate_sites(sites)
-    names = [job.name for job in jobs] + [job.name for job in external]
-    duplicates = sorted(name for name, count in Counter(names).items() if count > 1)
-    if duplicates:
-        raise ConfigError(f"job names must be unique; repeated: {duplicates}")
+    validate_sites(sites)
+    validate_unique([job.name for job in jobs] + [job.name for job in external])
     largest = max(site.processors for site in sites)
     for job in jobs:
-        _validate_times(job.name, job.arrival_s, job.runtime_s, job.processors)
+        if job.arrival_s < 0 or job.runtime_s < 0 or job.processors < 1:
+            raise ConfigError(
+                f"job {job.name}: needs time >= 0, runtime_s >= 0 and processors >= 1"
+                f" (got {job.arrival_s}, {job.runtime_s}, {job.processors})"
+            )
         if job.hysteresis_s < 0:
             raise ConfigError(f"job {job.name}: hysteresis_s must be >= 0")
         if job.processors > largest:
             raise ConfigError(
                 f"job {job.name}: {job.processors} processors > largest site ({largest})"
             )
-    by_name = {site.name: site for site in sites}
-    for ext in external:
-        _validate_times(ext.name, ext.submit_s, ext.runtime_s, ext.processors)
-        site = by_name.get(ext.site)
-        if site is None:
-            raise ConfigError(f"external job {ext.name}: unknown site {ext.site!r}")
-        if ext.processors > site.processors:
-            raise ConfigError(
-                f"external job {ext.name}: {ext.processors} processors > {site.name}'s"
-                f" {site.processors}"
-            )
-
-
-def _validate_sites(sites: Sequence[SimSite]) -> None:
-    if not sites:
-        raise ConfigError("sites: at least one site is needed")
-    names = [site.name for site in sites]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"sites: names must be unique, got {names}")
-    for site in sites:
-        if site.processors < 1 or not site.slowness > 0:
-            raise ConfigError(
-                f"site {site.name}: processors must be >= 1 and slowness > 0"
-                f" (got {site.processors}, {site.slowness})"
-            )
-
-
-def _validate_times(name: str, at: float, runtime_s: float, processors: int) -> None:
-    if at < 0 or runtime_s < 0 or processors < 1:
-        raise ConfigError(
-            f"job {name}: needs time >= 0, runtime_s >= 0 and processors >= 1"
-            f" (got {at}, {runtime_s}, {processors})"
-        )
+    validate_local_jobs(external, sites)
 
 
 @dataclass
 class _Placed:
-    """A job's life on its site; ``job`` is ours (SimJob) or external (ExternalJob)."""
+    """A job's life on its site; ``job`` is ours (SimJob) or external (LocalJob)."""
 
-    job: SimJob | ExternalJob
+    job: SimJob | LocalJob
     site: str
     arrival_s: float
     selection: SiteSelection | None = None
@@ -320,14 +273,6 @@ class _Placed:
 
 
 @dataclass
-class _SiteState:
-    spec: SimSite
-    free: int
-    queue: deque[_Placed] = field(default_factory=deque)
-    running: list[_Placed] = field(default_factory=list)
-
-
-@dataclass
 class _State:
     """What one state (one stream, or streams sharing a database) knows of its jobs."""
 
@@ -344,7 +289,7 @@ class _SelectionModel:
         seed: int,
     ) -> None:
         self._sim = Simulator()
-        self._sites = {s.name: _SiteState(s, s.processors) for s in sites}
+        self._sites = {s.name: Cluster(self._sim, s, _END) for s in sites}
         self._configs = configs
         self._rngs = {
             stream: random.Random(f"gridcore.sim.selection:{seed}:{stream}") for stream in configs
@@ -356,7 +301,7 @@ class _SelectionModel:
         self._reports: list[SiteObservation] = []
         self._unfinished = 0
 
-    def run(self, jobs: Sequence[SimJob], external: Sequence[ExternalJob]) -> SelectionRun:
+    def run(self, jobs: Sequence[SimJob], external: Sequence[LocalJob]) -> SelectionRun:
         ours: list[_Placed] = []
         others: list[_Placed] = []
         self._unfinished = len(jobs) + len(external)
@@ -403,8 +348,8 @@ class _SelectionModel:
         state.names.add(job.name)
         self._sim.schedule_in(job.hysteresis_s, partial(self._reach_queue, placed), _REACH_QUEUE)
 
-    def _snapshot(self, site: _SiteState, state: _State, config: StreamConfig) -> SiteSnapshot:
-        report = self._report[site.spec.name]
+    def _snapshot(self, site: Cluster, state: _State, config: StreamConfig) -> SiteSnapshot:
+        report = self._report[site.site.name]
         running = {j.job_id for j in report.jobs if j.state is JobState.RUNNING}
         pending = report.pending()
         in_flight: list[_Placed] = []
@@ -412,14 +357,14 @@ class _SelectionModel:
             in_flight = [
                 p
                 for p in state.placed
-                if p.site == site.spec.name and p.end_s is None and p.name not in running
+                if p.site == site.site.name and p.end_s is None and p.name not in running
             ]
-        finished = [p for p in state.placed if p.site == site.spec.name and p.end_s is not None]
+        finished = [p for p in state.placed if p.site == site.site.name and p.end_s is not None]
         return SiteSnapshot(
-            site=site.spec.name,
-            total_processors=site.spec.processors,
+            site=site.site.name,
+            total_processors=site.site.processors,
             idle_processors=report.idle_processors,
-            slowness=site.spec.slowness,
+            slowness=site.site.slowness,
             in_flight_processors=sum(p.processors for p in in_flight),
             external_pending_processors=sum(
                 j.processors for j in pending if j.job_id not in state.names
@@ -432,35 +377,32 @@ class _SelectionModel:
     def _reach_queue(self, placed: _Placed) -> None:
         placed.queue_arrival_s = self._sim.now
         site = self._sites[placed.site]
-        site.queue.append(placed)
-        self._start_fitting(site)
+        ours = isinstance(placed.job, SimJob)
+        duration = placed.job.runtime_s * site.site.slowness if ours else placed.job.runtime_s
+        site.enqueue(
+            Queued(
+                placed.name,
+                placed.processors,
+                duration,
+                HolderKind.GRID if ours else HolderKind.LOCAL,
+                partial(self._start, placed),
+                partial(self._end, placed),
+            )
+        )
 
-    def _start_fitting(self, site: _SiteState) -> None:
-        # Strict FIFO: only the head may start, so a large job is never overtaken.
-        while site.queue and site.queue[0].processors <= site.free:
-            placed = site.queue.popleft()
-            placed.start_s = self._sim.now
-            site.free -= placed.processors
-            site.running.append(placed)
-            duration = placed.job.runtime_s
-            if isinstance(placed.job, SimJob):
-                duration *= site.spec.slowness
-            self._sim.schedule_in(duration, partial(self._end, placed), _END)
+    def _start(self, placed: _Placed) -> None:
+        placed.start_s = self._sim.now
 
     def _end(self, placed: _Placed) -> None:
         placed.end_s = self._sim.now
-        site = self._sites[placed.site]
-        site.running.remove(placed)
-        site.free += placed.processors
         self._unfinished -= 1
-        self._start_fitting(site)
 
     def _monitor(self) -> None:
         now = self._sim.now
         for name, site in self._sites.items():
-            jobs = [ObservedJob(p.name, p.processors, JobState.RUNNING) for p in site.running]
-            jobs += [ObservedJob(p.name, p.processors, JobState.PENDING) for p in site.queue]
-            report = SiteObservation(name, site.spec.processors, site.free, tuple(jobs), now)
+            jobs = [ObservedJob(h.holder, h.processors, JobState.RUNNING) for h in site.holdings()]
+            jobs += [ObservedJob(q.name, q.processors, JobState.PENDING) for q in site.waiting()]
+            report = SiteObservation(name, site.processors, site.idle, tuple(jobs), now)
             self._report[name] = report
             self._reports.append(report)
         # Stop once everything has completed, or the heap would never drain. Tick k is at

@@ -9,20 +9,14 @@ from gridcore.errors import ConfigError
 from gridcore.model import Priority
 from gridcore.policies.claiming import KoalaParams
 from gridcore.policies.transfer import transfer_seconds, uniform_bandwidth
-from gridcore.sim.claiming import (
-    BackgroundJob,
-    BackgroundLoad,
-    KoalaJob,
-    KoalaRun,
-    KoalaSite,
-    simulate_koala,
-)
+from gridcore.sim.claiming import KoalaJob, KoalaRun, simulate_koala
 from gridcore.sim.koala_experiments import (
     PAPER_PARAMS,
     background_loads,
     das_sites,
     koala_workload,
 )
+from gridcore.sim.workload import BackgroundLoad, LocalJob, SimSite
 
 GB = 10**9
 BACKBONE = uniform_bandwidth(12.5)  # 100 Mbit/s: 4 GB in 320 s
@@ -41,7 +35,7 @@ def test_transfer_of_4gb_on_the_backbone_takes_320_s() -> None:
 def test_claiming_starts_at_three_quarters_of_the_transfer_and_runs_at_the_jst() -> None:
     # Component 0 runs where the file is (0 s), component 1 gets it over the backbone.
     run = simulate_koala(
-        [KoalaSite("a", 16), KoalaSite("b", 32)],
+        [SimSite("a", 16), SimSite("b", 32)],
         [KoalaJob("J", 0.0, HIGH, (16, 16), 100.0, 4 * GB, ("a",))],
         bandwidth=BACKBONE,
     )
@@ -61,10 +55,10 @@ def test_claiming_starts_at_three_quarters_of_the_transfer_and_runs_at_the_jst()
 def test_claiming_that_reaches_the_jst_aborts_lowers_l_and_replaces_later() -> None:
     # Another user takes all of b from 100 s to 1000 s, after J was placed on it.
     run = simulate_koala(
-        [KoalaSite("a", 16), KoalaSite("b", 32)],
+        [SimSite("a", 16), SimSite("b", 32)],
         [KoalaJob("J", 0.0, HIGH, (16, 16), 100.0, 4 * GB, ("a",))],
         bandwidth=BACKBONE,
-        background=[BackgroundJob("user", "b", 100.0, 900.0, 32)],
+        background=[LocalJob("user", "b", 100.0, 900.0, 32)],
     )
     assert steps(run) == [
         (0.0, "submit", "J"),
@@ -100,7 +94,7 @@ def test_a_high_priority_claim_preempts_a_low_priority_job_that_took_its_process
     # H is placed on a and b (its file is at c), then L is placed on a's processors, which
     # H has not claimed yet (no reservations), and starts at once.
     run = simulate_koala(
-        [KoalaSite("a", 32), KoalaSite("b", 32), KoalaSite("c", 1)],
+        [SimSite("a", 32), SimSite("b", 32), SimSite("c", 1)],
         [
             KoalaJob("H", 0.0, HIGH, (16, 16), 100.0, 4 * GB, ("c",)),
             KoalaJob("L", 10.0, LOW, (32,), 1000.0),
@@ -130,7 +124,7 @@ def test_a_high_priority_claim_preempts_a_low_priority_job_that_took_its_process
 
 def test_a_component_failure_requeues_the_job_and_the_site_becomes_unusable() -> None:
     run = simulate_koala(
-        [KoalaSite("a", 32, failure_probability=1.0), KoalaSite("b", 32)],
+        [SimSite("a", 32, failure_probability=1.0), SimSite("b", 32)],
         [KoalaJob("J", 0.0, HIGH, (32,), 100.0)],
         KoalaParams(unusable_after_errors=1),
         bandwidth=BACKBONE,
@@ -158,7 +152,7 @@ def test_a_component_failure_requeues_the_job_and_the_site_becomes_unusable() ->
 
 def test_jobs_beyond_the_queue_cap_wait_to_be_submitted() -> None:
     run = simulate_koala(
-        [KoalaSite("a", 16)],
+        [SimSite("a", 16)],
         [
             KoalaJob("X", 0.0, HIGH, (16,), 1000.0),
             KoalaJob("Y", 1.0, HIGH, (16,), 100.0),
@@ -220,41 +214,41 @@ def _small_experiment(seed: int) -> KoalaRun:
     ("sites", "jobs", "message"),
     [
         ([], [], "sites: need at least one"),
-        ([KoalaSite("a", 0)], [], "site a: processors must be >= 1"),
-        ([KoalaSite("a", 8, 1.5)], [], "failure_probability in"),
-        ([KoalaSite("a", 8)], [KoalaJob("J", 0.0, HIGH, (), 1.0)], "job J: needs"),
-        ([KoalaSite("a", 8)], [KoalaJob("J", 0.0, HIGH, (0,), 1.0)], "job J: component sizes"),
+        ([SimSite("a", 0)], [], "site a: processors must be >= 1"),
+        ([SimSite("a", 8, failure_probability=1.5)], [], "failure_probability in"),
+        ([SimSite("a", 8)], [KoalaJob("J", 0.0, HIGH, (), 1.0)], "job J: needs"),
+        ([SimSite("a", 8)], [KoalaJob("J", 0.0, HIGH, (0,), 1.0)], "job J: component sizes"),
         (
-            [KoalaSite("a", 8)],
+            [SimSite("a", 8)],
             [KoalaJob("J", 0.0, HIGH, (4,), 1.0, GB, ("nowhere",))],
             "unknown: \\['nowhere'\\]",
         ),
         (
-            [KoalaSite("a", 8)],
+            [SimSite("a", 8)],
             [KoalaJob("J", 0.0, HIGH, (4,), 1.0), KoalaJob("J", 1.0, LOW, (4,), 1.0)],
             "names must be unique",
         ),
     ],
 )
 def test_invalid_models_are_refused(
-    sites: list[KoalaSite], jobs: list[KoalaJob], message: str
+    sites: list[SimSite], jobs: list[KoalaJob], message: str
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         simulate_koala(sites, jobs, bandwidth=BACKBONE)
 
 
 def test_other_users_must_fit_their_site() -> None:
-    with pytest.raises(ConfigError, match="background job u: does not fit site 'a'"):
+    with pytest.raises(ConfigError, match="local job u: 9 processors > site 'a'"):
         simulate_koala(
-            [KoalaSite("a", 8)],
+            [SimSite("a", 8)],
             [],
             bandwidth=BACKBONE,
-            background=[BackgroundJob("u", "a", 0, 1, 9)],
+            background=[LocalJob("u", "a", 0, 1, 9)],
         )
     with pytest.raises(ConfigError, match="background load at 'a'"):
         simulate_koala(
-            [KoalaSite("a", 8)],
+            [SimSite("a", 8)],
             [],
             bandwidth=BACKBONE,
-            background_load=[BackgroundLoad("a", 10.0, (1, 16), 60.0)],
+            background_load=[BackgroundLoad.at_site("a", 10.0, (1, 16), 60.0)],
         )

@@ -12,18 +12,16 @@ from gridcore.model import RequestKind
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.sim.coalloc import (
     FIG5_EXECUTION_S,
-    BackgroundLoad,
     CoallocRun,
     EventKind,
     Fig5ExecutionTime,
     GridJob,
-    LocalJob,
-    SimCluster,
     SimEvent,
     coallocation_request,
     simulate_coallocation,
 )
 from gridcore.sim.coalloc_experiments import das_clusters, workload_trace
+from gridcore.sim.workload import BackgroundLoad, LocalJob, SimSite
 
 WF, CM, FCM = PlacementPolicy.WF, PlacementPolicy.CM, PlacementPolicy.FCM
 E = EventKind
@@ -41,8 +39,8 @@ def _grid_events(run: CoallocRun) -> list[tuple[float, EventKind, str, str, int]
 
 
 def test_a_job_that_does_not_fit_waits_until_a_local_job_releases_processors() -> None:
-    clusters = [SimCluster("A", 10), SimCluster("B", 10)]
-    local = [LocalJob("L", "A", 0.0, 8, 30.0)]
+    clusters = [SimSite("A", 10), SimSite("B", 10)]
+    local = [LocalJob("L", "A", 0.0, 30.0, 8)]
     job = GridJob("j", 1.0, (6, 6))
     run = simulate_coallocation(clusters, [job], CM, _ten_per_cluster, local_jobs=local)
     # t=1: idle A 2, B 10: CM puts one 6 on B (4 left) and has nowhere for the other.
@@ -65,8 +63,8 @@ def test_a_job_that_does_not_fit_waits_until_a_local_job_releases_processors() -
 
 
 def test_fcm_cuts_the_same_job_to_fit_at_once() -> None:
-    clusters = [SimCluster("A", 10), SimCluster("B", 10)]
-    local = [LocalJob("L", "A", 0.0, 8, 30.0)]
+    clusters = [SimSite("A", 10), SimSite("B", 10)]
+    local = [LocalJob("L", "A", 0.0, 30.0, 8)]
     run = simulate_coallocation(
         clusters, [GridJob("j", 1.0, (6, 6))], FCM, _ten_per_cluster, local_jobs=local
     )
@@ -81,7 +79,7 @@ def test_fcm_cuts_the_same_job_to_fit_at_once() -> None:
 
 
 def test_a_queued_job_starts_at_the_scan_that_sees_another_job_release() -> None:
-    clusters = [SimCluster("A", 8)]
+    clusters = [SimSite("A", 8)]
     jobs = [GridJob("j0", 0.0, (8,)), GridJob("j1", 2.0, (8,))]
     run = simulate_coallocation(clusters, jobs, WF, lambda size, c: 12.0)
     # j0 ends at 12, exactly on a scan tick: releases run before the scan, so the scan at
@@ -100,9 +98,9 @@ def test_a_queued_job_starts_at_the_scan_that_sees_another_job_release() -> None
 
 
 def test_a_stuck_head_of_the_queue_does_not_block_the_jobs_behind_it() -> None:
-    clusters = [SimCluster("A", 10)]
+    clusters = [SimSite("A", 10)]
     jobs = [GridJob("big", 1.0, (10,)), GridJob("small", 2.0, (4,))]
-    local = [LocalJob("L1", "A", 0.0, 4, 50.0), LocalJob("L2", "A", 0.0, 6, 10.0)]
+    local = [LocalJob("L1", "A", 0.0, 50.0, 4), LocalJob("L2", "A", 0.0, 10.0, 6)]
     run = simulate_coallocation(clusters, jobs, CM, lambda size, c: 100.0, local_jobs=local)
     # Both queue on a full cluster. L2 leaves at 10: the scan at 12 finds big (10) still
     # stuck and places small (4) behind it. big waits for L1 (50) and for small, which
@@ -112,9 +110,9 @@ def test_a_stuck_head_of_the_queue_does_not_block_the_jobs_behind_it() -> None:
 
 
 def test_at_a_scan_placed_jobs_take_their_processors_before_the_next_try() -> None:
-    clusters = [SimCluster("A", 10)]
+    clusters = [SimSite("A", 10)]
     jobs = [GridJob("a", 1.0, (6,)), GridJob("b", 2.0, (6,))]
-    local = [LocalJob("L", "A", 0.0, 10, 3.0)]
+    local = [LocalJob("L", "A", 0.0, 3.0, 10)]
     run = simulate_coallocation(clusters, jobs, CM, lambda size, c: 50.0, local_jobs=local)
     # Both queue behind L; the scan at 4 places a (head) and b no longer fits.
     starts = [(e.at, e.job) for e in run.events if e.kind is E.START]
@@ -163,7 +161,7 @@ def test_the_table_grows_with_clusters_for_every_size() -> None:
 def test_execution_time_follows_the_placement_s_clusters_combined(
     policy: PlacementPolicy, clusters_combined: int, execution_s: float
 ) -> None:
-    clusters = [SimCluster("A", 40), SimCluster("B", 30)]
+    clusters = [SimSite("A", 40), SimSite("B", 30)]
     run = simulate_coallocation(
         clusters, [GridJob("j", 0.0, (18, 18))], policy, Fig5ExecutionTime()
     )
@@ -282,19 +280,19 @@ def test_policies_see_the_same_offered_local_load() -> None:
     ("clusters", "jobs", "local", "message"),
     [
         ([], [], [], "at least one cluster"),
-        ([SimCluster("A", 4), SimCluster("A", 4)], [], [], "unique"),
-        ([SimCluster("A", 4)], [GridJob("j", 0.0, (5,))], [], "largest cluster"),
-        ([SimCluster("A", 4)], [GridJob("j", -1.0, (2,))], [], "arrival_s"),
-        ([SimCluster("A", 4)], [], [LocalJob("L", "Z", 0.0, 1, 1.0)], "unknown cluster"),
+        ([SimSite("A", 4), SimSite("A", 4)], [], [], "unique"),
+        ([SimSite("A", 4)], [GridJob("j", 0.0, (5,))], [], "largest cluster"),
+        ([SimSite("A", 4)], [GridJob("j", -1.0, (2,))], [], "arrival_s"),
+        ([SimSite("A", 4)], [], [LocalJob("L", "Z", 0.0, 1.0, 1)], "unknown cluster"),
         (
-            [SimCluster("A", 4)],
+            [SimSite("A", 4)],
             [GridJob("x", 0.0, (2,))],
-            [LocalJob("x", "A", 0.0, 1, 1.0)],
+            [LocalJob("x", "A", 0.0, 1.0, 1)],
             "repeated",
         ),
         # 3 x 10 on 12, 12 and 9 processors (33 in all): only two components ever fit.
         (
-            [SimCluster("A", 12), SimCluster("B", 12), SimCluster("C", 9)],
+            [SimSite("A", 12), SimSite("B", 12), SimSite("C", 9)],
             [GridJob("j", 0.0, (10, 10, 10))],
             [],
             "cannot place it even on idle clusters",
@@ -302,7 +300,7 @@ def test_policies_see_the_same_offered_local_load() -> None:
     ],
 )
 def test_bad_input_is_rejected_before_running(
-    clusters: list[SimCluster], jobs: list[GridJob], local: list[LocalJob], message: str
+    clusters: list[SimSite], jobs: list[GridJob], local: list[LocalJob], message: str
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         simulate_coallocation(clusters, jobs, CM, _ten_per_cluster, local_jobs=local)
@@ -310,7 +308,7 @@ def test_bad_input_is_rejected_before_running(
 
 def test_bad_settings_are_rejected() -> None:
     with pytest.raises(ConfigError, match="scan_interval_s"):
-        simulate_coallocation([SimCluster("A", 4)], [], CM, _ten_per_cluster, scan_interval_s=0)
+        simulate_coallocation([SimSite("A", 4)], [], CM, _ten_per_cluster, scan_interval_s=0)
     with pytest.raises(ConfigError, match="comm_factor"):
         Fig5ExecutionTime(comm_factor=-1.0)
     with pytest.raises(ConfigError, match="no execution time for job size 10"):

@@ -12,14 +12,13 @@ from gridcore.model import JobState, ObservedJob
 from gridcore.policies.selection import InsufficientMode, SelectionProtocol
 from gridcore.sim.experiments import canonical_trace
 from gridcore.sim.selection import (
-    ExternalJob,
     JobRecord,
     SelectionRun,
     SimJob,
-    SimSite,
     StreamConfig,
     simulate_selection,
 )
+from gridcore.sim.workload import LocalJob, SimSite
 
 NAIVE = StreamConfig(SelectionProtocol.NAIVE, InsufficientMode.RANDOM)
 STATEFUL = StreamConfig(SelectionProtocol.STATEFUL, InsufficientMode.BEST)
@@ -119,7 +118,7 @@ def test_external_load_reduces_the_reported_idle_count() -> None:
     alone = simulate_selection(sites, [job], {0: NAIVE})
     assert alone.by_name("j0").site == "A"  # faster
     loaded = simulate_selection(
-        sites, [job], {0: NAIVE}, external=[ExternalJob("x", "A", 0.0, 500.0, 3)]
+        sites, [job], {0: NAIVE}, external=[LocalJob("x", "A", 0.0, 500.0, 3)]
     )
     report = loaded.reports_at(0.0)["A"]
     assert report.idle_processors == 1
@@ -133,7 +132,7 @@ def test_external_load_reduces_the_reported_idle_count() -> None:
 def test_a_blocked_queue_head_fools_naive_but_not_stateful() -> None:
     # A reports 2 idle, but a 4-CPU external job waits at the head of its FIFO queue.
     sites = [SimSite("A", 4, 1.0), SimSite("B", 4, 1.2)]
-    external = [ExternalJob("x1", "A", 0.0, 100.0, 2), ExternalJob("x2", "A", 0.0, 100.0, 4)]
+    external = [LocalJob("x1", "A", 0.0, 100.0, 2), LocalJob("x2", "A", 0.0, 100.0, 4)]
     job = [SimJob("j0", 5.0, 100.0, 2)]
     naive = simulate_selection(sites, job, {0: NAIVE}, external=external)
     assert naive.by_name("j0").site == "A"
@@ -174,9 +173,9 @@ def test_streams_sharing_one_state_see_each_others_jobs() -> None:
 def test_observed_queue_waits_of_finished_jobs_feed_the_earliest_mode() -> None:
     sites = [SimSite("A", 2), SimSite("B", 2)]
     external = [
-        ExternalJob("x1", "A", 1.0, 400.0, 2),  # after the t=0 report: j0 walks into it
-        ExternalJob("x2", "A", 590.0, 1000.0, 2),
-        ExternalJob("x3", "B", 590.0, 1000.0, 2),
+        LocalJob("x1", "A", 1.0, 400.0, 2),  # after the t=0 report: j0 walks into it
+        LocalJob("x2", "A", 590.0, 1000.0, 2),
+        LocalJob("x3", "B", 590.0, 1000.0, 2),
     ]
     jobs = [SimJob("j0", 5.0, 100.0, 2), SimJob("j1", 610.0, 100.0, 2)]
     run = simulate_selection(sites, jobs, {0: EARLIEST}, external=external)
@@ -218,12 +217,12 @@ def test_records_keep_input_order() -> None:
 # --- determinism and invariants over whole runs ----------------------------------------------
 
 
-def _busy_case() -> tuple[list[SimSite], list[SimJob], list[ExternalJob]]:
+def _busy_case() -> tuple[list[SimSite], list[SimJob], list[LocalJob]]:
     trace = canonical_trace(3)
     external = [
-        ExternalJob("ext-a", "mileva", 200.0, 900.0, 10),
-        ExternalJob("ext-b", "scoops", 400.0, 600.0, 8),
-        ExternalJob("ext-c", "canbc01", 500.0, 300.0, 5),
+        LocalJob("ext-a", "mileva", 200.0, 900.0, 10),
+        LocalJob("ext-b", "scoops", 400.0, 600.0, 8),
+        LocalJob("ext-c", "canbc01", 500.0, 300.0, 5),
     ]
     return list(trace.sites), list(trace.jobs), external
 
@@ -295,15 +294,15 @@ def test_no_site_ever_runs_more_processors_than_it_has(config: StreamConfig) -> 
         ([SimJob("big", 0.0, 10.0, 9)], [], None, "largest site"),
         ([SimJob("j", 0.0, 10.0, 1, stream=3)], [], {0: NAIVE}, "no configuration"),
         ([SimJob("j", 0.0, 10.0, 1), SimJob("j", 1.0, 10.0, 1)], [], None, "unique"),
-        ([], [ExternalJob("x", "Z", 0.0, 1.0, 1)], None, "unknown site"),
-        ([], [ExternalJob("x", "A", 0.0, 1.0, 5)], None, "processors >"),
+        ([], [LocalJob("x", "Z", 0.0, 1.0, 1)], None, "unknown site"),
+        ([], [LocalJob("x", "A", 0.0, 1.0, 5)], None, "processors >"),
         ([SimJob("j", -1.0, 10.0, 1)], [], None, "time >= 0"),
         ([SimJob("j", 0.0, 10.0, 1, hysteresis_s=-1.0)], [], None, "hysteresis"),
     ],
 )
 def test_malformed_scenarios_fail_fast(
     jobs: list[SimJob],
-    external: list[ExternalJob],
+    external: list[LocalJob],
     streams: dict[int, StreamConfig] | None,
     message: str,
 ) -> None:

@@ -1,0 +1,380 @@
+"""The one simulated cluster every model runs on, and the other users who load it.
+
+A :class:`Cluster` is to the models what a SimPy resource is to SimPy processes: the
+selection model (``sim/selection.py``), the KOALA claiming model (``sim/claiming.py``) and
+the co-allocation placement model (``sim/coalloc.py``) all count processors and bytes
+here, never on their own:
+
+* **Holdings**: every holder of processors or storage bytes is a named row with a kind
+  (:class:`HolderKind`), as in the live capacity ledger. A claim beyond the idle
+  processors is a model bug (:class:`~gridcore.sim.core.SimulationError`); a storage
+  claim beyond the free bytes is refused (``False``), as a full disk refuses a write.
+* **The local queue** is strict FIFO: its head starts as soon as enough processors are
+  idle, and nothing overtakes it (no backfill). Work started from it ends by itself after
+  its duration; a model's claims (KOALA's components) bypass it, as a claim never waits.
+* **Releases never start the queue**: the model calls :meth:`Cluster.start_queued` when
+  it is done, so a preemptor takes the processors its victims free before other users
+  (:meth:`Cluster.preempt`), and several releases at one instant start the queues in the
+  model's order.
+* **Busy-time integrals**: processor-seconds per kind of holder and byte-seconds of
+  storage, integrated at every change (and by :meth:`Cluster.close`), plus the peak of
+  processors in use.
+
+:class:`OtherUsers` draws another user's jobs from one
+:class:`~gridcore.sim.workload.BackgroundLoad` and submits them: queued FIFO at their
+cluster, or admitted at once or dropped (the band-controlled load of e-Science 2006).
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+
+from gridcore.sim.core import SimulationError, Simulator
+from gridcore.sim.workload import BackgroundLoad, LocalJob, SimSite
+
+Hook = Callable[[], object]
+
+
+class HolderKind(enum.StrEnum):
+    GRID = "grid"  # the modelled scheduler's jobs and components
+    LOCAL = "local"  # other users' jobs, submitted to the cluster's own queue
+
+
+class Admission(enum.Enum):
+    QUEUE = "queue"  # wait in the cluster's FIFO local queue
+    DROP = "drop"  # start at once, or never (the band-controlled load)
+
+
+@dataclass(frozen=True)
+class Holding:
+    holder: str
+    processors: int
+    kind: HolderKind
+
+
+@dataclass(frozen=True)
+class Queued:
+    """Work waiting in a local queue, and what to call when it starts and ends."""
+
+    name: str
+    processors: int
+    duration_s: float
+    kind: HolderKind
+    on_start: Hook | None = None
+    on_end: Hook | None = None
+
+
+@dataclass
+class _Integral:
+    value: float = 0.0
+
+
+class Cluster:
+    """One site's processors, storage, FIFO local queue and busy-time integrals."""
+
+    def __init__(self, sim: Simulator, site: SimSite, end_priority: int = 0) -> None:
+        self.site = site
+        self._sim = sim
+        self._end_priority = end_priority
+        self._held: dict[str, Holding] = {}
+        self._used: Counter[HolderKind] = Counter()
+        self._stored: dict[str, int] = {}
+        self._queue: deque[Queued] = deque()
+        self._busy = {kind: _Integral() for kind in HolderKind}
+        self._byte_s = _Integral()
+        self._since = sim.now
+        self.peak = 0
+        self.started: Counter[HolderKind] = Counter()
+        self.preempted = 0
+
+    @property
+    def name(self) -> str:
+        return self.site.name
+
+    @property
+    def processors(self) -> int:
+        return self.site.processors
+
+    @property
+    def idle(self) -> int:
+        return self.site.processors - sum(self._used.values())
+
+    def used(self, kind: HolderKind) -> int:
+        return self._used[kind]
+
+    def holdings(self) -> tuple[Holding, ...]:
+        """Processor holders in the order they claimed."""
+        return tuple(self._held.values())
+
+    def waiting(self) -> tuple[Queued, ...]:
+        """The local queue, head first."""
+        return tuple(self._queue)
+
+    # -- processors ----------------------------------------------------------------------
+
+    def claim(self, holder: str, processors: int, kind: HolderKind) -> None:
+        """``holder`` takes ``processors`` idle processors now."""
+        if holder in self._held:
+            raise SimulationError(f"site {self.name}: {holder} already holds processors")
+        if not 0 < processors <= self.idle:
+            raise SimulationError(
+                f"site {self.name}: {processors} processors taken, only {self.idle} idle"
+            )
+        self._integrate()
+        self._held[holder] = Holding(holder, processors, kind)
+        self._used[kind] += processors
+        self.peak = max(self.peak, sum(self._used.values()))
+
+    def release(self, holder: str) -> int:
+        """``holder`` gives its processors back; returns how many. The local queue waits
+        for :meth:`start_queued`."""
+        holding = self._held.pop(holder, None)
+        if holding is None:
+            raise SimulationError(f"site {self.name}: {holder} holds no processors")
+        self._integrate()
+        self._used[holding.kind] -= holding.processors
+        return holding.processors
+
+    def preempt(self, holders: Iterable[str]) -> int:
+        """Release ``holders`` for a preemptor, who claims the processors before the local
+        queue sees them (call :meth:`start_queued` after its claims)."""
+        freed = 0
+        for holder in holders:
+            freed += self.release(holder)
+            self.preempted += 1
+        return freed
+
+    def close(self) -> None:
+        """Bring the integrals up to now (the end of a run)."""
+        self._integrate()
+
+    def busy_s(self, kind: HolderKind) -> float:
+        """Processor-seconds held by ``kind`` up to the last change or :meth:`close`."""
+        return self._busy[kind].value
+
+    # -- storage ---------------------------------------------------------------------------
+
+    @property
+    def free_bytes(self) -> int:
+        return self.site.storage_bytes - sum(self._stored.values())
+
+    def claim_storage(self, holder: str, nbytes: int) -> bool:
+        """``holder`` stores ``nbytes`` more; refused (``False``, nothing held) when they
+        exceed the free bytes."""
+        if nbytes < 0:
+            raise SimulationError(f"site {self.name}: {holder} claims {nbytes} bytes")
+        if nbytes > self.free_bytes:
+            return False
+        self._integrate()
+        self._stored[holder] = self._stored.get(holder, 0) + nbytes
+        return True
+
+    def release_storage(self, holder: str) -> int:
+        """Every byte ``holder`` stores is freed; returns how many."""
+        self._integrate()
+        return self._stored.pop(holder, 0)
+
+    def stored(self, holder: str) -> int:
+        return self._stored.get(holder, 0)
+
+    @property
+    def stored_byte_s(self) -> float:
+        """Byte-seconds of storage held up to the last change or :meth:`close`."""
+        return self._byte_s.value
+
+    # -- the local queue -------------------------------------------------------------------
+
+    def enqueue(self, work: Queued) -> None:
+        """``work`` joins the tail of the local queue, which then starts what fits."""
+        self._queue.append(work)
+        self.start_queued()
+
+    def start_queued(self) -> None:
+        """Start the queue's head while it fits (strict FIFO: nothing overtakes it)."""
+        while self._queue and self._queue[0].processors <= self.idle:
+            self.run_now(self._queue.popleft())
+
+    def run_now(self, work: Queued) -> None:
+        """Start ``work`` at once (it must fit); it ends by itself after its duration."""
+        self.claim(work.name, work.processors, work.kind)
+        self.started[work.kind] += 1
+        if work.on_start is not None:
+            work.on_start()
+        self._sim.schedule_in(work.duration_s, partial(self._end, work), self._end_priority)
+
+    def _end(self, work: Queued) -> None:
+        self.release(work.name)
+        if work.on_end is not None:
+            work.on_end()
+        self.start_queued()
+
+    def _integrate(self) -> None:
+        now = self._sim.now
+        for kind, integral in self._busy.items():
+            integral.value += self._used[kind] * (now - self._since)
+        self._byte_s.value += sum(self._stored.values()) * (now - self._since)
+        self._since = now
+
+
+@dataclass
+class LocalHooks:
+    """What a model observes of other users' jobs (all optional)."""
+
+    started: Callable[[LocalJob], object] | None = None
+    ended: Callable[[LocalJob], object] | None = None
+    dropped: Callable[[LocalJob], object] | None = None
+
+
+@dataclass
+class LoadStreams:
+    """The random streams and job names of one load (see :class:`OtherUsers`)."""
+
+    arrivals: random.Random
+    names: Iterator[str]
+    dummies: random.Random | None = None
+    dummy_names: Iterator[str] = field(default_factory=lambda: iter(()))
+
+
+class OtherUsers:
+    """Other users' jobs on ``clusters``: explicit ones (:meth:`submit`) and, with a
+    ``load``, the ones it draws while ``active()`` holds.
+
+    Per arrival the load draws from ``arrivals``, in this order: the gap, the cluster
+    (when the load names none), then with exponential runtimes the runtime and the size,
+    otherwise the size and the runtime; so runs that differ only in the model's decisions
+    see the same offered load. Dummy jobs (band control) draw from ``dummies``.
+    """
+
+    def __init__(
+        self,
+        sim: Simulator,
+        clusters: Sequence[Cluster],
+        load: BackgroundLoad | None,
+        admission: Admission,
+        *,
+        streams: LoadStreams | None = None,
+        priority: int = 0,
+        active: Callable[[], bool] = lambda: True,
+        hooks: LocalHooks | None = None,
+    ) -> None:
+        if load is not None and load.low_fraction is not None and admission is Admission.QUEUE:
+            raise SimulationError("a band-controlled load admits or drops; it cannot queue")
+        self._sim = sim
+        self._clusters = {c.name: c for c in clusters}
+        self._order = tuple(clusters)
+        self._load = load
+        self._admission = admission
+        self._streams = streams
+        self._priority = priority
+        self._active = active
+        self._hooks = hooks or LocalHooks()
+        total = sum(c.processors for c in clusters)
+        self._band = load.band(total) if load is not None else (0, total)
+        self._gap = load.interarrival_s(total) if load is not None else 0.0
+
+    @property
+    def busy(self) -> int:
+        """Processors other users hold on all the clusters."""
+        return sum(c.used(HolderKind.LOCAL) for c in self._order)
+
+    def start(self) -> None:
+        """Fill a band to its midpoint, then draw the first arrival."""
+        if self._banded:
+            self._inject_until((self._band[0] + self._band[1]) // 2)
+        self._draw_next()
+
+    def submit(self, job: LocalJob) -> None:
+        """``job`` reaches its cluster now."""
+        cluster = self._clusters[job.site]
+        work = Queued(
+            job.name,
+            job.processors,
+            job.runtime_s,
+            HolderKind.LOCAL,
+            self._hook(self._hooks.started, job),
+            partial(self._ended, job),
+        )
+        if self._admission is Admission.QUEUE:
+            cluster.enqueue(work)
+        elif self.busy + job.processors > self._band[1] or job.processors > cluster.idle:
+            if self._hooks.dropped is not None:
+                self._hooks.dropped(job)
+        else:
+            cluster.run_now(work)
+
+    def top_up(self) -> None:
+        """A band's load fell (a release): inject dummies back to its bottom."""
+        if self._banded and self._active():
+            self._inject_until(self._band[0])
+
+    @property
+    def _banded(self) -> bool:
+        return self._load is not None and self._load.low_fraction is not None
+
+    def _hook(self, hook: Callable[[LocalJob], object] | None, job: LocalJob) -> Hook | None:
+        return None if hook is None else partial(hook, job)
+
+    def _ended(self, job: LocalJob) -> None:
+        if self._hooks.ended is not None:
+            self._hooks.ended(job)
+        self.top_up()
+
+    def _draw_next(self) -> None:
+        load, streams = self._load, self._streams
+        if load is None or streams is None or not self._active():
+            return
+        rng = streams.arrivals
+        at = self._sim.now + rng.expovariate(1.0 / self._gap)
+        site = load.site
+        if site is None:
+            site = rng.choices(self._order, weights=[c.processors for c in self._order])[0].name
+        if load.mean_runtime_s is not None:
+            runtime = rng.expovariate(1.0 / load.mean_runtime_s)
+            size = rng.randint(*load.nodes) * load.node_processors
+        else:
+            size = rng.randint(*load.nodes) * load.node_processors
+            runtime = rng.uniform(*load.duration_s)
+        job = LocalJob(next(streams.names), site, at, runtime, size)
+        self._sim.schedule(at, partial(self._arrive, job), self._priority)
+
+    def _arrive(self, job: LocalJob) -> None:
+        self.submit(job)
+        self._draw_next()
+
+    def _inject_until(self, target: int) -> None:
+        while self.busy < target:
+            dummy = self._draw_dummy()
+            if dummy is None:
+                return  # no room now; the next release tries again
+            self._clusters[dummy.site].run_now(
+                Queued(
+                    dummy.name,
+                    dummy.processors,
+                    dummy.runtime_s,
+                    HolderKind.LOCAL,
+                    self._hook(self._hooks.started, dummy),
+                    partial(self._ended, dummy),
+                )
+            )
+
+    def _draw_dummy(self) -> LocalJob | None:
+        load, streams = self._load, self._streams
+        if load is None or streams is None or streams.dummies is None:
+            return None
+        node = load.node_processors
+        candidates = [c for c in self._order if c.idle >= node]
+        room = (self._band[1] - self.busy) // node
+        if not candidates or room < 1:
+            return None
+        rng = streams.dummies
+        nodes = rng.randint(*load.nodes)
+        duration = rng.uniform(*load.duration_s)
+        cluster = rng.choices(candidates, weights=[c.idle for c in candidates])[0]
+        nodes = min(nodes, room, cluster.idle // node)
+        name = next(streams.dummy_names)
+        return LocalJob(name, cluster.name, self._sim.now, duration, nodes * node)
