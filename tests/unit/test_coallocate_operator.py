@@ -21,6 +21,7 @@ from operators.hooks import GridcoreHook
 from sensors.base import REQUIRED_EVENT_KEYS
 from sensors.coalloc_trigger import CoAllocationTrigger
 from sensors.connections import GridLocation, close_koala
+from tests.barrier_checks import assert_released_after_every_registration
 from tests.fakes import FakeTaskStateStore
 
 WAIT_S = 60.0
@@ -285,7 +286,7 @@ async def test_trigger_scans_a_two_site_job_to_one_success_event(db_url: str) ->
     assert record["state"] == "completed"
     assert [c["state"] for c in record["components"]] == ["completed", "completed"]
     assert len({c["site"] for c in record["components"]}) == 2
-    assert record["barrier_skew_s"] is not None and record["barrier_skew_s"] <= 1.0
+    assert_released_after_every_registration(db_url, trigger.job_id)
     result = op.execute_complete({}, payload)
     assert result["sizes"] == [8, 4] and all(t is not None for t in result["start_times"])
 
@@ -323,7 +324,7 @@ def test_non_deferrable_mode_waits_in_the_worker(db_url: str) -> None:
 
     assert result["state"] == "completed"
     assert result["sites"] == ["local-a", "local-b", "local-c"]
-    assert result["barrier_skew_s"] is not None and result["barrier_skew_s"] <= 1.0
+    assert_released_after_every_registration(db_url, result["job_id"])
 
 
 def run_trigger(trigger: CoAllocationTrigger) -> dict[str, Any]:

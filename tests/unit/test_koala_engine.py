@@ -41,6 +41,7 @@ from gridcore.policies.placement import PlacementPolicy
 from gridcore.staging import ReplicaCatalog, register_source
 from gridcore.state.schema import coalloc_jobs, local_jobs
 from gridcore.state.store import open_store
+from tests.barrier_checks import assert_released_after_every_registration
 
 # 8 + 4 + 4 on local-a (8), local-b (4), local-c (4): only co-allocation over all three fits.
 SPREAD = CoAllocationRequest(
@@ -106,7 +107,7 @@ def test_three_components_co_allocated_meet_at_the_barrier_and_complete(tmp_path
         (2, 4, "local-c"),
     ]
     assert all(c.state == "completed" and c.exit_code == 0 for c in done.components)
-    assert done.barrier_skew_s is not None and done.barrier_skew_s < 1.0
+    assert_released_after_every_registration(koala.store, job_id)
     assert done.retries == 0 and done.placement_tries == 1 and done.claim_tries == 1
     assert done.jpt is not None and done.jst == done.jpt  # no input file: FTT = 0
     addresses = {(c.index, c.host, c.port) for c in done.components}
@@ -227,7 +228,7 @@ def test_icp_starts_what_fits_and_the_rest_joins_at_the_barrier_later(tmp_path: 
     assert done.claim_tries == 2 and done.retries == 0
     first, *later = (c.claimed_at or 0 for c in done.components)
     assert all(t < first for t in later)
-    assert done.barrier_skew_s is not None and done.barrier_skew_s < 1.0
+    assert_released_after_every_registration(koala.store, job_id)
 
 
 def test_icp_aborts_at_the_jst_lowers_l_and_replaces_the_job(tmp_path: Path) -> None:
@@ -280,7 +281,7 @@ def test_a_killed_component_requeues_the_whole_job_which_still_finishes(tmp_path
     done = scan_until(koala, job_id, "completed")
     assert done.retries >= 1 and done.epoch >= 1
     assert all(c.state == "completed" for c in done.components)
-    assert done.barrier_skew_s is not None and done.barrier_skew_s < 1.0
+    assert_released_after_every_registration(koala.store, job_id)
     # The first attempt's other components were cancelled, not left running.
     with koala.store.begin() as conn:
         states = dict(
