@@ -11,7 +11,6 @@ import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
 
 # Transfers and sizes use decimal megabytes, as bandwidths are given in MB/s.
 MB = 1_000_000
@@ -79,12 +78,6 @@ class GridSpec:
     @functools.cached_property
     def slowness_by_site(self) -> Mapping[str, float]:
         return MappingProxyType({s.name: s.slowness for s in self.sites})
-
-    @functools.cached_property
-    def snapshot_cache(self) -> dict[tuple[Any, ...], Any]:
-        """Snapshots by database row, reused across decisions (see engine.ledger); a
-        cache, not state: it lives and dies with this grid object."""
-        return {}
 
     @property
     def site_names(self) -> tuple[str, ...]:

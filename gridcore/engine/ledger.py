@@ -16,8 +16,22 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, case, func, insert, select, update
+from sqlalchemy import (
+    Connection,
+    String,
+    and_,
+    bindparam,
+    case,
+    cast,
+    func,
+    insert,
+    literal_column,
+    select,
+    update,
+)
 
+from gridcore.engine import capacity
+from gridcore.engine.capacity import HolderKind, Ledger
 from gridcore.errors import RequestError, StateError
 from gridcore.model import (
     GridSpec,
@@ -30,7 +44,7 @@ from gridcore.model import (
     SiteSpec,
 )
 from gridcore.policies.selection import InsufficientMode, SelectionProtocol, select_site
-from gridcore.state.schema import selections, sites
+from gridcore.state.schema import holds, selections, sites
 from gridcore.state.store import Store
 
 # Weight of the newest finished job in the observed queue-wait/runtime averages.
@@ -52,12 +66,21 @@ class Recorded:
 def register_sites(conn: Connection, grid: GridSpec) -> None:
     """Insert a ledger row for each grid site not yet known (idempotent). A new row
     reports every processor idle until the first observation replaces it."""
-    known = set(conn.execute(select(sites.c.name)).scalars())
+    known = dict(conn.execute(select(sites.c.name, sites.c.storage_total)).all())
     rows = [_site_row(spec) for spec in grid.sites if spec.name not in known]
     if rows:
         # Workers starting together all see the site missing: the insert must skip a row
         # another one added meanwhile (on SQLite, BEGIN IMMEDIATE already serializes them).
         conn.execute(_insert_ignoring_duplicates(conn), rows)
+    for spec in grid.sites:
+        if spec.name in known and known[spec.name] != spec.storage_bytes:
+            # the grid file is the authority on the storage limit (claims already held
+            # stay; a lower limit only refuses new ones)
+            conn.execute(
+                update(sites)
+                .where(sites.c.name == spec.name)
+                .values(storage_total=spec.storage_bytes)
+            )
 
 
 def _insert_ignoring_duplicates(conn: Connection) -> Any:
@@ -83,6 +106,8 @@ def _site_row(spec: SiteSpec) -> dict[str, object]:
         "observed_at": 0.0,
         "claimed": 0,
         "queued": 0,
+        "storage_total": spec.storage_bytes,
+        "storage_claimed": 0,
         "usable": True,
         "consecutive_errors": 0,
         "finished_jobs": 0,
@@ -101,20 +126,6 @@ _SNAPSHOT_COLUMNS = select(
     sites.c.mean_queue_wait_s,
     sites.c.mean_runtime_s,
 )
-_FREE = sites.c.reported_idle - sites.c.external_pending - sites.c.claimed - sites.c.queued
-# Bind names carry a "b_" prefix: a parameter named like a column (``name``) would
-# otherwise be taken by SQLAlchemy as an extra SET clause of the UPDATE.
-_CLAIM = (
-    update(sites)
-    .where(and_(sites.c.name == bindparam("b_site"), bindparam("b_processors") <= _FREE))
-    .values(claimed=sites.c.claimed + bindparam("b_processors"))
-)
-_ADD = {
-    column: update(sites)
-    .where(sites.c.name == bindparam("b_site"))
-    .values({column: sites.c[column] + bindparam("b_processors")})
-    for column in ("claimed", "queued")
-}
 _INSERT_SELECTION = insert(selections)
 _SELECTION_FIELDS = (
     "stream",
@@ -124,60 +135,92 @@ _SELECTION_FIELDS = (
     "protocol",
     "mode",
     "outcome",
-    "ledger",
     "reasons",
     "state",
     "selected_at",
 )
 
 
-def _pg_insert_from(cte_update: Any) -> Any:
-    """INSERT the selection row only if the ledger UPDATE in the CTE matched its row."""
+def _pg_claim_insert(cte_update: Any) -> Any:
+    """ONE statement for PostgreSQL: the counters' UPDATE, then the selection row only if
+    it matched, then the selection's hold (holder = the new id). Returns the id."""
     changed = cte_update.returning(sites.c.name).cte("changed")
     values: Any = select(*(bindparam(f"b_{f}") for f in _SELECTION_FIELDS)).select_from(changed)
-    return (
-        insert(selections).from_select(list(_SELECTION_FIELDS), values).returning(selections.c.id)
+    selection = (
+        insert(selections)
+        .from_select(list(_SELECTION_FIELDS), values)
+        .returning(selections.c.id)
+        .cte("selection")
     )
+    hold: Any = select(
+        bindparam("b_site"),
+        literal_column(f"'{HolderKind.SELECTION.value}'"),
+        cast(selection.c.id, String),
+        bindparam("b_processors"),
+        literal_column("0"),
+        bindparam("b_ledger"),
+        bindparam("b_selected_at"),
+    ).select_from(selection)
+    columns = ["site", "kind", "holder", "processors", "storage_bytes", "ledger", "created_at"]
+    return insert(holds).from_select(columns, hold).returning(holds.c.holder)
 
 
-_PG_CLAIM_INSERT = _pg_insert_from(_CLAIM)
-_PG_ADD_INSERT = {column: _pg_insert_from(stmt) for column, stmt in _ADD.items()}
+_PG_CLAIM_INSERT = _pg_claim_insert(capacity.CLAIM)
+_PG_ADD_INSERT = {ledger: _pg_claim_insert(capacity.ADD[ledger]) for ledger in Ledger}
 
 
-def read_snapshots(conn: Connection, grid: GridSpec) -> list[SiteSnapshot]:
-    """One snapshot of every grid site, read in the caller's transaction.
+class SnapshotReader:
+    """Reads one snapshot of every grid site per decision, for one grid; owned by the
+    engine (:class:`gridcore.engine.runtime.GridRuntime`) or the caller of
+    :func:`select_and_record`, never by the frozen grid.
 
     The hot path of every decision: the rows come straight from the driver cursor
     (SQLAlchemy's result processing cost as much as the policy itself), and a row equal
     to one seen before reuses its snapshot, since a decision changes one site's row.
     """
-    slowness = grid.slowness_by_site
-    cache = grid.snapshot_cache
-    cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-    try:
-        cursor.execute(_driver_sql(conn, _SNAPSHOT_COLUMNS))
-        rows = cursor.fetchall()
-    finally:
-        cursor.close()
-    snaps = []
-    for row in rows:
-        snap = cache.get(row)
-        if snap is None:
-            name, total, idle, claimed, queued, pending_p, pending_n, usable, wait, runtime = row
-            if name not in slowness:
-                continue
-            snap = SiteSnapshot(
-                name, total, idle, slowness[name], claimed + queued, pending_p, pending_n,
-                bool(usable), wait, runtime,
-            )  # fmt: skip
-            if len(cache) > _SNAPSHOT_CACHE_MAX:
-                cache.clear()
-            cache[row] = snap
-        snaps.append(snap)
-    return snaps
+
+    CACHE_MAX = 20_000
+
+    def __init__(self, grid: GridSpec) -> None:
+        self.grid = grid
+        self._slowness = grid.slowness_by_site
+        self._cache: dict[tuple[Any, ...], SiteSnapshot] = {}
+
+    def read(self, conn: Connection) -> list[SiteSnapshot]:
+        """One snapshot of every grid site, read in the caller's transaction."""
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cursor.execute(_driver_sql(conn, _SNAPSHOT_COLUMNS))
+            rows = cursor.fetchall()
+        finally:
+            cursor.close()
+        cache, slowness = self._cache, self._slowness
+        snaps = []
+        for row in rows:
+            snap = cache.get(row)
+            if snap is None:
+                name, total, idle, claimed, queued, pending_p, pending_n, usable, wait, runtime = (
+                    row
+                )
+                if name not in slowness:
+                    continue
+                snap = SiteSnapshot(
+                    name, total, idle, slowness[name], claimed + queued, pending_p, pending_n,
+                    bool(usable), wait, runtime,
+                )  # fmt: skip
+                if len(cache) > self.CACHE_MAX:
+                    cache.clear()
+                cache[row] = snap
+            snaps.append(snap)
+        return snaps
 
 
-_SNAPSHOT_CACHE_MAX = 20_000
+def read_snapshots(conn: Connection, grid: GridSpec) -> list[SiteSnapshot]:
+    """One snapshot of every grid site (no reuse across calls; engines hold a
+    :class:`SnapshotReader`)."""
+    return SnapshotReader(grid).read(conn)
+
+
 _compiled_sql: dict[tuple[str, int], str] = {}
 
 
@@ -201,7 +244,7 @@ def _driver_fetchone(conn: Connection, statement: Any, params: dict[str, Any]) -
 
 def select_and_record(
     store: Store,
-    grid: GridSpec,
+    snapshots: SnapshotReader,
     request: JobRequest,
     protocol: SelectionProtocol,
     mode: InsufficientMode,
@@ -211,15 +254,16 @@ def select_and_record(
 ) -> Recorded:
     """Decide on a fresh snapshot and commit the decision, retrying on a lost claim.
 
-    On PostgreSQL the claim and the selection row are ONE statement (a data-modifying
-    CTE) in autocommit: the site row is locked only for that statement, and the snapshot
-    needs no transaction because the conditional UPDATE re-checks the room it relies on.
-    SQLite serializes writers anyway, so there it is one BEGIN IMMEDIATE transaction.
+    On PostgreSQL the claim, the selection row and its hold are ONE statement (chained
+    data-modifying CTEs) in autocommit: the site row is locked only for that statement,
+    and the snapshot needs no transaction because the conditional UPDATE re-checks the
+    room it relies on. SQLite serializes writers anyway, so there it is one BEGIN
+    IMMEDIATE transaction.
     """
     for attempt in range(1, MAX_CLAIM_ATTEMPTS + 1):
         with store.begin_decision() as conn:
             decision = select_site(
-                request, read_snapshots(conn, grid), grid.bandwidth, protocol, mode, rng=rng
+                request, snapshots.read(conn), snapshots.grid.bandwidth, protocol, mode, rng=rng
             )
             if decision.site is None:
                 raise RequestError(
@@ -244,59 +288,57 @@ def _claim_and_insert(
     stream: str,
     now: float,
 ) -> int | None:
-    ledger = "claimed" if decision.outcome is Outcome.FIT else "queued"
-    conditional = ledger == "claimed" and protocol is SelectionProtocol.STATEFUL
-    params = _selection_params(request, decision, ledger, stream, now)
+    ledger = Ledger.CLAIMED if decision.outcome is Outcome.FIT else Ledger.QUEUED
+    conditional = ledger is Ledger.CLAIMED and protocol is SelectionProtocol.STATEFUL
+    params = _selection_params(request, decision, stream, now)
     if not store.is_sqlite:
         statement = _PG_CLAIM_INSERT if conditional else _PG_ADD_INSERT[ledger]
         bound = {f"b_{key}": value for key, value in params.items()}
+        bound.update(b_ledger=ledger.value, b_bytes=0)
         row = _driver_fetchone(conn, statement, bound)
         return None if row is None else int(row[0])
+    counters = {"b_site": decision.site, "b_processors": request.processors, "b_bytes": 0}
     if conditional:
-        claim = {"b_site": decision.site, "b_processors": request.processors}
-        if conn.execute(_CLAIM, claim).rowcount != 1:
+        if conn.execute(capacity.CLAIM, counters).rowcount != 1:
             return None
     else:
         # naive/random do not honour in-flight work by definition; still record it so
         # stateful selectors sharing the database see it.
-        _add(conn, str(decision.site), ledger, request.processors)
-    return _insert_selection(conn, params)
+        conn.execute(capacity.ADD[ledger], counters)
+    return _insert_selection(conn, params, ledger)
 
 
 def record_pinned(
     conn: Connection, request: JobRequest, site: str, stream: str, now: float
 ) -> Recorded:
     """Record a job sent to a named site (no policy): it still counts as in flight."""
-    row = conn.execute(select(sites).where(sites.c.name == site)).mappings().one_or_none()
+    row = conn.execute(
+        select(sites.c.total_processors, capacity.FREE.label("free")).where(sites.c.name == site)
+    ).one_or_none()
     if row is None:
         raise RequestError(f"request {request.name!r}: unknown site {site!r}")
-    if row["total_processors"] < request.processors:
+    if row.total_processors < request.processors:
         raise RequestError(
-            f"request {request.name!r}: site {site} has {row['total_processors']} processors"
+            f"request {request.name!r}: site {site} has {row.total_processors} processors"
             f" in all < {request.processors} needed"
         )
     # The same conditional UPDATE as a policy decision: a concurrent selector cannot
     # take the room between reading it and claiming it.
-    claim = {"b_site": site, "b_processors": request.processors}
-    fits = conn.execute(_CLAIM, claim).rowcount == 1
+    counters = {"b_site": site, "b_processors": request.processors, "b_bytes": 0}
+    fits = conn.execute(capacity.CLAIM, counters).rowcount == 1
     if not fits:
-        _add(conn, site, "queued", request.processors)
-    free = row["reported_idle"] - row["external_pending"] - row["claimed"] - row["queued"]
-    reason = f"site {site}: pinned by the request ({free} effective idle when read)"
+        conn.execute(capacity.ADD[Ledger.QUEUED], counters)
+    reason = f"site {site}: pinned by the request ({row.free} effective idle when read)"
     decision = SiteSelection(
         site, Outcome.FIT if fits else Outcome.QUEUE, "pinned", "none", (reason,)
     )
-    ledger = "claimed" if fits else "queued"
-    params = _selection_params(request, decision, ledger, stream, now)
-    return Recorded(_insert_selection(conn, params), decision, now, 1)
-
-
-def _add(conn: Connection, site: str, ledger: str, processors: int) -> None:
-    conn.execute(_ADD[ledger], {"b_site": site, "b_processors": processors})
+    ledger = Ledger.CLAIMED if fits else Ledger.QUEUED
+    params = _selection_params(request, decision, stream, now)
+    return Recorded(_insert_selection(conn, params, ledger), decision, now, 1)
 
 
 def _selection_params(
-    request: JobRequest, decision: SiteSelection, ledger: str, stream: str, now: float
+    request: JobRequest, decision: SiteSelection, stream: str, now: float
 ) -> dict[str, object]:
     return {
         "stream": stream,
@@ -306,38 +348,43 @@ def _selection_params(
         "protocol": decision.protocol,
         "mode": decision.mode,
         "outcome": "fit" if decision.outcome is Outcome.FIT else "queue",
-        "ledger": ledger,
         "reasons": json.dumps(list(decision.reasons)),
         "state": JobState.SELECTED.value,
         "selected_at": now,
     }
 
 
-def _insert_selection(conn: Connection, params: dict[str, object]) -> int:
+def _insert_selection(conn: Connection, params: dict[str, object], ledger: Ledger) -> int:
+    """The selection row and its hold (the counters were moved by the caller)."""
     key = conn.execute(_INSERT_SELECTION, params).inserted_primary_key
     if key is None:
         raise StateError("the database returned no id for the new selection")
-    return int(key[0])
+    selection_id = int(key[0])
+    hold = capacity.hold_params(
+        HolderKind.SELECTION,
+        str(selection_id),
+        str(params["site"]),
+        int(str(params["processors"])),
+        ledger,
+        now=float(str(params["selected_at"])),
+    )
+    conn.execute(capacity.INSERT_HOLD, hold)
+    return selection_id
 
 
 def release(conn: Connection, selection_id: int) -> bool:
     """Return a selection's processors to the ledger, exactly once."""
-    row = conn.execute(
-        select(selections.c.site, selections.c.ledger, selections.c.processors).where(
-            selections.c.id == selection_id
-        )
-    ).one_or_none()
-    if row is None or row.ledger is None:
-        return False
-    done = conn.execute(
+    return capacity.release(conn, HolderKind.SELECTION, str(selection_id))
+
+
+def set_job_id(conn: Connection, selection_id: int, job_id: str, now: float) -> None:
+    """The selection was submitted as ``job_id``: its hold ends when a report shows it."""
+    conn.execute(
         update(selections)
-        .where(and_(selections.c.id == selection_id, selections.c.ledger == row.ledger))
-        .values(ledger=None)
+        .where(selections.c.id == selection_id)
+        .values(job_id=job_id, state=JobState.PENDING.value, submitted_at=now)
     )
-    if done.rowcount != 1:
-        return False
-    _add(conn, row.site, row.ledger, -row.processors)
-    return True
+    capacity.set_site_job(conn, HolderKind.SELECTION, str(selection_id), job_id)
 
 
 def expire_unsubmitted(conn: Connection, older_than: float, now: float) -> list[int]:
@@ -368,11 +415,15 @@ def expire_unsubmitted(conn: Connection, older_than: float, now: float) -> list[
     return stale
 
 
-def store_observation(conn: Connection, obs: SiteObservation, own_job_ids: Iterable[str]) -> int:
-    """Store a site report unless a newer one is stored already, and release our
-    selections the report now shows running or finished (they are visible: keeping
-    them in flight would count them twice). Returns how many were released."""
-    own = set(own_job_ids)
+def store_observation(
+    conn: Connection, obs: SiteObservation, own_job_ids: Iterable[str] | None = None
+) -> int:
+    """Store a site report unless a newer one is stored already, and release every hold
+    (any kind) whose site job the report now shows running or finished (it is visible:
+    keeping it in flight would count it twice). Our own pending jobs, by default the
+    site jobs of the live holds, are not counted as others' queued work. Returns how
+    many holds were released."""
+    own = set(capacity.own_job_ids(conn, obs.site) if own_job_ids is None else own_job_ids)
     external = [j for j in obs.pending() if j.job_id not in own]
     stored = conn.execute(
         update(sites)
@@ -390,17 +441,8 @@ def store_observation(conn: Connection, obs: SiteObservation, own_job_ids: Itera
     )
     if stored.rowcount != 1:
         return 0  # a newer observation won; releasing against this one could double count
-    visible = {j.job_id for j in obs.jobs if j.state is not JobState.PENDING}
-    rows = conn.execute(
-        select(selections.c.id).where(
-            and_(
-                selections.c.site == obs.site,
-                selections.c.ledger.is_not(None),
-                selections.c.job_id.in_(visible),
-            )
-        )
-    ).scalars()
-    return sum(release(conn, sid) for sid in list(rows))
+    visible = [j.job_id for j in obs.jobs if j.state is not JobState.PENDING]
+    return capacity.release_visible(conn, obs.site, visible)
 
 
 def record_site_error(conn: Connection, site: str, message: str) -> bool:
@@ -444,28 +486,14 @@ def record_finished_stats(
 
 
 def ledger_totals(conn: Connection) -> dict[str, tuple[int, int, int, int]]:
-    """Per site: (claimed counter, sum of claimed rows, queued counter, sum of queued rows);
-    the two pairs must be equal (used by tests and benchmarks)."""
-    sums: dict[tuple[str, str], int] = {}
-    for site, ledger, total in conn.execute(
-        select(selections.c.site, selections.c.ledger, func.sum(selections.c.processors))
-        .where(selections.c.ledger.is_not(None))
-        .group_by(selections.c.site, selections.c.ledger)
-    ):
-        sums[(site, ledger)] = int(total)
-    return {
-        row.name: (
-            row.claimed,
-            sums.get((row.name, "claimed"), 0),
-            row.queued,
-            sums.get((row.name, "queued"), 0),
-        )
-        for row in conn.execute(select(sites.c.name, sites.c.claimed, sites.c.queued))
-    }
+    """Per site: (claimed counter, sum of claimed holds, queued counter, sum of queued
+    holds); the two pairs must be equal (used by tests and benchmarks)."""
+    return capacity.totals(conn)
 
 
 __all__: Sequence[str] = (
     "Recorded",
+    "SnapshotReader",
     "ledger_totals",
     "read_snapshots",
     "record_finished_stats",
@@ -474,5 +502,6 @@ __all__: Sequence[str] = (
     "register_sites",
     "release",
     "select_and_record",
+    "set_job_id",
     "store_observation",
 )

@@ -40,7 +40,7 @@ from gridcore.model import (
 from gridcore.policies.selection import InsufficientMode, SelectionProtocol
 from gridcore.sites.base import SiteAdapter
 from gridcore.sites.keys import selection_key
-from gridcore.state.schema import coalloc_site_health, selections, sites
+from gridcore.state.schema import coalloc_site_health, holds, selections, sites
 from gridcore.state.store import Store, open_store, state_dir
 from gridcore.validation import check_job_request, check_selection_stream
 
@@ -120,6 +120,8 @@ class GridRuntime:
         self.clock = clock
         self.rng = rng or random.Random()
         self._adapters: dict[str, SiteAdapter] = dict(adapters or {})
+        # snapshots by database row, reused across this engine's decisions
+        self.snapshots = ledger.SnapshotReader(grid)
         store.check_migrated()
         with store.begin() as conn:
             ledger.register_sites(conn, grid)
@@ -177,16 +179,8 @@ class GridRuntime:
                 ledger.record_site_error(conn, site, str(exc))
             return str(exc)
         with self.store.begin() as conn:
-            own = conn.execute(
-                select(selections.c.job_id).where(
-                    and_(
-                        selections.c.site == site,
-                        selections.c.job_id.is_not(None),
-                        selections.c.ledger.is_not(None),
-                    )
-                )
-            ).scalars()
-            ledger.store_observation(conn, obs, [j for j in own if j])
+            # our own jobs (not others' pending work): the site jobs of live holds
+            ledger.store_observation(conn, obs)
         self._cancel_orphans(site, obs.jobs)
         return None
 
@@ -252,7 +246,7 @@ class GridRuntime:
             return self.record(rec.id)
         self.refresh(max_age_s)
         rec = ledger.select_and_record(
-            self.store, self.grid, request, protocol, mode, stream, self.clock(), self.rng
+            self.store, self.snapshots, request, protocol, mode, stream, self.clock(), self.rng
         )
         return self.record(rec.id)
 
@@ -392,9 +386,9 @@ class GridRuntime:
         with self.store.begin() as conn:
             counts: dict[str, int] = dict(
                 conn.execute(
-                    select(selections.c.site, func.count())
-                    .where(selections.c.ledger.is_not(None))
-                    .group_by(selections.c.site)
+                    select(holds.c.site, func.count())
+                    .where(holds.c.ledger.is_not(None))
+                    .group_by(holds.c.site)
                 ).all()
             )
             rows = conn.execute(select(sites).order_by(sites.c.name)).mappings().all()

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from sqlalchemy import Connection, and_, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
+from gridcore.engine import capacity
 from gridcore.model import JobState, JobSubmission, ObservedJob
 from gridcore.sites.base import SiteAdapter
 from gridcore.sites.keys import HolderKind, KeyHolder, install_prefix, parse_key
@@ -129,4 +130,6 @@ def adopt_selection_job(conn: Connection, selection_id: int, job_id: str, now: f
     )
     if done.rowcount != 1:
         return False
+    # the hold ends when an observation shows this job (gridcore.engine.capacity)
+    capacity.set_site_job(conn, capacity.HolderKind.SELECTION, str(selection_id), job_id)
     return True

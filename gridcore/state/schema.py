@@ -1,11 +1,12 @@
 """The state database schema (SQLAlchemy Core). Alembic migrations in ``migrations/``
 create exactly these tables; a test checks that the migrated schema matches.
 
-Ledger invariant (tested under concurrency): for every site,
-``sites.claimed`` == sum of ``selections.processors`` whose ``ledger`` is ``claimed``
-and ``sites.queued`` == the same for ``queued``. A stateful FIT selection only claims
-processors when ``reported_idle - external_pending - claimed - queued >= processors``,
-checked and applied in one conditional UPDATE.
+Ledger invariant (:func:`gridcore.engine.capacity.check_invariant`, tested under
+concurrency and faults): for every site, ``sites.claimed`` == the sum of
+``holds.processors`` whose ``ledger`` is ``claimed``, ``sites.queued`` == the same for
+``queued``, and ``sites.storage_claimed`` == the sum of the live holds' bytes. A claim
+only takes processors that are free (``gridcore.engine.capacity.FREE``) and bytes that
+fit ``storage_total``, checked and applied in one conditional UPDATE.
 """
 
 from __future__ import annotations
@@ -38,10 +39,14 @@ sites = Table(
     Column("external_pending", Integer, nullable=False, default=0),
     Column("pending_jobs", Integer, nullable=False, default=0),
     Column("observed_at", Float, nullable=False, default=0.0),
-    # our own in-flight processors not yet visible in the report
+    # our own in-flight processors not yet visible in the report: sums of gc_holds
     Column("claimed", Integer, nullable=False, default=0),
     Column("queued", Integer, nullable=False, default=0),
-    # health (a site failing repeatedly is set unusable until a probe succeeds)
+    # storage: the grid's limit (NULL = unlimited) and the bytes held by gc_holds
+    Column("storage_total", BigInteger, nullable=True),
+    Column("storage_claimed", BigInteger, nullable=False, default=0),
+    # THE health of the site (gridcore.engine.health): consecutive errors of contact,
+    # jobs and components; unusable at the threshold until a probe job completes
     Column("usable", Boolean, nullable=False, default=True),
     Column("consecutive_errors", Integer, nullable=False, default=0),
     Column("last_error", Text, nullable=True),
@@ -62,7 +67,7 @@ selections = Table(
     Column("protocol", String(16), nullable=False),
     Column("mode", String(16), nullable=False),
     Column("outcome", String(8), nullable=False),  # fit | queue | pinned
-    Column("ledger", String(8), nullable=True),  # claimed | queued | NULL (released)
+    # its processors are a hold (kind "selection", holder = str(id)) in gc_holds
     Column("reasons", Text, nullable=False),  # JSON list of strings
     Column("state", String(16), nullable=False),  # gridcore.model.JobState
     Column("job_id", String(64), nullable=True),
@@ -72,7 +77,6 @@ selections = Table(
     Column("submitted_at", Float, nullable=True),
     Column("started_at", Float, nullable=True),
     Column("finished_at", Float, nullable=True),
-    Index("ix_gc_selections_site_ledger", "site", "ledger"),
     Index("ix_gc_selections_state", "state"),
 )
 
@@ -205,6 +209,29 @@ coalloc_site_health = Table(
     # an unusable site is probed with a tiny job; its success restores the site
     Column("probe_job_id", String(64), nullable=True),
     Column("probe_started_at", Float, nullable=True),
+)
+
+# -- the capacity ledger (gridcore.engine.capacity) ------------------------------------
+# Every holder of processors or storage bytes at a site is one row: a selection, a
+# co-allocation component, a probe job, a staged volume, a pilot. ``ledger`` says where
+# its processors count (claimed | queued) and is NULL once released (exactly once).
+# ``site_job_id``: the site job whose appearance (running/finished) in an observation
+# releases the hold, as the report then counts those processors itself.
+holds = Table(
+    "gc_holds",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("site", String(64), nullable=False),
+    Column("kind", String(16), nullable=False),  # capacity.HolderKind
+    Column("holder", String(512), nullable=False),
+    Column("processors", Integer, nullable=False, default=0),
+    Column("storage_bytes", BigInteger, nullable=False, default=0),
+    Column("ledger", String(8), nullable=True),  # capacity.Ledger | NULL (released)
+    Column("site_job_id", String(64), nullable=True),
+    Column("created_at", Float, nullable=False),
+    Column("released_at", Float, nullable=True),
+    UniqueConstraint("kind", "holder", name="uq_gc_holds_kind_holder"),
+    Index("ix_gc_holds_site_ledger", "site", "ledger"),
 )
 
 # Named leases: one holder at a time (the KOALA queue scanner); ``scans`` counts the scans

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select, update
 
-from gridcore.engine import ledger
+from gridcore.engine import capacity, ledger
+from gridcore.engine.capacity import HolderKind
 from gridcore.model import GridSpec, JobRequest, SiteKind, SiteSpec
 from gridcore.policies.selection import InsufficientMode, SelectionProtocol
 from gridcore.state.schema import selections, sites
@@ -35,10 +36,11 @@ PER_PROCESS = 200
 def _selector(url: str, index: int, count: int) -> None:
     store = open_store(url)
     rng = random.Random(index)
+    snapshots = ledger.SnapshotReader(GRID)
     for i in range(count):
         ledger.select_and_record(
             store,
-            GRID,
+            snapshots,
             JobRequest(f"p{index}-{i}", rng.randint(1, 4)),
             SelectionProtocol.STATEFUL,
             InsufficientMode.BEST,
@@ -56,11 +58,7 @@ def _finisher(url: str, stop_after: float) -> None:
     end = time.time() + stop_after
     while time.time() < end:
         with store.begin() as conn:
-            ids = list(
-                conn.execute(
-                    select(selections.c.id).where(selections.c.ledger.is_not(None)).limit(50)
-                ).scalars()
-            )
+            ids = [int(h.holder) for h in capacity.live_holds(conn, HolderKind.SELECTION)[:50]]
             for sid in rng.sample(ids, min(5, len(ids))):
                 ledger.release(conn, sid)
         time.sleep(0.01)
@@ -100,7 +98,10 @@ def test_eight_processes_never_overcommit_and_lose_no_row(pg_url: str, store: St
         assert p.exitcode == 0, p
 
     with store.begin() as conn:
+        assert capacity.check_invariant(conn) == []
         totals = ledger.ledger_totals(conn)
+        held = {h.holder for h in capacity.live_holds(conn, HolderKind.SELECTION)}
+        ids = {str(i) for i in conn.execute(select(selections.c.id)).scalars()}
         per_stream = dict(
             conn.execute(
                 select(selections.c.stream, func.count()).group_by(selections.c.stream)
@@ -114,6 +115,7 @@ def test_eight_processes_never_overcommit_and_lose_no_row(pg_url: str, store: St
             f"{site}: counters drifted from rows"
         )
         assert claimed <= IDLE[site], f"{site}: {claimed} claimed > {IDLE[site]} granted"
+    assert held <= ids, "a hold whose selection was never committed (the killed selector?)"
     assert all(per_stream[f"p{i}"] == PER_PROCESS for i in range(8)), per_stream
     assert per_stream["p99"] >= 50
     assert fits > sum(IDLE.values()) // 4, "releases let later selections claim again"
@@ -139,6 +141,7 @@ def test_claims_at_every_instant_stay_within_the_grant(pg_url: str, store: Store
             ).all()
         )
         rows = conn.execute(select(func.count()).select_from(selections)).scalar_one()
+        assert capacity.check_invariant(conn) == []
     assert rows == 8 * 60
     for site, granted in IDLE.items():
         assert int(fit.get(site, 0)) <= granted, (
@@ -185,6 +188,7 @@ def test_pinned_selections_racing_on_one_site_never_overcommit(pg_url: str, stor
         assert p.exitcode == 0
     with store.begin() as conn:
         claimed, claimed_rows, queued, queued_rows = ledger.ledger_totals(conn)["s0"]
+        assert capacity.check_invariant(conn) == []
     assert (claimed, queued) == (claimed_rows, queued_rows)
     assert claimed == 6, "two 3-processor claims fit in 8; every other pinned job queues"
     assert queued == 3 * (6 * 30 - 2)
@@ -221,5 +225,6 @@ def test_workers_starting_together_register_each_site_once(pg_url: str) -> None:
     store = open_store(pg_url)
     with store.begin() as conn:
         names = sorted(conn.execute(select(sites.c.name)).scalars())
+        assert capacity.check_invariant(conn) == []
     store.dispose()
     assert names == ["local-a", "local-b", "local-c"]
