@@ -91,16 +91,32 @@ class GridcoreTrigger(BaseTrigger, Generic[H, R]):
     """
 
     subject: ClassVar[str]
-    id_field: ClassVar[str]
+    id_field: ClassVar[str]  # the constructor argument (and attribute) holding the id
+    default_poll_interval: ClassVar[float] = 2.0
     poll_noun: ClassVar[str] = "polls"
 
     def __init__(
-        self, ident: int, location: GridLocation, poll_interval: float, max_retries: int
+        self,
+        ident: int | None = None,
+        grid_file: str | None = None,
+        db_url: str | None = None,
+        poll_interval: float | None = None,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        gridcore_conn_id: str | None = None,
+        **named_id: int,
     ) -> None:
+        """The id comes first, or by its name (``selection_id=7``, as ``serialize`` gives
+        it); where gridcore is: :class:`~sensors.connections.GridLocation`."""
         super().__init__()
-        self.ident = ident
-        self.location = location
-        self.poll_interval = poll_interval
+        if named_id and (ident is not None or set(named_id) != {self.id_field}):
+            raise TypeError(f"{type(self).__name__}: unexpected {sorted(named_id)}")
+        ident = named_id.get(self.id_field, ident)
+        if ident is None:
+            raise TypeError(f"{type(self).__name__} needs {self.id_field}")
+        self.ident = int(ident)
+        setattr(self, self.id_field, self.ident)
+        self.location = GridLocation(grid_file, db_url, gridcore_conn_id)
+        self.poll_interval = self.default_poll_interval if poll_interval is None else poll_interval
         self.max_retries = max_retries
         self._handle: H | None = None
 

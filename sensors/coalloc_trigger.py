@@ -8,38 +8,27 @@ lease in the state database lets exactly one scan run at a time, the others skip
 
 from __future__ import annotations
 
-from gridcore.engine.koala import CoAllocationRecord, JobPhase, KoalaEngine
-from sensors.base import DEFAULT_MAX_RETRIES, GridcoreTrigger, Outcome
-from sensors.connections import GridLocation, close_koala
+from gridcore.engine.koala import CoAllocationRecord, KoalaEngine
+from gridcore.engine.phases import JobPhase
+from sensors.base import GridcoreTrigger, Outcome
+from sensors.connections import close_koala
 
 
 class CoAllocationTrigger(GridcoreTrigger[KoalaEngine, CoAllocationRecord]):
     """Scan KOALA until co-allocated job ``job_id`` ends; yield exactly one event.
 
-    Each poll is one ``KoalaEngine.scan`` (skipped while another engine holds the scan
-    lease) and ``KoalaEngine.status``; see :class:`~sensors.base.GridcoreTrigger` for
-    retries, errors, on_kill (cancels the job and its started components) and cleanup.
+    ``CoAllocationTrigger(job_id, grid_file=None, db_url=None, poll_interval=1.0,
+    max_retries=5, gridcore_conn_id=None)``: each poll is one ``KoalaEngine.scan``
+    (skipped while another engine holds the scan lease) and ``KoalaEngine.status``; see
+    :class:`~sensors.base.GridcoreTrigger` for retries, errors, on_kill (cancels the job
+    and its started components) and cleanup.
     """
 
     subject = "co-allocated job"
     id_field = "job_id"
+    job_id: int
+    default_poll_interval = 1.0
     poll_noun = "scans"
-
-    def __init__(
-        self,
-        job_id: int,
-        grid_file: str | None = None,
-        db_url: str | None = None,
-        poll_interval: float = 1.0,
-        max_retries: int = DEFAULT_MAX_RETRIES,
-        gridcore_conn_id: str | None = None,
-    ) -> None:
-        location = GridLocation(grid_file, db_url, gridcore_conn_id)
-        super().__init__(job_id, location, poll_interval, max_retries)
-
-    @property
-    def job_id(self) -> int:
-        return self.ident
 
     def _connect(self) -> KoalaEngine:
         return self.location.open_koala(self.poll_interval, upgrade=False)

@@ -22,8 +22,7 @@ from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
 from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.model import JobState
-from sensors.base import DEFAULT_MAX_RETRIES, GridcoreTrigger, Outcome
-from sensors.connections import GridLocation
+from sensors.base import GridcoreTrigger, Outcome
 
 CONSUMED_DIR = "consumed"
 
@@ -31,28 +30,15 @@ CONSUMED_DIR = "consumed"
 class SiteJobTrigger(GridcoreTrigger[GridRuntime, JobRecord]):
     """Wait for the job of selection ``selection_id`` to finish; yield exactly one event.
 
-    Polls ``GridRuntime.poll`` every ``poll_interval`` seconds (see
-    :class:`~sensors.base.GridcoreTrigger` for retries, errors, on_kill and cleanup).
+    ``SiteJobTrigger(selection_id, grid_file=None, db_url=None, poll_interval=2.0,
+    max_retries=5, gridcore_conn_id=None)`` polls ``GridRuntime.poll`` every
+    ``poll_interval`` seconds (see :class:`~sensors.base.GridcoreTrigger` for retries,
+    errors, on_kill and cleanup).
     """
 
     subject = "selection"
     id_field = "selection_id"
-
-    def __init__(
-        self,
-        selection_id: int,
-        grid_file: str | None = None,
-        db_url: str | None = None,
-        poll_interval: float = 2.0,
-        max_retries: int = DEFAULT_MAX_RETRIES,
-        gridcore_conn_id: str | None = None,
-    ) -> None:
-        location = GridLocation(grid_file, db_url, gridcore_conn_id)
-        super().__init__(selection_id, location, poll_interval, max_retries)
-
-    @property
-    def selection_id(self) -> int:
-        return self.ident
+    selection_id: int
 
     def _connect(self) -> GridRuntime:
         # The selection exists, so its database is migrated; skipping Alembic keeps

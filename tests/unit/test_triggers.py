@@ -82,6 +82,17 @@ def test_site_job_trigger_serialize_round_trips_through_its_class_path() -> None
     assert (rebuilt.selection_id, rebuilt.location) == (7, trigger.location)
 
 
+def test_the_id_is_given_once_by_position_or_by_its_name() -> None:
+    assert SiteJobTrigger(selection_id=4).selection_id == SiteJobTrigger(4).selection_id == 4
+    assert SiteJobTrigger(4).poll_interval == 2.0  # the subclass's default
+    with pytest.raises(TypeError, match="needs selection_id"):
+        SiteJobTrigger()
+    with pytest.raises(TypeError, match="unexpected"):
+        SiteJobTrigger(4, selection_id=4)
+    with pytest.raises(TypeError, match="unexpected"):
+        SiteJobTrigger(job_id=4)
+
+
 @pytest.mark.asyncio
 async def test_run_yields_one_success_event_for_a_quick_job(db_url: str) -> None:
     selection_id = submit(db_url, "echo surge")
