@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow.sdk import BaseOperator, Context
+from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowFailException
 
 from gridcore.engine.koala import CoAllocationRecord, KoalaEngine
@@ -26,9 +26,8 @@ from gridcore.model import (
     RequestKind,
 )
 from gridcore.policies.placement import PlacementPolicy
-from operators.hooks import GridcoreHook
+from operators.base import GridcoreOperator
 from operators.site_job import job_name, map_index, positive_int, state_store, translated
-from sensors.base import wait_inline
 from sensors.coalloc_trigger import CoAllocationTrigger
 
 JOB_KEY = "gridcore_coalloc_job_id"  # in the task state store, shared by all tries
@@ -57,7 +56,7 @@ _JOB_KEYS = (
 )
 
 
-class CoAllocateOperator(BaseOperator):
+class CoAllocateOperator(GridcoreOperator):
     """Run ``command`` as a co-allocated job placed by KOALA (seed 000, 002).
 
     Every component runs ``command`` after the start barrier, which releases them only
@@ -76,10 +75,11 @@ class CoAllocateOperator(BaseOperator):
     :param input_file: logical name of the job's input file in the replica catalog.
     :param delivery: ``whole`` (every component reads it all) | ``chunked``.
     :param quota: at most this fraction of each cluster in use after placement, (0, 1].
-    :param grid_file: grid description; default ``$GRIDCORE_GRID`` or the embedded grid.
-    :param db_url: state database URL; default ``$GRIDCORE_DB_URL`` or SQLite.
     :param poll_interval: seconds between KOALA scans while waiting.
     :param deferrable: wait (and scan) in the triggerer instead of a worker slot.
+
+    ``grid_file``, ``db_url`` and ``gridcore_conn_id`` say where gridcore is
+    (:class:`~operators.base.GridcoreOperator`).
 
     Returns (XCom) the job as placed and run: ``sites``, ``sizes``, ``file_sites``,
     ``site_job_ids`` and ``start_times`` (barrier release, epoch seconds) per component,
@@ -117,11 +117,8 @@ class CoAllocateOperator(BaseOperator):
         input_file: str | None = None,
         delivery: str = FileDelivery.WHOLE.value,
         quota: float | None = None,
-        grid_file: str | None = None,
-        db_url: str | None = None,
         poll_interval: float = 1.0,
         deferrable: bool = True,
-        gridcore_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -135,15 +132,9 @@ class CoAllocateOperator(BaseOperator):
         self.input_file = input_file
         self.delivery = delivery
         self.quota = quota
-        self.grid_file = grid_file
-        self.db_url = db_url
         self.poll_interval = poll_interval
         self.deferrable = deferrable
-        self.gridcore_conn_id = gridcore_conn_id
         self._job_id: int | None = None
-
-    def hook(self) -> GridcoreHook:
-        return GridcoreHook(self.gridcore_conn_id, self.grid_file, self.db_url)
 
     def execute(self, context: Context) -> dict[str, Any]:
         request, policy, quota = self.plan_request(context)
@@ -161,15 +152,10 @@ class CoAllocateOperator(BaseOperator):
         if record is not None and record.finished:  # an earlier try's job completed
             return self.execute_complete(context, dict(CoAllocationTrigger.event_for(record)))
         trigger = CoAllocationTrigger(
-            self._job_id,
-            self.grid_file,
-            self.db_url,
-            self.poll_interval,
-            gridcore_conn_id=self.gridcore_conn_id,
+            self._job_id, poll_interval=self.poll_interval, **self.location()
         )
-        if self.deferrable:
-            self.defer(trigger=trigger, method_name="execute_complete")
-        return self.execute_complete(context, wait_inline(trigger))
+        result: dict[str, Any] = self.wait_for(context, trigger, deferrable=self.deferrable)
+        return result
 
     def _submit(
         self,

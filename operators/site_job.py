@@ -15,15 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import BaseOperator, Context
+from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.errors import ConfigError, GridError, RequestError, StateError
 from gridcore.model import JobRequest, JobState, JobSubmission
 from gridcore.policies.selection import InsufficientMode, SelectionProtocol
-from operators.hooks import GridcoreHook
-from sensors.base import wait_inline
+from operators.base import GridcoreOperator
 from sensors.triggers import SiteJobTrigger
 
 AUTO_SITE = "auto"
@@ -45,7 +44,7 @@ class JobPlan:
     stream: str
 
 
-class SiteJobOperator(BaseOperator):
+class SiteJobOperator(GridcoreOperator):
     """Run ``command`` with ``processors`` processors on a gridcore site.
 
     :param command: shell command run at the site (templated). The job sees
@@ -61,12 +60,11 @@ class SiteJobOperator(BaseOperator):
     :param insufficient_mode: ``best`` | ``random`` | ``earliest`` when no site has room.
     :param stream: selection stream (templated); default: the DAG id.
     :param env: extra environment for the job (templated).
-    :param grid_file: grid description; default ``$GRIDCORE_GRID`` or the embedded grid.
-    :param db_url: state database URL; default ``$GRIDCORE_DB_URL`` or SQLite.
-    :param gridcore_conn_id: a ``gridcore`` Airflow connection giving the grid file and
-        the state database where ``grid_file`` / ``db_url`` are not given.
     :param poll_interval: seconds between status polls while waiting.
     :param deferrable: wait in the triggerer (default) instead of holding a worker slot.
+
+    ``grid_file``, ``db_url`` and ``gridcore_conn_id`` say where gridcore is
+    (:class:`~operators.base.GridcoreOperator`).
 
     Returns (XCom) ``{"site", "job_id", "state", "selected_at", "started_at",
     "finished_at", "queued_s", "selection_id"}``; times are epoch seconds.
@@ -93,11 +91,8 @@ class SiteJobOperator(BaseOperator):
         insufficient_mode: str = InsufficientMode.BEST.value,
         stream: str | None = None,
         env: Mapping[str, str] | None = None,
-        grid_file: str | None = None,
-        db_url: str | None = None,
         poll_interval: float = 2.0,
         deferrable: bool = True,
-        gridcore_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -110,15 +105,9 @@ class SiteJobOperator(BaseOperator):
         self.insufficient_mode = insufficient_mode
         self.stream = stream
         self.env = env
-        self.grid_file = grid_file
-        self.db_url = db_url
         self.poll_interval = poll_interval
         self.deferrable = deferrable
-        self.gridcore_conn_id = gridcore_conn_id
         self._selection_id: int | None = None
-
-    def hook(self) -> GridcoreHook:
-        return GridcoreHook(self.gridcore_conn_id, self.grid_file, self.db_url)
 
     def execute(self, context: Context) -> dict[str, Any]:
         job = self.plan_job(context)
@@ -131,15 +120,10 @@ class SiteJobOperator(BaseOperator):
         if record.finished:  # an earlier try's job completed: its result stands
             return self.execute_complete(context, dict(SiteJobTrigger.event_for(record)))
         trigger = SiteJobTrigger(
-            record.selection_id,
-            self.grid_file,
-            self.db_url,
-            self.poll_interval,
-            gridcore_conn_id=self.gridcore_conn_id,
+            record.selection_id, poll_interval=self.poll_interval, **self.location()
         )
-        if self.deferrable:
-            self.defer(trigger=trigger, method_name="execute_complete")
-        return self.execute_complete(context, wait_inline(trigger))
+        result: dict[str, Any] = self.wait_for(context, trigger, deferrable=self.deferrable)
+        return result
 
     def _select_and_submit(self, runtime: GridRuntime, state: Any, job: JobPlan) -> JobRecord:
         pinned = _pinned_site(runtime, self.site)

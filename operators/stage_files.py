@@ -10,16 +10,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from airflow.sdk import BaseOperator, Context
+from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from gridcore.engine.runtime import GridRuntime
 from gridcore.errors import ConfigError, GridError, RequestError
 from gridcore.staging import ReplicaCatalog, StagedFile, stage_measured
-from operators.hooks import GridcoreHook
+from operators.base import GridcoreOperator
 
 
-class StageFilesOperator(BaseOperator):
+class StageFilesOperator(GridcoreOperator):
     """Make ``logical_names`` available at grid site ``site``.
 
     Each file is copied from its replica with the smallest estimated transfer time
@@ -30,12 +30,11 @@ class StageFilesOperator(BaseOperator):
     :param logical_names: logical file names (templated); each must have a registered
         replica (``gridcore.staging.register_source``).
     :param site: the destination grid site (templated).
-    :param grid_file: grid description; default ``$GRIDCORE_GRID`` or the embedded grid.
-    :param db_url: state database URL; default ``$GRIDCORE_DB_URL`` or SQLite.
-    :param gridcore_conn_id: a ``gridcore`` Airflow connection giving the grid file and
-        the state database where ``grid_file`` / ``db_url`` are not given.
     :param storage_options: fsspec arguments by protocol for remote storage, e.g.
         ``{"sftp": {"key_filename": "/keys/id_ed25519"}}``.
+
+    ``grid_file``, ``db_url`` and ``gridcore_conn_id`` say where gridcore is
+    (:class:`~operators.base.GridcoreOperator`).
 
     Returns (XCom) ``{"site", "replicas": [{"logical_name", "url", "size_bytes",
     "checksum", "seconds", "mbps", "source", "skipped"}]}``; ``source`` is the site the
@@ -54,25 +53,18 @@ class StageFilesOperator(BaseOperator):
         *,
         logical_names: list[str],
         site: str,
-        grid_file: str | None = None,
-        db_url: str | None = None,
         storage_options: Mapping[str, Mapping[str, Any]] | None = None,
-        gridcore_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.logical_names = logical_names
         self.site = site
-        self.grid_file = grid_file
-        self.db_url = db_url
         self.storage_options = storage_options
-        self.gridcore_conn_id = gridcore_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
         names = _names(self.logical_names)
-        hook = GridcoreHook(self.gridcore_conn_id, self.grid_file, self.db_url)
         try:
-            with hook.catalog() as (runtime, catalog):
+            with self.hook().catalog() as (runtime, catalog):
                 runtime.grid.site(str(self.site))
                 for name in names:
                     catalog.require(name)
