@@ -128,5 +128,22 @@ def test_a_failed_transfer_is_retryable_and_registers_nothing(
     assert list(site_dir(tmp_path, "local-c").iterdir()) == []
 
 
+def test_a_same_size_corrupted_source_is_refused(
+    tmp_path: Path, catalog: ReplicaCatalog, sources: dict[str, Path]
+) -> None:
+    # Same length, one byte changed: only the checksum can tell.
+    data = bytearray(sources["mesh.dat"].read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    sources["mesh.dat"].write_bytes(bytes(data))
+    assert sources["mesh.dat"].stat().st_size == catalog.require("mesh.dat")[0].size_bytes
+
+    with pytest.raises(AirflowException, match="checksum mismatch") as failure:
+        operator(logical_names=["mesh.dat"], site="local-c").execute({})
+
+    assert not isinstance(failure.value, AirflowFailException)
+    assert catalog.replica("mesh.dat", "local-c") is None
+    assert list(site_dir(tmp_path, "local-c").iterdir()) == []
+
+
 def test_logical_names_and_site_are_templated() -> None:
     assert set(StageFilesOperator.template_fields) == {"logical_names", "site"}

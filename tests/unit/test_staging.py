@@ -208,6 +208,48 @@ def test_a_corrupted_source_registers_nothing_and_leaves_no_file(
     assert catalog.measured_rates() == {}
 
 
+def flip_byte(path: Path, offset: int) -> None:
+    """Corrupt ``path`` in place, keeping its length: only a checksum can tell."""
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("offset", [0, SIZE // 2, SIZE - 1], ids=["first", "middle", "last"])
+@pytest.mark.parametrize("chunk_bytes", [64 * 1024, 4 * MB], ids=["64KiB-chunks", "one-chunk"])
+def test_a_same_size_corrupted_source_is_refused_wherever_the_change_lies(
+    tmp_path: Path, catalog: ReplicaCatalog, grid: GridSpec, offset: int, chunk_bytes: int
+) -> None:
+    src = make_file(tmp_path / "inputs" / "mesh.dat", SIZE)
+    registered = register_source(catalog, "mesh.dat", ORIGIN, str(src))
+    flip_byte(src, offset)
+    assert src.stat().st_size == registered.size_bytes
+
+    with pytest.raises(StagingError, match="checksum mismatch"):
+        stage_measured(catalog, grid, "mesh.dat", "alpha", chunk_bytes=chunk_bytes)
+    with pytest.raises(StagingError, match="checksum mismatch"):
+        stage(catalog, grid, "mesh.dat", "beta", dst_url=str(tmp_path / "elsewhere" / "m.dat"))
+
+    assert [r.site for r in catalog.replicas("mesh.dat")] == [ORIGIN]
+    assert listing(tmp_path / "alpha") == [] and listing(tmp_path / "elsewhere") == []
+
+
+def test_a_same_size_corrupted_site_replica_is_passed_over_for_a_sound_one(
+    tmp_path: Path, catalog: ReplicaCatalog, grid: GridSpec
+) -> None:
+    src = make_file(tmp_path / "inputs" / "mesh.dat", SIZE)
+    origin = register_source(catalog, "mesh.dat", ORIGIN, str(src))
+    at_alpha = stage(catalog, grid, "mesh.dat", "alpha")
+    flip_byte(Path(at_alpha.url), SIZE - 1)  # the fastest source for beta (200 MB/s)
+
+    staged = stage_measured(catalog, grid, "mesh.dat", "beta")
+
+    assert staged.source == origin  # alpha's copy refused, the next source used
+    assert Path(staged.replica.url).read_bytes() == src.read_bytes()
+    assert staged.replica.checksum == origin.checksum
+    assert listing(tmp_path / "beta") == ["replicas/mesh.dat"]
+
+
 def test_a_failing_source_falls_back_to_the_next_fastest(
     tmp_path: Path, catalog: ReplicaCatalog, grid: GridSpec
 ) -> None:
