@@ -22,7 +22,7 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -48,10 +48,15 @@ from gridcore.model import (
 )
 from gridcore.policies.placement import close_to_files
 from gridcore.policies.selection import InsufficientMode, SelectionProtocol
+from gridcore.sim.registry import Experiment
 from gridcore.state.schema import selections, sites
 from gridcore.state.store import Store, open_store
 
 PG_ENV = "GRIDCORE_BENCH_PG_URL"
+PROTOCOL = SelectionProtocol.STATEFUL
+MODE = InsufficientMode.BEST
+SITES = 100
+IN_FLIGHT = 1000
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 
@@ -94,8 +99,8 @@ def seed_state(store: Store, bench: BenchGrid, in_flight: int, seed: int) -> Non
                 "name": f"seed{i}",
                 "site": site,
                 "processors": procs,
-                "protocol": "stateful",
-                "mode": "best",
+                "protocol": PROTOCOL.value,
+                "mode": MODE.value,
                 "outcome": "fit" if kind == "claimed" else "queue",
                 "reasons": "[]",
                 "state": JobState.PENDING.value,
@@ -136,8 +141,8 @@ def run_decisions(store: Store, bench: BenchGrid, count: int, seed: int, stream:
             store,
             snapshots,
             req,
-            SelectionProtocol.STATEFUL,
-            InsufficientMode.BEST,
+            PROTOCOL,
+            MODE,
             stream,
             time.time(),
             rng,
@@ -146,7 +151,7 @@ def run_decisions(store: Store, bench: BenchGrid, count: int, seed: int, stream:
 
 
 def bench_sqlite(
-    n_sites: int = 100, in_flight: int = 1000, decisions: int = 2000, seed: int = 0
+    n_sites: int = SITES, in_flight: int = IN_FLIGHT, decisions: int = 2000, seed: int = 0
 ) -> dict[str, Any]:
     bench = make_grid(n_sites, seed)
     with tempfile.TemporaryDirectory() as tmp:
@@ -157,6 +162,8 @@ def bench_sqlite(
         problems = check_ledger(store, bench)
         store.dispose()
     return {
+        "sites": n_sites,
+        "in_flight_rows": in_flight,
         "decisions": decisions,
         "seconds": round(elapsed, 4),
         "decisions_per_s": round(decisions / elapsed, 1),
@@ -197,8 +204,8 @@ def bench_postgres(
     url: str,
     processes: int = 8,
     per_process: int = 250,
-    n_sites: int = 100,
-    in_flight: int = 1000,
+    n_sites: int = SITES,
+    in_flight: int = IN_FLIGHT,
     seed: int = 0,
 ) -> dict[str, Any]:
     bench = make_grid(n_sites, seed)
@@ -226,6 +233,8 @@ def bench_postgres(
         store.dispose()
     total = processes * per_process
     return {
+        "sites": n_sites,
+        "in_flight_rows": in_flight,
         "processes": processes,
         "decisions": total,
         "seconds": round(ends - starts, 4),
@@ -268,7 +277,13 @@ def bench_selection(
         "lost_rows": concurrent["lost_rows"],
         "sqlite": single,
         "postgres": concurrent,
-        "setup": {"sites": 100, "in_flight_rows": 1000, "protocol": "stateful", "mode": "best"},
+        "setup": {
+            "sites": single["sites"],
+            "in_flight_rows": single["in_flight_rows"],
+            "processes": concurrent["processes"],
+            "protocol": PROTOCOL.value,
+            "mode": MODE.value,
+        },
     }
 
 
@@ -317,3 +332,26 @@ def bench_placement(scan_jobs: int = 10_000, scan_sites: int = 100) -> dict[str,
     from gridcore.sim.koala_experiments import bench_scan
 
     return {**bench_close_to_files(), **bench_scan(jobs=scan_jobs, sites=scan_sites)}
+
+
+def _selection_table(result: Mapping[str, Any]) -> str:
+    keys = ("decisions_per_s", "concurrent_decisions_per_s", "overcommit_events")
+    return " ".join(f"{key}={result[key]}" for key in keys)
+
+
+def _placement_table(result: Mapping[str, Any]) -> str:
+    return " ".join(f"{key}={value:.4g}" for key, value in result.items())
+
+
+SELECTION = Experiment(
+    "selection decisions per second: one process on SQLite, 8 on PostgreSQL",
+    lambda options: bench_selection(options.pg_url, options.decisions, options.per_process),
+    _selection_table,
+    ok=lambda result: result["overcommit_events"] == 0 and result["lost_rows"] == 0,
+)
+
+PLACEMENT = Experiment(
+    "CF latency over 1000 sites and one scan of a 10,000-job placement queue",
+    lambda options: bench_placement(),
+    _placement_table,
+)

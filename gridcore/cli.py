@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gridcore.errors import GridError
+from gridcore.sim import registry
 
 log = logging.getLogger("gridcore")
 
@@ -46,7 +47,11 @@ def _parser() -> argparse.ArgumentParser:
                 help="grid description file (default $GRIDCORE_GRID or the embedded local sites)",
             )
 
-    p = sub.add_parser("sites", help="idle/total processors, in-flight work and health per site")
+    p = sub.add_parser(
+        "sites",
+        help="idle/total processors, claimed processors and bytes by kind of holder, storage,"
+        " health per site",
+    )
     common(p)
     p.add_argument("--no-refresh", action="store_true", help="show stored observations only")
     p.add_argument(
@@ -65,15 +70,15 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_demo)
 
     p = sub.add_parser("experiment", help="reproduce a paper's experiment in the simulator")
-    p.add_argument("name", choices=sorted(EXPERIMENTS))
+    p.add_argument("name", choices=sorted(registry.EXPERIMENTS))
     p.add_argument("--json", action="store_true")
-    p.add_argument("--runs", type=int, help="repetitions (stateful-selection default 20, else 1)")
+    p.add_argument("--runs", type=int, help="repetitions (the experiment's default if omitted)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plot", help="PNG path (default out/<name>.png; '' to skip)")
     p.set_defaults(handler=_experiment)
 
     p = sub.add_parser("bench", help="measure decision throughput")
-    p.add_argument("name", choices=["selection", "placement"])
+    p.add_argument("name", choices=sorted(registry.BENCHMARKS))
     p.add_argument("--json", action="store_true")
     p.add_argument(
         "--pg-url", help="PostgreSQL URL (default $GRIDCORE_BENCH_PG_URL or the local test DB)"
@@ -105,7 +110,7 @@ def _runtime(args: argparse.Namespace) -> Any:
 
 
 def _sites(args: argparse.Namespace) -> int:
-    from gridcore.engine.health import restore_site
+    from gridcore.engine.health import UNUSABLE_AFTER_ERRORS, restore_site
 
     rt = _runtime(args)
     for name in args.restore:
@@ -114,26 +119,43 @@ def _sites(args: argparse.Namespace) -> int:
     errors = {} if args.no_refresh else rt.refresh()
     rows = rt.site_rows()
     header = (
-        f"{'site':<12} {'kind':<6} {'idle/total':>10} {'in-flight':>9} {'procs':>6}"
-        f" {'others q':>8} {'usable':>6}"
+        f"{'site':<12} {'kind':<6} {'idle/total':>10} {'free':>5} {'claimed':>7} {'queued':>6}"
+        f" {'others q':>8} {'storage used/limit':>20} {'usable':>6}"
     )
     lines = [header]
     for r in rows:
+        limit = "unlimited" if r.storage_total is None else _bytes(r.storage_total)
         lines.append(
-            f"{r.name:<12} {r.kind:<6} {f'{r.idle}/{r.total}':>10} {r.in_flight:>9} "
-            f"{r.in_flight_processors:>6} {r.external_pending:>8}"
-            f" {'yes' if r.usable and r.koala_usable else 'NO':>6}"
+            f"{r.name:<12} {r.kind:<6} {f'{r.idle}/{r.total}':>10} {r.free:>5} {r.claimed:>7}"
+            f" {r.queued:>6} {r.external_pending:>8}"
+            f" {f'{_bytes(r.storage_claimed)}/{limit}':>20} {'yes' if r.usable else 'NO':>6}"
         )
-        if r.last_error:
-            lines.append(f"  last error: {r.last_error}")
-        if not r.koala_usable:
+        for kind, held in r.holds.items():
             lines.append(
-                f"  set aside by KOALA after {r.koala_errors} consecutive component errors;"
-                f" probed until a probe job completes (or: gridcore sites --restore {r.name})"
+                f"  held by {held['holds']} {kind}(s): {held['processors']} processors,"
+                f" {_bytes(held['bytes'])}"
+            )
+        if r.consecutive_errors or r.last_error:
+            lines.append(
+                f"  {r.consecutive_errors} consecutive errors (unusable at"
+                f" {UNUSABLE_AFTER_ERRORS}); last: {r.last_error}"
+            )
+        if not r.usable:
+            probe = f"probe job {r.probe_job_id} running" if r.probe_job_id else "probe pending"
+            lines.append(
+                f"  set aside after {UNUSABLE_AFTER_ERRORS} consecutive errors; {probe}: usable"
+                f" again when a probe completes (or: gridcore sites --restore {r.name})"
             )
     data = {"sites": [vars(r) | {"refresh_error": errors.get(r.name)} for r in rows]}
     _emit(args, data, "\n".join(lines))
     return 0
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -153,92 +175,48 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
-def _stateful_selection(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    from gridcore.sim.experiments import plot_stateful_selection, stateful_selection_experiment
-
-    result = stateful_selection_experiment(runs=args.runs or 20, seed=args.seed)
-    _plot(args, result, plot_stateful_selection)
-    lines = [f"{'protocol':<22} {'completion_s':>12} {'total_queue_s':>13} {'mean_queue_s':>12}"]
-    for name, m in result["protocols"].items():
-        lines.append(
-            f"{name:<22} {m['completion_s']:>12.1f} {m['total_queue_s']:>13.1f}"
-            f" {m['mean_queue_s']:>12.1f}"
-        )
-    return result, "\n".join(lines)
-
-
-def _koala_placement(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    from gridcore.sim.coalloc_experiments import koala_placement_experiment, plot_koala_placement
-
-    result = koala_placement_experiment(seed=args.seed, runs=args.runs or 1)
-    _plot(args, result, plot_koala_placement)
-    lines = [
-        f"{'load':<4} {'policy':<4} {'response_s':>10} {'wait_s':>8} {'exec_s':>8} {'clusters':>8}"
-    ]
-    for load, policies in result["workloads"].items():
-        for policy, m in policies.items():
-            lines.append(
-                f"{load:<4} {policy:<4} {m['mean_response_s']:>10.1f} {m['mean_wait_s']:>8.1f}"
-                f" {m['mean_execution_s']:>8.1f} {m['mean_clusters_combined']:>8.2f}"
-            )
-    return result, "\n".join(lines)
-
-
-def _koala_claiming(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    from gridcore.sim.koala_experiments import koala_claiming_experiment, plot_koala_claiming
-
-    result = koala_claiming_experiment(seed=args.seed)
-    _plot(args, result, plot_koala_claiming)
-    lines = [
-        f"submitted {result['submitted']} completed {result['completed']}"
-        f" component_failure_rate {result['component_failure_rate']:.3f}"
-    ]
-    for priority, m in result["priorities"].items():
-        lines.append(
-            f"{priority:<5} placement {m['mean_placement_s']:>9.1f} s"
-            f"  start delay {m['mean_start_delay_s']:>9.1f} s"
-        )
-    return result, "\n".join(lines)
-
-
-EXPERIMENTS: dict[str, Callable[[argparse.Namespace], tuple[dict[str, Any], str]]] = {
-    "stateful-selection": _stateful_selection,
-    "koala-placement": _koala_placement,
-    "koala-claiming": _koala_claiming,
-}
-
-
-def _plot(args: argparse.Namespace, result: dict[str, Any], plot: Callable[..., None]) -> None:
-    path = f"out/{args.name}.png" if args.plot is None else args.plot
-    if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        plot(result, path)
-        result["plot"] = path
-
-
 def _experiment(args: argparse.Namespace) -> int:
-    result, text = EXPERIMENTS[args.name](args)
-    _emit(args, result, text)
-    return 0
+    return _run_registered(args, registry.load(registry.EXPERIMENTS, args.name))
 
 
 def _bench(args: argparse.Namespace) -> int:
-    if args.name == "placement":
-        from gridcore.bench import bench_placement
+    return _run_registered(args, registry.load(registry.BENCHMARKS, args.name))
 
-        placement = bench_placement()
-        _emit(args, placement, " ".join(f"{k}={v:.4g}" for k, v in placement.items()))
-        return 0
-    from gridcore.bench import bench_selection
 
-    result = bench_selection(args.pg_url, decisions=args.decisions, per_process=args.per_process)
-    text = (
-        f"decisions_per_s={result['decisions_per_s']} "
-        f"concurrent_decisions_per_s={result['concurrent_decisions_per_s']} "
-        f"overcommit_events={result['overcommit_events']}"
+def _run_registered(args: argparse.Namespace, entry: registry.Experiment) -> int:
+    """Run a registered experiment or benchmark: figures, plot, table, exit status."""
+    options = registry.RunOptions(
+        seed=getattr(args, "seed", 0),
+        runs=getattr(args, "runs", None),
+        pg_url=getattr(args, "pg_url", None),
+        decisions=getattr(args, "decisions", 2000),
+        per_process=getattr(args, "per_process", 250),
     )
-    _emit(args, result, text)
-    return 0 if result["overcommit_events"] == 0 and result["lost_rows"] == 0 else 1
+    result = entry.execute(options)
+    if entry.plot is not None:
+        _plot(args, result, entry.plot)
+    _emit(args, result, entry.table(result))
+    return 0 if entry.ok(result) else 1
+
+
+def _plot(
+    args: argparse.Namespace, result: dict[str, Any], plot: Callable[[Any, str], None]
+) -> None:
+    path = f"out/{args.name}.png" if args.plot is None else args.plot
+    if not path:
+        return
+    try:
+        import matplotlib  # noqa: F401  (only to know whether the plot extra is installed)
+    except ImportError:
+        print(
+            f"gridcore: no plot written ({path}): matplotlib is not installed"
+            " (pip install 'gridcore[plot]')",
+            file=sys.stderr,
+        )
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    plot(result, path)
+    result["plot"] = path
 
 
 def _db(args: argparse.Namespace) -> int:

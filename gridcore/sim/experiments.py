@@ -68,6 +68,7 @@ from typing import Any
 
 from gridcore.errors import ConfigError
 from gridcore.policies.selection import InsufficientMode, SelectionProtocol
+from gridcore.sim.registry import Experiment, RunOptions
 from gridcore.sim.selection import (
     MDS_INTERVAL_S,
     SelectionRun,
@@ -138,6 +139,21 @@ def stateful_selection_experiment(runs: int = 20, seed: int = 0) -> dict[str, An
         "runs": runs,
         "seed": seed,
     }
+
+
+def stateful_selection_table(result: Mapping[str, Any]) -> str:
+    """Fig. 2's metrics per protocol, one line each."""
+    lines = [f"{'protocol':<22} {'completion_s':>12} {'total_queue_s':>13} {'mean_queue_s':>12}"]
+    for name, m in result["protocols"].items():
+        lines.append(
+            f"{name:<22} {m['completion_s']:>12.1f} {m['total_queue_s']:>13.1f}"
+            f" {m['mean_queue_s']:>12.1f}"
+        )
+    return "\n".join(lines)
+
+
+def _run(options: RunOptions) -> dict[str, Any]:
+    return stateful_selection_experiment(runs=options.runs or 1, seed=options.seed)
 
 
 def canonical_trace(seed: int = 0) -> SelectionTrace:
@@ -277,3 +293,12 @@ def _describe(
             for job in jobs
         ],
     }
+
+
+STATEFUL_SELECTION = Experiment(
+    "RENCI TR-08-02 Fig. 2: naive and stateful site selection on the canonical trace",
+    _run,
+    stateful_selection_table,
+    plot_stateful_selection,
+    default_runs=20,
+)

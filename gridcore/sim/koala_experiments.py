@@ -82,6 +82,7 @@ from gridcore.policies.claiming import KoalaParams, QueuedJob, scan_placement_qu
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.policies.transfer import transfer_seconds, uniform_bandwidth
 from gridcore.sim.claiming import KoalaJob, KoalaJobRecord, KoalaRun, simulate_koala
+from gridcore.sim.registry import Experiment, RunOptions
 from gridcore.sim.workload import BackgroundLoad, SimSite
 
 GB = 10**9
@@ -158,6 +159,24 @@ def koala_claiming_experiment(
             seed, jobs, sites, params, mean_interarrival_s, background_utilization, run
         ),
     }
+
+
+def koala_claiming_table(result: Mapping[str, Any]) -> str:
+    """Completion, failures and, per priority, placement time and start delay."""
+    lines = [
+        f"submitted {result['submitted']} completed {result['completed']}"
+        f" component_failure_rate {result['component_failure_rate']:.3f}"
+    ]
+    for priority, m in result["priorities"].items():
+        lines.append(
+            f"{priority:<5} placement {m['mean_placement_s']:>9.1f} s"
+            f"  start delay {m['mean_start_delay_s']:>9.1f} s"
+        )
+    return "\n".join(lines)
+
+
+def _run(options: RunOptions) -> dict[str, Any]:
+    return koala_claiming_experiment(seed=options.seed)
 
 
 def das_sites(failure_probability: Mapping[str, float] = FAILURE_PROBABILITY) -> list[SimSite]:
@@ -404,3 +423,11 @@ def _setup(
         "scans": run.scans,
         "makespan_s": run.end_s,
     }
+
+
+KOALA_CLAIMING = Experiment(
+    "KOALA CCGrid 2005 Sec. 4-5: ICP claiming on an unreliable DAS",
+    _run,
+    koala_claiming_table,
+    plot_koala_claiming,
+)
