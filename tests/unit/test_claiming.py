@@ -309,13 +309,23 @@ def test_components_started_before_count_towards_f() -> None:
     assert decision.claim_tries == 2
 
 
-@pytest.mark.parametrize(("T", "starts"), [(0.5, 0), (0.3, 1), (1.0, 0)])
-def test_f_below_t_starts_nothing(T: float, starts: int) -> None:
+@pytest.mark.parametrize("T", [0.5, 1.0])
+def test_f_below_t_starts_nothing(T: float) -> None:
     job = claiming("J", [(16, "a"), (16, "b"), (16, "b")], priority=Priority.LOW)
     # Only component 0 fits: F = 1/3.
     decision = claim_decision(job, clusters(a=16, b=4), 750.0, KoalaParams(T=T))
     assert decision.outcome is ClaimOutcome.RETRY
-    assert len(decision.start) == starts
+    assert decision.start == ()
+    assert any("nothing starts" in reason for reason in decision.reasons), decision.reasons
+
+
+@pytest.mark.parametrize("T", [0.3, 1 / 3])
+def test_f_at_or_above_t_starts_the_components_that_fit(T: float) -> None:
+    job = claiming("J", [(16, "a"), (16, "b"), (16, "b")], priority=Priority.LOW)
+    # Only component 0 fits: F = 1/3 >= T, so it starts and the rest wait for a retry.
+    decision = claim_decision(job, clusters(a=16, b=4), 750.0, KoalaParams(T=T))
+    assert decision.outcome is ClaimOutcome.RETRY
+    assert [(c.index, c.site) for c in decision.start] == [(0, "a")]
 
 
 def test_re_placement_whose_file_arrives_before_the_jst_is_taken() -> None:

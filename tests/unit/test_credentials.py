@@ -29,12 +29,36 @@ def test_airflow_conn_from_environment_uri_and_json(monkeypatch: pytest.MonkeyPa
         credentials.resolve(CredentialRef(airflow_conn="slurm_a"))
 
 
-def test_registered_resolver_errors_name_the_reference_not_the_secret(
+def test_registered_resolver_errors_name_the_reference_and_keep_the_cause(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     def boom(conn_id: str) -> str:
         raise KeyError(conn_id)
 
     monkeypatch.setattr(credentials, "_conn_resolver", boom)
-    with pytest.raises(CredentialError, match="airflow_conn:missing"):
+    with pytest.raises(CredentialError, match="airflow_conn:missing") as err:
         credentials.resolve(CredentialRef(airflow_conn="missing"))
+    assert isinstance(err.value.__cause__, KeyError)
+
+
+SECRET = "s3cr3t-Pa55"
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        pytest.param('{"conn_type": "http", "password": "' + SECRET + '"', "bad JSON", id="json"),
+        pytest.param('{"conn_type": "http", "extra": "' + SECRET + '"}', "no password", id="nopw"),
+        pytest.param(f"http://{SECRET}@host:6820", "no password", id="uri-user-only"),
+    ],
+)
+def test_unusable_connections_name_the_reference_not_the_secret(
+    monkeypatch: pytest.MonkeyPatch, value: str, message: str
+) -> None:
+    # The variable holds the secret, but in a form that yields no password.
+    monkeypatch.setattr(credentials, "_conn_resolver", None)
+    monkeypatch.setenv("AIRFLOW_CONN_SLURM_A", value)
+    with pytest.raises(CredentialError, match=message) as err:
+        credentials.resolve(CredentialRef(airflow_conn="slurm_a"))
+    assert "airflow_conn:slurm_a" in str(err.value)
+    assert SECRET not in str(err.value) and SECRET not in repr(err.value)

@@ -1,8 +1,9 @@
 """Static validation of the deployment under docker/ (no Docker engine needed).
 
 The compose file is read with PyYAML (merge keys resolved) after the same `${VAR:-default}`
-interpolation Compose performs, with an empty environment, i.e. the shipped defaults. When a
-`docker compose` CLI is available, `docker compose config -q` validates it as well.
+interpolation Compose performs, with an empty environment, i.e. the shipped defaults. These
+checks are static and partial: no test runs `docker compose config` (no Docker engine or
+CLI here), so a key Compose itself would reject beyond those checked below is not caught.
 """
 
 from __future__ import annotations
@@ -181,6 +182,19 @@ def test_compose_parses_with_expected_services(services: dict[str, Any]) -> None
     missing = expected - services.keys()
     assert not missing, f"services missing from compose.yaml: {sorted(missing)}"
     assert not [k for k in services if "<<" in services[k]], "unresolved merge key"
+
+
+# The Compose specification's top-level elements (extension fields start with "x-").
+COMPOSE_TOP_LEVEL = {"version", "name", "include", "services", "networks", "volumes"}
+COMPOSE_TOP_LEVEL |= {"configs", "secrets", "models"}
+
+
+def test_compose_top_level_and_services_are_well_formed(compose: dict[str, Any]) -> None:
+    unknown = {k for k in compose if k not in COMPOSE_TOP_LEVEL and not k.startswith("x-")}
+    assert not unknown, f"not Compose top-level elements: {sorted(unknown)}"
+    for name, svc in compose["services"].items():
+        assert isinstance(svc, dict), f"service {name} is not a mapping"
+        assert "image" in svc or "build" in svc, f"service {name} has neither image nor build"
 
 
 def test_every_dependency_exists_with_a_valid_condition(services: dict[str, Any]) -> None:

@@ -260,15 +260,29 @@ def test_job_ids_never_reach_the_url(session: requests.Session, job_id: str) -> 
     assert transport.sent == []
 
 
-def test_cancel_finished_job_is_a_noop(session: requests.Session) -> None:
+def test_cancel_deletes_the_job_and_a_job_already_finished_is_no_error(
+    session: requests.Session,
+) -> None:
     already = [{"error_number": 2021, "error": "Job/step already completing or completed"}]
+    denied = [{"error_number": 2002, "error": "Access/permission denied"}]
     replies: dict[tuple[str, str], Reply] = {
         ("DELETE", "/job/10"): (200, body()),
         ("DELETE", "/job/11"): (500, body(errors=already)),
+        ("DELETE", "/job/12"): (500, body(errors=denied)),
     }
-    site, _ = make_site(session, replies)
+    site, transport = make_site(session, replies)
+
     site.cancel("10")
-    site.cancel("11")
+    site.cancel("11")  # finished meanwhile: what a cancel wants
+    with pytest.raises(SiteRejected, match="Access/permission denied"):
+        site.cancel("12")  # any other error is not swallowed
+
+    assert [(r.method, r.url) for r in transport.sent] == [
+        ("DELETE", f"{BASE}/job/10"),
+        ("DELETE", f"{BASE}/job/11"),
+        ("DELETE", f"{BASE}/job/12"),
+    ]
+    assert all(r.headers["X-SLURM-USER-TOKEN"] == TOKEN for r in transport.sent)
 
 
 # --------------------------------------------------------------------------- secrecy
