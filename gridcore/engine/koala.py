@@ -74,6 +74,7 @@ from gridcore.engine.koala_records import (
 )
 from gridcore.engine.phases import LIVE_JOB, STARTED_COMPONENT, ComponentState, JobPhase
 from gridcore.engine.runtime import GridRuntime
+from gridcore.engine.submission import submit_once
 from gridcore.errors import GridError, RequestError, SiteError, StateError
 from gridcore.model import (
     ClusterSnapshot,
@@ -104,6 +105,7 @@ from gridcore.policies.claiming import (
     scan_placement_queue,
 )
 from gridcore.policies.placement import PlacementPolicy, place
+from gridcore.sites.keys import component_key
 from gridcore.staging import ReplicaCatalog, stage
 from gridcore.state.schema import (
     coalloc_components,
@@ -484,8 +486,9 @@ class KoalaEngine:
         try:
             # A component re-placed by ICP gets its file now (Sec. 3.3); others have it.
             self._stage_inputs(row, [component])
-            site_job_id = self.runtime.adapter(component.site).submit(
-                self._submission(row, component, count, now)
+            # Under the component's key, looked up first: a job found is adopted.
+            site_job_id, _ = submit_once(
+                self.runtime.adapter(component.site), self._submission(row, component, count, now)
             )
         except GridError as exc:
             with self.store.begin() as conn:
@@ -519,7 +522,11 @@ class KoalaEngine:
             command=row["command"],
         )
         return JobSubmission(
-            f"{row['name']}#{component.index}", barrier.shell, component.size, env=barrier.env
+            f"{row['name']}#{component.index}",
+            barrier.shell,
+            component.size,
+            env=barrier.env,
+            key=component_key(self.runtime.install_id, row["id"], row["epoch"], component.index),
         )
 
     # (e) following started components --------------------------------------------------
@@ -533,9 +540,36 @@ class KoalaEngine:
             for part in parts:
                 if part["state"] == ComponentState.SUBMITTED.value:
                     self._poll_component(row, part)
+                elif part["state"] == ComponentState.SUBMITTING.value:
+                    self._adopt_submitting(row, part)
             with self.store.begin() as conn:
                 parts = _components(conn, row)
             self._settle(row, parts, work)
+
+    def _adopt_submitting(self, row: RowMapping, part: RowMapping) -> None:
+        """A component left ``submitting`` by an engine that died mid-submission: the
+        site job its key names is adopted (submitted); none found, it never reached the
+        site and ``_settle`` counts it failed (the job is re-queued)."""
+        key = component_key(self.runtime.install_id, row["id"], row["epoch"], part["idx"])
+        try:
+            found = self.runtime.adapter(part["site"]).find(key)
+        except GridError as exc:
+            log.warning("site %s: looking up %s failed: %s", part["site"], key, exc)
+            return  # counted failed; a job it may have is an orphan for the next refresh
+        if found is None:
+            return
+        with self.store.begin() as conn:
+            conn.execute(
+                update(coalloc_components)
+                .where(
+                    and_(
+                        _component(row, part["idx"]),
+                        coalloc_components.c.state == ComponentState.SUBMITTING.value,
+                    )
+                )
+                .values(site_job_id=found, state=ComponentState.SUBMITTED.value)
+            )
+        log.info("site %s: component %s adopted its job %s", part["site"], key, found)
 
     def _poll_component(self, row: RowMapping, part: RowMapping) -> None:
         try:

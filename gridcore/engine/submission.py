@@ -26,10 +26,11 @@ from sqlalchemy import Connection, and_, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from gridcore.engine import capacity
+from gridcore.engine.phases import ComponentState
 from gridcore.model import JobState, JobSubmission, ObservedJob
 from gridcore.sites.base import SiteAdapter
 from gridcore.sites.keys import HolderKind, KeyHolder, install_prefix, parse_key
-from gridcore.state.schema import meta, selections
+from gridcore.state.schema import coalloc_components, meta, selections
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,9 @@ def _judge(
         return Verdict.ORPHAN  # our prefix, but no holder we know how to name
     if holder.kind is HolderKind.SELECTION:
         return judge_selection_job(conn, holder.ids[0], site, job_id, now)
-    # Components and probes are judged by their engines (KOALA, health) until wired.
+    if holder.kind is HolderKind.COMPONENT:
+        return judge_component_job(conn, holder.ids, site, job_id)
+    # Probes are judged by the health module's own bookkeeping (not keyed yet).
     return Verdict.KEEP
 
 
@@ -133,3 +136,25 @@ def adopt_selection_job(conn: Connection, selection_id: int, job_id: str, now: f
     # the hold ends when an observation shows this job (gridcore.engine.capacity)
     capacity.set_site_job(conn, capacity.HolderKind.SELECTION, str(selection_id), job_id)
     return True
+
+
+def judge_component_job(
+    conn: Connection, ids: tuple[int, ...], site: str, site_job_id: str
+) -> Verdict:
+    """A co-allocation component's job: live while its row (same job, epoch and index:
+    a re-placed job has a new epoch and new rows) is being submitted, or is submitted
+    with this very job. A ``submitting`` row is left to the KOALA scan, which adopts."""
+    job, epoch, index = ids
+    cc = coalloc_components.c
+    row = conn.execute(
+        select(cc.site, cc.state, cc.site_job_id).where(
+            and_(cc.job_id == job, cc.epoch == epoch, cc.idx == index)
+        )
+    ).one_or_none()
+    if row is None or row.site != site:
+        return Verdict.ORPHAN
+    if row.state == ComponentState.SUBMITTING.value and row.site_job_id is None:
+        return Verdict.KEEP
+    if row.state == ComponentState.SUBMITTED.value and row.site_job_id == site_job_id:
+        return Verdict.KEEP
+    return Verdict.ORPHAN

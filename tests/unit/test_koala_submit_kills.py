@@ -1,0 +1,113 @@
+"""Exactly-once submission of co-allocation components (issue 7 item 3), on SQLite and
+local sites: a KOALA engine process SIGKILLed around a component's submission, then a
+new engine scanning the same rows. A component the site accepted is adopted by its key
+(no re-placement when every component reached its site); one that never reached the
+site re-queues the job as before. Never two site jobs for one key, none left pending."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from gridcore.config import default_grid
+from gridcore.engine import ledger
+from gridcore.engine.koala import CoAllocationRecord, KoalaEngine
+from gridcore.engine.runtime import GridRuntime
+from gridcore.model import CoAllocationRequest, Component, JobSubmission, RequestKind
+from gridcore.policies.claiming import KoalaParams
+from gridcore.policies.placement import PlacementPolicy
+from gridcore.sites.local import LocalSite
+from gridcore.state.schema import local_jobs
+from gridcore.state.store import open_store
+
+# 8 + 4 + 4 on local-a (8), local-b (4), local-c (4): one scan starts all three.
+SPREAD = CoAllocationRequest(
+    "spread", RequestKind.NON_FIXED, (Component(8), Component(4), Component(4))
+)
+PARAMS = KoalaParams(scan_interval_s=1.0)
+LEASE_S = 1.0
+
+
+def _engine(home: Path, holder: str) -> KoalaEngine:
+    store = open_store(f"sqlite:///{home}/state.db", upgrade=True)
+    return KoalaEngine(
+        GridRuntime(default_grid(home), store), params=PARAMS, holder=holder, lease_s=LEASE_S
+    )
+
+
+def _scan_and_die(home: str, nth: int, accepted: bool) -> None:
+    """Scan; die at the ``nth`` component submission, after the site accepted it
+    (``accepted``) or before it reached the site."""
+    koala = _engine(Path(home), "dead")
+    submit, calls = LocalSite.submit, [0]
+
+    def aimed(self: LocalSite, job: JobSubmission) -> str:
+        calls[0] += 1
+        if calls[0] == nth and not accepted:
+            os.kill(os.getpid(), signal.SIGKILL)
+        job_id = submit(self, job)
+        if calls[0] == nth:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return job_id
+
+    LocalSite.submit = aimed  # type: ignore[method-assign]
+    koala.scan()
+
+
+def _until_done(koala: KoalaEngine, job_id: int) -> CoAllocationRecord:
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        koala.scan()
+        record = koala.status(job_id)
+        if record.finished:
+            return record
+        time.sleep(0.1)
+    raise AssertionError(f"job {job_id} not finished: {koala.status(job_id).as_json()}")
+
+
+def _site_jobs(koala: KoalaEngine) -> list[dict[str, object]]:
+    with koala.store.begin() as conn:
+        rows = conn.execute(select(local_jobs)).mappings().all()
+    return [dict(r) for r in rows]
+
+
+@pytest.mark.parametrize(
+    ("nth", "accepted"),
+    [(1, False), (1, True), (2, True), (3, True)],
+    ids=["before-the-first", "after-the-first", "after-the-second", "after-the-last"],
+)
+def test_an_engine_killed_mid_submission_doubles_no_component(
+    tmp_path: Path, nth: int, accepted: bool
+) -> None:
+    job_id = _engine(tmp_path, "client").submit(SPREAD, PlacementPolicy.WF, "sleep 0.3")
+    ctx = multiprocessing.get_context("spawn")
+    dead = ctx.Process(target=_scan_and_die, args=(str(tmp_path), nth, accepted))
+    dead.start()
+    dead.join(60)
+    assert dead.exitcode == -signal.SIGKILL
+
+    koala = _engine(tmp_path, "new")
+    done = _until_done(koala, job_id)
+
+    assert done.state == "completed", done.as_json()
+    jobs = _site_jobs(koala)
+    per_key = Counter(j["key"] for j in jobs)
+    assert all(n == 1 for n in per_key.values()) and None not in per_key, per_key
+    assert not [j for j in jobs if j["state"] in ("pending", "running")], jobs
+    if nth == len(SPREAD.components) and accepted:
+        # Every component reached its site: all adopted or recorded, nothing re-placed.
+        assert done.retries == 0 and len(jobs) == 3, (done.as_json(), jobs)
+    else:
+        # A component that never reached its site failed: the job was re-placed once.
+        assert done.retries == 1 and len(jobs) == 3 + nth - (0 if accepted else 1), jobs
+    koala.runtime.refresh()
+    with koala.store.begin() as conn:
+        totals = ledger.ledger_totals(conn)
+    assert all(v == (0, 0, 0, 0) for v in totals.values()), totals
