@@ -45,7 +45,8 @@ import os
 import socket
 import sys
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,15 +56,14 @@ from sqlalchemy import (
     RowMapping,
     and_,
     delete,
-    func,
     insert,
     select,
     update,
 )
 
-from gridcore.engine import lease, ledger
+from gridcore.engine import capacity, health, lease
 from gridcore.engine.barrier_command import barrier_command
-from gridcore.engine.health import probe_unusable_sites
+from gridcore.engine.capacity import HolderKind, component_holder
 from gridcore.engine.koala_records import (
     CoAllocationRecord,
     ComponentRecord,
@@ -72,6 +72,7 @@ from gridcore.engine.koala_records import (
     request_from_json,
     request_to_json,
 )
+from gridcore.engine.lease import LeaseLost
 from gridcore.engine.phases import LIVE_JOB, STARTED_COMPONENT, ComponentState, JobPhase
 from gridcore.engine.runtime import GridRuntime
 from gridcore.engine.submission import submit_once
@@ -95,12 +96,10 @@ from gridcore.policies.claiming import (
     QueuedJob,
     RunningLowJob,
     ScanResult,
-    SiteHealth,
     claim_decision,
     first_claim_try,
     job_start_time,
     on_component_failure,
-    record_site_success,
     scan_order,
     scan_placement_queue,
 )
@@ -110,7 +109,6 @@ from gridcore.staging import ReplicaCatalog, stage
 from gridcore.state.schema import (
     coalloc_components,
     coalloc_jobs,
-    coalloc_site_health,
     sites,
 )
 from gridcore.validation import check_coallocation_submission
@@ -131,18 +129,23 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SCAN_LEASE = "koala-scan"
-# An unusable site is probed again at most every this many scan intervals.
-PROBE_EVERY_SCANS = 10
 # The scan lease lasts this many scan intervals: a scanner that stopped (killed) is
-# replaced after that, one that keeps scanning renews it every scan.
+# replaced after that; one that is alive renews it while it scans. Its length is no
+# longer what keeps two scans apart: the lease's fencing token is (engine/lease.py).
 LEASE_SCANS = 3
+# Unexpected errors while handling one job (anything but a lost lease: a database error,
+# an adapter's unhandled exception) after which the job fails with the error's message;
+# below it the job's transaction is rolled back and the next scan tries again.
+MAX_HANDLING_ERRORS = 3
 # A barrier waits up to the JST plus this long for the other components.
 BARRIER_SLACK_S = 600.0
 
 
 @dataclass(frozen=True)
 class ScanReport:
-    """What one scan did, by job id. ``skipped``: another engine holds the scan lease."""
+    """What one scan did, by job id. ``skipped``: another engine holds the scan lease;
+    ``lease_lost``: the lease was taken over mid-scan, which stopped (what it did before
+    was committed, nothing after)."""
 
     skipped: bool = False
     queue: str | None = None
@@ -152,6 +155,7 @@ class ScanReport:
     requeued: tuple[int, ...] = ()
     failed: tuple[int, ...] = ()
     reasons: tuple[str, ...] = ()
+    lease_lost: bool = False
 
 
 class KoalaEngine:
@@ -167,6 +171,7 @@ class KoalaEngine:
         lease_s: float | None = None,
         python: str | None = None,
         barrier_slack_s: float = BARRIER_SLACK_S,
+        renew_lease: bool = True,
     ) -> None:
         self.runtime = runtime
         self.store = runtime.store
@@ -175,6 +180,10 @@ class KoalaEngine:
         self.params = params or KoalaParams()
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
         self.lease_s = LEASE_SCANS * self.params.scan_interval_s if lease_s is None else lease_s
+        self.lease = lease.Lease(self.store, SCAN_LEASE, self.holder, self.lease_s, runtime.clock)
+        # False only in tests that stand for a stalled scanner (its renewals stopped too).
+        self.renew_lease = renew_lease
+        self._grant: lease.Grant | None = None
         self.python = python or sys.executable
         self.barrier_slack_s = barrier_slack_s
 
@@ -256,29 +265,85 @@ class KoalaEngine:
         """One KOALA scan (module docstring), or a skipped one if another engine holds
         the scan lease."""
         now = self.runtime.clock() if now is None else now
-        index = self._take_lease(now)
-        if index is None:
+        grant = self.lease.take(now)
+        if grant is None:
             return ScanReport(skipped=True, reasons=(f"lease {SCAN_LEASE} held by another",))
         work = _Log()
+        self._grant = grant
+        try:
+            with self._kept(grant):
+                self._steps(now, grant.index, work)
+        except LeaseLost as lost:
+            work.reasons.append(str(lost))
+            return work.report(lease_lost=True)
+        finally:
+            self._grant = None
+        return work.report()
+
+    def _steps(self, now: float, scan_index: int, work: _Log) -> None:
         self.runtime.refresh()
-        # Sites set unusable are probed; a completed probe puts them back (Sec. 3.4).
-        work.reasons.extend(
-            probe_unusable_sites(self.runtime, now, PROBE_EVERY_SCANS * self.params.scan_interval_s)
-        )
-        self._place(now, index, work)
+        self._place(now, scan_index, work)
         self._stage(work)
         self._claim(now, work)
         self._follow(work)
-        return work.report()
 
     def release_lease(self) -> None:
         """Give up the scan lease now (another engine may scan at once)."""
-        lease.release(self.store, SCAN_LEASE, self.holder)
+        self.lease.release()
 
-    def _take_lease(self, now: float) -> int | None:
-        """Take or renew the scan lease: the scan's index in the placement-queue cycle,
-        or None while another engine has it."""
-        return lease.take(self.store, SCAN_LEASE, self.holder, now, self.lease_s)
+    @contextmanager
+    def _kept(self, grant: lease.Grant) -> Iterator[None]:
+        if not self.renew_lease:
+            yield
+            return
+        with self.lease.kept(grant):
+            yield
+
+    @contextmanager
+    def _tx(self) -> Iterator[Connection]:
+        """The transaction of one transition: during a scan it commits only while the
+        scan still holds its lease (fenced: LeaseLost otherwise, and it rolls back)."""
+        if self._grant is None:
+            with self.store.begin() as conn:
+                yield conn
+            return
+        with self.lease.transaction(self._grant) as conn:
+            yield conn
+
+    @contextmanager
+    def _handling(self, row: RowMapping, work: _Log) -> Iterator[None]:
+        """Issue 7 item 4: an unexpected error while handling one job rolls back that
+        job's transaction and is counted against the job, which fails after
+        MAX_HANDLING_ERRORS; the scan goes on with the other jobs. A lost lease is not
+        the job's fault: it stops the scan."""
+        try:
+            yield
+        except LeaseLost:
+            raise
+        except Exception as exc:
+            log.error("job %s: error while handling it", row["id"], exc_info=exc)
+            self._handling_error(row["id"], _error_message(exc), work)
+
+    def _handling_error(self, job_id: int, message: str, work: _Log) -> None:
+        jc = coalloc_jobs.c
+        with self._tx() as conn:
+            conn.execute(
+                update(coalloc_jobs)
+                .where(jc.id == job_id)
+                .values(handling_errors=jc.handling_errors + 1)
+            )
+            row = conn.execute(select(coalloc_jobs).where(jc.id == job_id)).mappings().one()
+            errors = row["handling_errors"]
+            if errors < MAX_HANDLING_ERRORS or JobPhase(row["state"]).finished:
+                work.reasons.append(
+                    f"job {job_id}: handling error {errors} of {MAX_HANDLING_ERRORS}: {message}"
+                )
+                return
+            final = f"failed after {errors} errors while handling it: {message}"
+            cancels = _end(conn, row, LIVE_JOB, JobPhase.FAILED, final, self.runtime.clock())
+        work.failed.append(job_id)
+        work.reasons.append(f"job {job_id}: {final}")
+        self._cancel_site_jobs(cancels)
 
     # (b) placement queues ---------------------------------------------------------------
 
@@ -294,21 +359,22 @@ class KoalaEngine:
         work.queue = due.value
         bandwidth = self._bandwidth()
         for row in high if due is Priority.HIGH else low:
-            request = request_from_json(row["request"])
-            job = QueuedJob(request, self._replicas(request), row["placement_tries"])
-            # One job at a time so each keeps its own policy and quota; the snapshot
-            # carries over, as in one scan of the queue.
-            result = scan_placement_queue(
-                [job],
-                clusters,
-                PlacementPolicy(row["policy"]),
-                self.params,
-                quota=row["quota"],
-                bandwidth=bandwidth,
-            )
-            clusters = list(result.clusters)
-            with self.store.begin() as conn:
-                self._record_scan(conn, row, result, now, work)
+            with self._handling(row, work):
+                request = request_from_json(row["request"])
+                job = QueuedJob(request, self._replicas(request), row["placement_tries"])
+                # One job at a time so each keeps its own policy and quota; the snapshot
+                # carries over, as in one scan of the queue.
+                result = scan_placement_queue(
+                    [job],
+                    clusters,
+                    PlacementPolicy(row["policy"]),
+                    self.params,
+                    quota=row["quota"],
+                    bandwidth=bandwidth,
+                )
+                with self._tx() as conn:
+                    self._record_scan(conn, row, result, now, work)
+                clusters = list(result.clusters)
 
     def _record_scan(
         self, conn: Connection, row: RowMapping, result: ScanResult, now: float, work: _Log
@@ -332,6 +398,8 @@ class KoalaEngine:
         self, conn: Connection, row: RowMapping, tries: int, placement: Placement, now: float
     ) -> bool:
         ftt = placement.file_transfer_s
+        if not _claim_placement(conn, row, placement):
+            return False  # a concurrent claim took the processors: it stays queued
         done = conn.execute(
             update(coalloc_jobs)
             .where(_is(row, JobPhase.QUEUED))
@@ -348,6 +416,7 @@ class KoalaEngine:
             )
         )
         if done.rowcount != 1:
+            _release_components(conn, row["id"])
             return False
         conn.execute(delete(coalloc_components).where(coalloc_components.c.job_id == row["id"]))
         conn.execute(
@@ -374,20 +443,24 @@ class KoalaEngine:
         with self.store.begin() as conn:
             placed = _jobs(conn, JobPhase.PLACED)
         for row in placed:
-            try:
-                self._stage_inputs(row)
-            except GridError as exc:
-                with self.store.begin() as conn:
-                    cancels = _requeue(conn, row, (JobPhase.PLACED,), f"staging failed: {exc}")
-                self._cancel_site_jobs(cancels)
-                work.requeued.append(row["id"])
-                continue
-            with self.store.begin() as conn:
-                conn.execute(
-                    update(coalloc_jobs)
-                    .where(_is(row, JobPhase.PLACED))
-                    .values(state=JobPhase.CLAIMING.value)
-                )
+            with self._handling(row, work):
+                self._stage_job(row, work)
+
+    def _stage_job(self, row: RowMapping, work: _Log) -> None:
+        try:
+            self._stage_inputs(row)
+        except GridError as exc:
+            with self._tx() as conn:
+                cancels = _requeue(conn, row, (JobPhase.PLACED,), f"staging failed: {exc}")
+            self._cancel_site_jobs(cancels)
+            work.requeued.append(row["id"])
+            return
+        with self._tx() as conn:
+            conn.execute(
+                update(coalloc_jobs)
+                .where(_is(row, JobPhase.PLACED))
+                .values(state=JobPhase.CLAIMING.value)
+            )
 
     def _stage_inputs(self, row: RowMapping, only: Sequence[PlacedComponent] | None = None) -> None:
         request = request_from_json(row["request"])
@@ -416,28 +489,32 @@ class KoalaEngine:
                 .all()
             )
         for row in due:
-            self.runtime.refresh()  # the components started for the job before count
-            request = request_from_json(row["request"])
-            replicas, bandwidth = self._replicas(request), self._bandwidth()
-            with self.store.begin() as conn:
-                job = _claiming_job(conn, row, request, replicas)
-                candidates = _preemptible(conn) if request.priority is Priority.HIGH else []
-                decision = claim_decision(
-                    job,
-                    self._clusters(conn, row["id"]),
-                    now,
-                    self.params,
-                    candidates,
-                    bandwidth=bandwidth,
-                )
-                cancels = _preempt(conn, decision, row["id"])
-                more, starts = self._apply_claim(conn, row, decision, now)
-                cancels += more
-            work.reasons.extend(decision.reasons)
-            work.outcome(row["id"], decision.outcome)
-            self._cancel_site_jobs(cancels)
-            for component in starts:
-                self._start_component(row, component, len(job.components), now)
+            with self._handling(row, work):
+                self._claim_job(row, now, work)
+
+    def _claim_job(self, row: RowMapping, now: float, work: _Log) -> None:
+        self.runtime.refresh()  # the components started for the job before count
+        request = request_from_json(row["request"])
+        replicas, bandwidth = self._replicas(request), self._bandwidth()
+        with self._tx() as conn:
+            job = _claiming_job(conn, row, request, replicas)
+            candidates = _preemptible(conn) if request.priority is Priority.HIGH else []
+            decision = claim_decision(
+                job,
+                self._clusters(conn, row["id"]),
+                now,
+                self.params,
+                candidates,
+                bandwidth=bandwidth,
+            )
+            cancels = _preempt(conn, decision, row["id"])
+            more, starts = self._apply_claim(conn, row, decision, now)
+            cancels += more
+        work.reasons.extend(decision.reasons)
+        work.outcome(row["id"], decision.outcome)
+        self._cancel_site_jobs(cancels)
+        for component in starts:
+            self._start_component(row, component, len(job.components), now)
 
     def _apply_claim(
         self, conn: Connection, row: RowMapping, decision: ClaimDecision, now: float
@@ -449,6 +526,8 @@ class KoalaEngine:
             ), ()
         if decision.outcome is ClaimOutcome.FAILED:
             return _end(conn, row, (JobPhase.CLAIMING,), JobPhase.FAILED, message, now), ()
+        if not _move_holds(conn, row, decision.start):
+            return [], ()  # a concurrent claim took the processors: try again next scan
         values: dict[str, Any] = {"claim_tries": decision.claim_tries, "message": message}
         if decision.outcome is ClaimOutcome.COMPLETE:
             values["state"] = JobPhase.RUNNING.value
@@ -491,19 +570,23 @@ class KoalaEngine:
                 self.runtime.adapter(component.site), self._submission(row, component, count, now)
             )
         except GridError as exc:
-            with self.store.begin() as conn:
+            with self._tx() as conn:
                 conn.execute(
                     update(coalloc_components)
                     .where(where)
                     .values(state=ComponentState.FAILED.value, message=f"submission failed: {exc}")
                 )
+                _release_component(conn, row, component.index)
             return
-        with self.store.begin() as conn:
+        with self._tx() as conn:
             done = conn.execute(
                 update(coalloc_components)
                 .where(where)
                 .values(site_job_id=site_job_id, state=ComponentState.SUBMITTED.value)
             )
+            # its hold ends when an observation shows the job running (or it ends)
+            holder = component_holder(row["id"], row["epoch"], component.index)
+            capacity.set_site_job(conn, HolderKind.COMPONENT, holder, site_job_id)
         if done.rowcount != 1:  # the job was cancelled while we submitted
             self._cancel_site_jobs([(component.site, site_job_id)])
 
@@ -535,16 +618,20 @@ class KoalaEngine:
         with self.store.begin() as conn:
             active = _jobs(conn, JobPhase.CLAIMING, JobPhase.RUNNING)
         for row in active:
-            with self.store.begin() as conn:
-                parts = _components(conn, row)
-            for part in parts:
-                if part["state"] == ComponentState.SUBMITTED.value:
-                    self._poll_component(row, part)
-                elif part["state"] == ComponentState.SUBMITTING.value:
-                    self._adopt_submitting(row, part)
-            with self.store.begin() as conn:
-                parts = _components(conn, row)
-            self._settle(row, parts, work)
+            with self._handling(row, work):
+                self._follow_job(row, work)
+
+    def _follow_job(self, row: RowMapping, work: _Log) -> None:
+        with self.store.begin() as conn:
+            parts = _components(conn, row)
+        for part in parts:
+            if part["state"] == ComponentState.SUBMITTED.value:
+                self._poll_component(row, part)
+            elif part["state"] == ComponentState.SUBMITTING.value:
+                self._adopt_submitting(row, part)
+        with self.store.begin() as conn:
+            parts = _components(conn, row)
+        self._settle(row, parts, work)
 
     def _adopt_submitting(self, row: RowMapping, part: RowMapping) -> None:
         """A component left ``submitting`` by an engine that died mid-submission: the
@@ -558,7 +645,7 @@ class KoalaEngine:
             return  # counted failed; a job it may have is an orphan for the next refresh
         if found is None:
             return
-        with self.store.begin() as conn:
+        with self._tx() as conn:
             conn.execute(
                 update(coalloc_components)
                 .where(
@@ -575,13 +662,13 @@ class KoalaEngine:
         try:
             status = self.runtime.adapter(part["site"]).status(part["site_job_id"])
         except SiteError as exc:
-            with self.store.begin() as conn:
-                ledger.record_site_error(conn, part["site"], str(exc))
+            with self._tx() as conn:
+                health.record_failure(conn, part["site"], str(exc))
             return
         if not status.state.finished:
             return
         ok = status.state is JobState.COMPLETED
-        with self.store.begin() as conn:
+        with self._tx() as conn:
             conn.execute(
                 update(coalloc_components)
                 .where(
@@ -597,8 +684,9 @@ class KoalaEngine:
                     message=status.reason or status.state.value,
                 )
             )
+            _release_component(conn, row, part["idx"])
             if ok:
-                _store_health(conn, record_site_success(_health(conn, part["site"])))
+                health.record_success(conn, part["site"])
 
     def _settle(self, row: RowMapping, parts: Sequence[RowMapping], work: _Log) -> None:
         # A "submitting" row here was left by an engine that died mid-submission.
@@ -615,7 +703,7 @@ class KoalaEngine:
             return
         if all(p["state"] == ComponentState.COMPLETED.value for p in parts):
             ends = [p["finished_at"] for p in parts if p["finished_at"] is not None]
-            with self.store.begin() as conn:
+            with self._tx() as conn:
                 done = conn.execute(
                     update(coalloc_jobs)
                     .where(_is(row, JobPhase.RUNNING))
@@ -629,7 +717,7 @@ class KoalaEngine:
                 work.completed.append(row["id"])
         released = [p["released_at"] for p in parts]
         if row["started_at"] is None and all(t is not None for t in released):
-            with self.store.begin() as conn:
+            with self._tx() as conn:
                 conn.execute(
                     update(coalloc_jobs)
                     .where(coalloc_jobs.c.id == row["id"])
@@ -640,12 +728,15 @@ class KoalaEngine:
         """Sec. 3.4: a failed component aborts the whole job, back to its placement
         queue; the site's consecutive errors grow."""
         request = request_from_json(row["request"])
-        with self.store.begin() as conn:
+        with self._tx() as conn:
             decision = on_component_failure(
-                request, part["idx"], _health(conn, part["site"]), self.params
+                request,
+                part["idx"],
+                health.site_health(conn, part["site"]),
+                health.live_params(self.params),
             )
-            _store_health(conn, decision.site)
             why = part["message"] or "lost while being submitted"
+            health.record_failure(conn, part["site"], f"component {part['idx']}: {why}")
             message = "; ".join((*decision.reasons, f"component {part['idx']}: {why}"))
             cancels = _requeue(
                 conn, row, (JobPhase.CLAIMING, JobPhase.RUNNING), message, retry=True
@@ -685,22 +776,27 @@ class KoalaEngine:
 
     # -- helpers ------------------------------------------------------------------------
 
-    def _clusters(self, conn: Connection, exclude_job: int | None = None) -> list[ClusterSnapshot]:
-        """The usable grid sites with the processors a KOALA decision may use now."""
-        cc, hc = coalloc_components.c, coalloc_site_health.c
-        rows = {r.name: r for r in conn.execute(select(sites)).all()}
-        health = dict(conn.execute(select(hc.site, hc.usable)).all())
-        held_q = select(cc.site, func.sum(cc.size)).where(cc.state == ComponentState.PLACED.value)
-        if exclude_job is not None:
-            held_q = held_q.where(cc.job_id != exclude_job)
-        held = {site: int(n) for site, n in conn.execute(held_q.group_by(cc.site)).all()}
+    def _clusters(self, conn: Connection, own_job: int | None = None) -> list[ClusterSnapshot]:
+        """The usable grid sites with the processors a KOALA decision may use now: the
+        ledger's free processors (capacity.FREE: reported idle minus others' queue minus
+        every hold, placed components included), plus, for ``own_job``'s claim decision,
+        what its own placed components hold already."""
+        own = {}
+        if own_job is not None:
+            own = capacity.held_by_prefix(conn, HolderKind.COMPONENT, f"{own_job}:")
+        s = sites.c
+        rows = {
+            r.name: r
+            for r in conn.execute(
+                select(s.name, s.total_processors, s.usable, capacity.FREE.label("free"))
+            )
+        }
         snaps = []
         for name in self.grid.site_names:
             r = rows.get(name)
-            if r is None or not r.usable or not health.get(name, True):
+            if r is None or not r.usable:
                 continue
-            free = r.reported_idle - r.external_pending - r.claimed - r.queued - held.get(name, 0)
-            snaps.append(ClusterSnapshot(name, r.total_processors, free))
+            snaps.append(ClusterSnapshot(name, r.total_processors, r.free + own.get(name, 0)))
         return snaps
 
     def _replicas(self, request: CoAllocationRequest) -> tuple[Replica, ...]:
@@ -750,7 +846,7 @@ class _Log:
         else:
             self.failed.append(job_id)
 
-    def report(self) -> ScanReport:
+    def report(self, *, lease_lost: bool = False) -> ScanReport:
         return ScanReport(
             False,
             self.queue,
@@ -760,7 +856,16 @@ class _Log:
             tuple(self.requeued),
             tuple(self.failed),
             tuple(self.reasons),
+            lease_lost,
         )
+
+
+def _error_message(exc: BaseException) -> str:
+    """One line naming the error: a database error by its driver's message (the SQL and
+    parameters SQLAlchemy appends go to the log, not into the job's message)."""
+    cause = getattr(exc, "orig", None) or exc
+    lines = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {lines[0] if lines else type(cause).__name__}"[:500]
 
 
 def _jobs(conn: Connection, *states: JobPhase) -> Sequence[RowMapping]:
@@ -888,6 +993,7 @@ def _requeue(
     if done.rowcount != 1:
         return []
     cancels = _started(conn, row)
+    _release_components(conn, row["id"])
     conn.execute(delete(coalloc_components).where(coalloc_components.c.job_id == row["id"]))
     return cancels
 
@@ -909,6 +1015,7 @@ def _end(
     if done.rowcount != 1:
         return []
     cancels = _started(conn, row)
+    _release_components(conn, row["id"])
     cc = coalloc_components.c
     conn.execute(
         update(coalloc_components)
@@ -923,21 +1030,38 @@ def _end(
     return cancels
 
 
-def _health(conn: Connection, site: str) -> SiteHealth:
-    found = conn.execute(
-        select(coalloc_site_health).where(coalloc_site_health.c.site == site)
-    ).one_or_none()
-    if found is None:
-        return SiteHealth(site)
-    return SiteHealth(site, found.consecutive_errors, bool(found.usable))
+def _claim_placement(conn: Connection, row: RowMapping, placement: Placement) -> bool:
+    """Claim every placed component's processors (capacity ledger, one conditional UPDATE
+    each); all or none: a component that no longer fits undoes the others."""
+    with conn.begin_nested() as savepoint:
+        for c in placement.components:
+            holder = component_holder(row["id"], row["epoch"], c.index)
+            if capacity.claim(conn, HolderKind.COMPONENT, holder, c.site, c.size) is None:
+                savepoint.rollback()
+                return False
+    return True
 
 
-def _store_health(conn: Connection, health: SiteHealth) -> None:
-    values = {"consecutive_errors": health.consecutive_errors, "usable": health.usable}
-    done = conn.execute(
-        update(coalloc_site_health)
-        .where(coalloc_site_health.c.site == health.site)
-        .values(**values)
-    )
-    if done.rowcount != 1:
-        conn.execute(insert(coalloc_site_health).values(site=health.site, **values))
+def _move_holds(conn: Connection, row: RowMapping, start: Sequence[PlacedComponent]) -> bool:
+    """Components ICP starts on another site than placed (Sec. 3.3) move their holds
+    there, by the conditional UPDATE; all or none."""
+    with conn.begin_nested() as savepoint:
+        for c in start:
+            holder = component_holder(row["id"], row["epoch"], c.index)
+            held = capacity.hold(conn, HolderKind.COMPONENT, holder)
+            if held is not None and held.ledger is not None and held.site == c.site:
+                continue
+            capacity.release(conn, HolderKind.COMPONENT, holder)
+            if capacity.claim(conn, HolderKind.COMPONENT, holder, c.site, c.size) is None:
+                savepoint.rollback()
+                return False
+    return True
+
+
+def _release_component(conn: Connection, row: RowMapping, index: int) -> None:
+    capacity.release(conn, HolderKind.COMPONENT, component_holder(row["id"], row["epoch"], index))
+
+
+def _release_components(conn: Connection, job_id: int) -> None:
+    """Every hold of the job's components (any epoch) goes back to the ledger."""
+    capacity.release_prefix(conn, HolderKind.COMPONENT, f"{job_id}:")

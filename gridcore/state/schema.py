@@ -171,6 +171,9 @@ coalloc_jobs = Table(
     Column("finished_at", Float, nullable=True),
     Column("message", Text, nullable=True),
     Column("retries", Integer, nullable=False, default=0),
+    # unexpected errors while handling the job (any epoch); it fails at a bound
+    # (gridcore.engine.koala.MAX_HANDLING_ERRORS) instead of stopping every scan
+    Column("handling_errors", Integer, nullable=False, default=0, server_default="0"),
     Index("ix_gc_coalloc_jobs_state", "state"),
 )
 
@@ -243,4 +246,7 @@ leases = Table(
     Column("holder", String(256), nullable=False),
     Column("expires_at", Float, nullable=False),
     Column("scans", Integer, nullable=False, default=0),
+    # fencing token: grows whenever the lease is taken anew (free, expired, or another's);
+    # a holder's writes commit only while the row still has the token it took
+    Column("token", Integer, nullable=False, default=0, server_default="0"),
 )

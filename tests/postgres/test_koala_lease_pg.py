@@ -1,5 +1,6 @@
 """The KOALA scan lease on PostgreSQL: many engines in many processes, exactly one
-holds it at any instant (issue 3 item 5: "exactly one scans at a time")."""
+holds it at any instant (issue 3 item 5: "exactly one scans at a time"), and scans
+slowed past the lease never commit out of turn (issue 7 item 2: the fencing token)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,21 @@ import itertools
 import multiprocessing
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from sqlalchemy import Connection, text
 
 from gridcore.config import default_grid
 from gridcore.engine.koala import KoalaEngine
 from gridcore.engine.runtime import GridRuntime
+from gridcore.model import CoAllocationRequest, Component, RequestKind
 from gridcore.policies.claiming import KoalaParams
+from gridcore.policies.placement import PlacementPolicy
 from gridcore.state.store import open_store
+from tests.fakes import FaultySite
 
 pytestmark = pytest.mark.postgres
 
@@ -28,7 +35,7 @@ def _contend(url: str, index: int, rounds: int, out: multiprocessing.Queue) -> N
     )
     held: list[tuple[float, float]] = []
     for _ in range(rounds):
-        if engine._take_lease(time.time()) is not None:
+        if engine.lease.take(time.time()) is not None:
             start = time.time()
             time.sleep(0.005)  # "scanning"
             end = time.time()
@@ -57,3 +64,142 @@ def test_exactly_one_engine_holds_the_scan_lease_at_a_time(pg_url: str) -> None:
     assert len(intervals) >= 20
     for (_, e1, i1), (s2, _, i2) in itertools.pairwise(intervals):
         assert s2 >= e1, f"p{i1} held the lease until {e1} but p{i2} took it at {s2}"
+
+
+# -- fenced transitions: two engine processes, scans slowed past the lease -------------
+
+# Every take of the lease that changes its token, and every transition a scan commits,
+# as one log in commit order: takes are logged by a trigger inside the take's UPDATE,
+# transitions by the engine below inside the transition's transaction, both after the
+# statement that locks the lease row, so the log's order is the order of the commits.
+LOG_DDL = (
+    "CREATE TABLE lease_log (seq bigserial PRIMARY KEY, kind text NOT NULL,"
+    " holder text NOT NULL, token integer NOT NULL)",
+    """CREATE FUNCTION lease_log_take() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+      IF TG_OP = 'INSERT' THEN
+        INSERT INTO lease_log (kind, holder, token) VALUES ('take', NEW.holder, NEW.token);
+      ELSIF NEW.token <> OLD.token THEN
+        INSERT INTO lease_log (kind, holder, token) VALUES ('take', NEW.holder, NEW.token);
+      END IF;
+      RETURN NEW;
+    END $$""",
+    "CREATE TRIGGER lease_log_take AFTER INSERT OR UPDATE ON gc_leases"
+    " FOR EACH ROW EXECUTE FUNCTION lease_log_take()",
+)
+JOBS = [
+    CoAllocationRequest(f"job{i}", RequestKind.FIXED, (Component(1, site),))
+    for i, site in enumerate(("local-a", "local-b", "local-c", "local-a"))
+]
+
+
+class LoggingEngine(KoalaEngine):
+    """Logs each transition it commits under its lease, in the same transaction."""
+
+    @contextmanager
+    def _tx(self) -> Iterator[Connection]:
+        grant = self._grant
+        with super()._tx() as conn:
+            yield conn
+            if grant is not None:
+                conn.execute(
+                    text("INSERT INTO lease_log (kind, holder, token) VALUES ('commit', :h, :t)"),
+                    {"h": grant.holder, "t": grant.token},
+                )
+
+
+def _scan_slowly(
+    url: str,
+    home: str,
+    holder: str,
+    lease_s: float,
+    delay_s: float,
+    renew: bool,
+    seconds: float,
+    out: multiprocessing.Queue,  # type: ignore[type-arg]
+) -> None:
+    store = open_store(url)
+    grid = default_grid(Path(home))
+    base = GridRuntime(grid, store)
+    slow = {s: FaultySite(base.adapter(s), delay_s=delay_s) for s in grid.site_names}
+    engine = LoggingEngine(
+        GridRuntime(grid, store, adapters=slow),
+        params=KoalaParams(scan_interval_s=1.0),
+        holder=holder,
+        lease_s=lease_s,
+        renew_lease=renew,
+    )
+    lost = scans = 0
+    end = time.time() + seconds
+    while time.time() < end:
+        report = engine.scan()
+        scans += not report.skipped
+        lost += report.lease_lost
+        time.sleep(0.05)
+    out.put((holder, scans, lost))
+    store.dispose()
+
+
+@pytest.mark.parametrize(
+    ("renew", "lease_s", "delay_s"),
+    [(False, 1.0, 1.5), (True, 1.0, 1.5)],
+    ids=["stalled-renewals", "live-renewals"],
+)
+def test_scans_slowed_past_the_lease_never_commit_out_of_turn(
+    pg_url: str, renew: bool, lease_s: float, delay_s: float
+) -> None:
+    store = open_store(pg_url, upgrade=True)
+    with store.begin() as conn:
+        for ddl in LOG_DDL:
+            conn.execute(text(ddl))
+    home = tempfile.mkdtemp(prefix="gc-fence-")
+    # Every submission takes delay_s > lease_s: a slow site.
+    koala = KoalaEngine(GridRuntime(default_grid(Path(home)), store))
+    job_ids = [koala.submit(job, PlacementPolicy.CM, "true") for job in JOBS]
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    seconds = 20.0
+    procs = [
+        ctx.Process(
+            target=_scan_slowly,
+            args=(pg_url, home, f"p{i}", lease_s, delay_s, renew, seconds, out),
+        )
+        for i in range(2)
+    ]
+    for p in procs:
+        p.start()
+    results = {
+        holder: (scans, lost) for holder, scans, lost in (out.get(timeout=120) for _ in procs)
+    }
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    with store.begin() as conn:
+        log = conn.execute(text("SELECT kind, holder, token FROM lease_log ORDER BY seq")).all()
+    try:
+        states = [koala.status(job_id).state for job_id in job_ids]
+        for job_id in job_ids:
+            koala.cancel(job_id)  # stop what is left (barriers waiting on a re-placed job)
+    finally:
+        store.dispose()
+
+    takes = [(holder, token) for kind, holder, token in log if kind == "take"]
+    commits = [row for row in log if row.kind == "commit"]
+    assert len(commits) > 10, log
+    assert [t for _, t in takes] == sorted({t for _, t in takes}), "tokens only grow"
+    current: tuple[str, int] | None = None
+    for kind, holder, token in log:
+        if kind == "take":
+            current = (holder, token)
+        else:  # a transition commits only under the lease's current holder and token
+            assert (holder, token) == current, (
+                f"{holder} committed with token {token} after {current} took the lease"
+            )
+    if renew:
+        # Scans slower than the lease but alive keep it and get the work done.
+        assert states == ["completed"] * len(JOBS), (states, results)
+    else:
+        # Stalled scanners lose their lease mid-scan: it changed hands, and the scans
+        # that outlived it were fenced out.
+        assert len({holder for holder, _ in takes}) == 2, takes
+        assert sum(lost for _, lost in results.values()) >= 1, results
