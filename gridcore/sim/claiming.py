@@ -195,7 +195,7 @@ class KoalaRun:
     ``failed_runs``: those a component failure ended (Sec. 5.2, Fig. 3).
     ``peak_used``: the most processors in use at once per site (ours + others');
     ``busy_s``: per site the processor-seconds used by KOALA's jobs and by others' until
-    ``end_s`` (Fig. 2)."""
+    ``end_s`` (Fig. 2); ``policy``: the placement policy the run used."""
 
     jobs: tuple[KoalaJobRecord, ...]
     trace: tuple[TraceEvent, ...]
@@ -211,6 +211,7 @@ class KoalaRun:
     background_jobs: int
     busy_s: Mapping[str, tuple[float, float]]
     end_s: float
+    policy: PlacementPolicy
 
     @property
     def completed(self) -> int:
@@ -404,6 +405,7 @@ class _KoalaModel:
                 for name, site in self._sites.items()
             },
             self._sim.now,
+            self._policy,
         )
 
     def _log(self, kind: str, job: str, detail: str = "") -> None:

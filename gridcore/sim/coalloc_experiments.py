@@ -70,6 +70,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gridcore.errors import ConfigError
+from gridcore.model import RequestKind
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.sim.coalloc import (
     FIG5_EXECUTION_S,
@@ -78,6 +79,7 @@ from gridcore.sim.coalloc import (
     CoallocRun,
     Fig5ExecutionTime,
     GridJob,
+    coallocation_request,
     simulate_coallocation,
 )
 from gridcore.sim.registry import Experiment, RunOptions
@@ -235,6 +237,11 @@ def _summary(outcomes: Sequence[CoallocRun]) -> dict[str, float]:
     }
 
 
+def _request_shape(policy: PlacementPolicy) -> str:
+    kind = coallocation_request(GridJob("shape", 0.0, (1, 1)), policy).kind
+    return f"{kind.value} (total)" if kind is RequestKind.FLEXIBLE else kind.value
+
+
 def _setup(
     seed: int,
     jobs: int,
@@ -273,12 +280,13 @@ def _setup(
             for size in sorted({s for sizes in APPLICATION_SIZES.values() for s in sizes})
         },
         "max_component_size": MAX_COMPONENT_SIZE,
-        "requests": {"WF": "non-fixed", "CM": "non-fixed", "FCM": "flexible (total)"},
+        "requests": {policy.value: _request_shape(policy) for policy in POLICIES},
         "execution_time_s": {
             "by_size_and_clusters": {
                 str(size): list(row) for size, row in FIG5_EXECUTION_S.items()
             },
-            "rule": "t1 + comm_factor * (t_c - t1); beyond 4 clusters add the last step",
+            "rule": "t1 + comm_factor * (t_c - t1); beyond"
+            f" {max(map(len, FIG5_EXECUTION_S.values()))} clusters add the last step",
         },
         "scan_interval_s": SCAN_INTERVAL_S,
         "claiming": "immediate at placement; GRAM start-up overhead not modelled",

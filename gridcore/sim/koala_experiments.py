@@ -106,6 +106,7 @@ BACKBONE_MB_S = 100 / 8  # 100 Mbit/s
 JOB_SIZES = (36, 72)
 COMPONENT_COUNTS = (3, 4, 6, 8)
 MIN_COMPONENT = 9  # "greater than 8"
+PRIORITIES = (Priority.HIGH, Priority.LOW)
 FILE_SIZES_GB = (4, 8)
 REPLICAS = 2
 RUNTIME_S = (30.0, 192.0)
@@ -115,6 +116,7 @@ BACKGROUND_UTILIZATION = 0.25
 BACKGROUND_PROCESSORS = (2, 16)
 BACKGROUND_RUNTIME_S = 600.0
 
+POLICY = PlacementPolicy.CF  # Sec. 4: KOALA placed with Close-to-Files
 PAPER_PARAMS = KoalaParams(
     L=0.75,
     L_decrement=0.125,
@@ -146,7 +148,7 @@ def koala_claiming_experiment(
         params,
         bandwidth=uniform_bandwidth(BACKBONE_MB_S),
         background_load=loads,
-        policy=PlacementPolicy.CF,
+        policy=POLICY,
         seed=seed,
     )
     return {
@@ -187,6 +189,11 @@ def das_sites(failure_probability: Mapping[str, float] = FAILURE_PROBABILITY) ->
     ]
 
 
+def component_counts(size: int) -> tuple[int, ...]:
+    """Sec. 4.2: the component counts a job of ``size`` may have (components > 8)."""
+    return tuple(n for n in COMPONENT_COUNTS if size // n >= MIN_COMPONENT)
+
+
 def koala_workload(
     seed: int = 0, jobs: int = 500, mean_interarrival_s: float = MEAN_INTERARRIVAL_S
 ) -> list[KoalaJob]:
@@ -198,12 +205,12 @@ def koala_workload(
     for number in range(jobs):
         at += rng.expovariate(1.0 / mean_interarrival_s)
         size = rng.choice(JOB_SIZES)
-        count = rng.choice([n for n in COMPONENT_COUNTS if size // n >= MIN_COMPONENT])
+        count = rng.choice(component_counts(size))
         workload.append(
             KoalaJob(
                 f"job{number:03d}",
                 round(at, 3),
-                rng.choice((Priority.HIGH, Priority.LOW)),
+                rng.choice(PRIORITIES),
                 (size // count,) * count,
                 round(rng.uniform(*RUNTIME_S), 1),
                 rng.choice(FILE_SIZES_GB) * GB,
@@ -279,7 +286,7 @@ def bench_scan(jobs: int = 10_000, sites: int = 100, seed: int = 0) -> dict[str,
     queue = []
     for number in range(jobs):
         size = rng.choice(JOB_SIZES)
-        count = rng.choice([n for n in COMPONENT_COUNTS if size // n >= MIN_COMPONENT])
+        count = rng.choice(component_counts(size))
         logical = f"job{number}.in"
         request = CoAllocationRequest(
             f"job{number}",
@@ -296,7 +303,7 @@ def bench_scan(jobs: int = 10_000, sites: int = 100, seed: int = 0) -> dict[str,
         queue.append(QueuedJob(request, replicas))
     bandwidth = uniform_bandwidth(BACKBONE_MB_S)
     start = time.perf_counter()
-    result = scan_placement_queue(queue, clusters, PlacementPolicy.CF, bandwidth=bandwidth)
+    result = scan_placement_queue(queue, clusters, POLICY, bandwidth=bandwidth)
     elapsed = time.perf_counter() - start
     return {
         f"scan_{jobs}jobs_{sites}sites_s": elapsed,
@@ -325,6 +332,15 @@ def _metrics(records: Sequence[KoalaJobRecord]) -> dict[str, float]:
     }
 
 
+def _components_rule() -> str:
+    by_size = ", ".join(
+        f"{size} -> {'/'.join(map(str, component_counts(size)))}"
+        for size in sorted(JOB_SIZES, reverse=True)
+    )
+    counts = ", ".join(map(str, COMPONENT_COUNTS))
+    return f"uniform over {counts} with size / count > {MIN_COMPONENT - 1}: {by_size}"
+
+
 def _priority_summary(run: KoalaRun, priority: Priority) -> dict[str, float]:
     return _metrics([r for r in run.jobs if r.priority is priority])
 
@@ -332,9 +348,7 @@ def _priority_summary(run: KoalaRun, priority: Priority) -> dict[str, float]:
 def _shape_summary(run: KoalaRun) -> dict[str, dict[str, dict[str, float]]]:
     shapes: dict[str, dict[str, dict[str, float]]] = {}
     for size in JOB_SIZES:
-        for count in COMPONENT_COUNTS:
-            if size // count < MIN_COMPONENT:
-                continue
+        for count in component_counts(size):
             label = f"{size}x{count}"
             shapes[label] = {
                 p.value: _metrics(
@@ -378,12 +392,12 @@ def _setup(
         "transfer_s": {f"{gb}GB": transfer_seconds(gb * GB, BACKBONE_MB_S) for gb in FILE_SIZES_GB},
         "workload": {
             "job_sizes": list(JOB_SIZES),
-            "components": "uniform over 3, 4, 6, 8 with size / count > 8: 72 -> 3/4/6/8, 36 -> 3/4",
+            "components": _components_rule(),
             "file_gb": list(FILE_SIZES_GB),
             "replicas": REPLICAS,
             "runtime_s": list(RUNTIME_S),
             "arrivals": f"Poisson, mean gap {mean_interarrival_s:g} s",
-            "priority": "uniform high/low",
+            "priority": "uniform " + "/".join(p.value for p in PRIORITIES),
         },
         "background": {
             "offered_utilization": background_utilization,
@@ -408,7 +422,7 @@ def _setup(
             "claim_try_limit": params.claim_try_limit,
             "unusable_after_errors": params.unusable_after_errors,
             "claim_resolution_s": params.claim_resolution_s,
-            "placement_policy": "CF",
+            "placement_policy": run.policy.value,
         },
         "unusable": dict(run.unusable),
         "runs": run.runs,
