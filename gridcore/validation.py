@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import enum
 import posixpath
+import re
 from collections.abc import Callable, Collection, Mapping
 from types import MappingProxyType
 from typing import Annotated, Any, Literal, TypeVar
@@ -255,7 +256,7 @@ def _storage_dir(value: Any, handler: ValidatorFunctionWrapHandler) -> str:
         prefix, path = f"sftp://{netloc}", "/" + path
     if ".." in path.split("/"):
         raise _refused(f"must not contain '..' (it would escape the directory), got {value!r}")
-    return prefix + posixpath.normpath(path)
+    return prefix + posixpath.normpath(re.sub("/{2,}", "/", path))  # normpath keeps "//x"
 
 
 StorageDir = Annotated[str, WrapValidator(_storage_dir)]

@@ -26,6 +26,7 @@ from gridcore.model import (
     RequestKind,
 )
 from gridcore.policies.placement import PlacementPolicy
+from gridcore.validation import check_coallocation_submission
 from operators.base import GridcoreOperator
 from operators.site_job import job_name, map_index, positive_int, state_store, translated
 from sensors.coalloc_trigger import CoAllocationTrigger
@@ -247,6 +248,8 @@ class CoAllocateOperator(GridcoreOperator):
             input_file = InputFile(self.input_file, delivery)
         name = job_name(self.dag_id, self.task_id, map_index(context))
         request = CoAllocationRequest(name, kind, parts, total, input_file, priority)
+        with translated(name):  # gridcore's request models: nothing written yet
+            request, _, quota = check_coallocation_submission(request, self.command, quota)
         return request, policy, quota
 
     def _flexible(self) -> tuple[tuple[Component, ...], int]:

@@ -22,6 +22,7 @@ from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.errors import ConfigError, GridError, RequestError, StateError
 from gridcore.model import JobRequest, JobState, JobSubmission
 from gridcore.policies.selection import InsufficientMode, SelectionProtocol
+from gridcore.validation import check_job_request, check_job_submission, check_selection_stream
 from operators.base import GridcoreOperator
 from sensors.triggers import SiteJobTrigger
 
@@ -212,13 +213,13 @@ class SiteJobOperator(GridcoreOperator):
             env[INPUTS_ENV] = os.pathsep.join(str(p) for p in inputs)
         input_bytes = sum(p.stat().st_size for p in inputs)
         stream = self.stream if self.stream else self.dag_id
-        return JobPlan(
-            JobRequest(name, processors, runtime_s, input_bytes=input_bytes),
-            JobSubmission(name, command, processors, env=env),
-            protocol,
-            mode,
-            str(stream),
-        )
+        with translated(name):  # gridcore's request models: nothing selected yet
+            request = check_job_request(
+                JobRequest(name, processors, runtime_s, input_bytes=input_bytes)
+            )
+            submission = check_job_submission(JobSubmission(name, command, processors, env=env))
+            stream = check_selection_stream(str(stream))
+        return JobPlan(request, submission, protocol, mode, stream)
 
 
 @contextmanager
