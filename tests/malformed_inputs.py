@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -33,12 +34,13 @@ from gridcore.model import (
     FlexibleOptions,
     InputFile,
     JobRequest,
+    JobSubmission,
     RequestKind,
 )
 from gridcore.policies.claiming import KoalaParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.staging import ReplicaCatalog
-from gridcore.state.schema import sites
+from gridcore.state.schema import local_jobs, sites
 from gridcore.state.store import Store, open_store
 
 # -- grid description files -------------------------------------------------------------
@@ -485,6 +487,66 @@ def check_submit_case(case: SubmitCase, db_url: str, tmp_path: Path) -> None:
         with pytest.raises(RequestError, match=case.message):
             koala.submit(case.request, case.policy, case.command, case.quota)
         assert written(rt.store) == before
+        assert_nothing_claimed(rt.store)
+    finally:
+        rt.store.dispose()
+
+
+# -- what a site runs (GridRuntime.submit, after a selection claimed processors) ---------
+
+
+@dataclass(frozen=True)
+class JobCase:
+    id: str
+    job: JobSubmission
+    message: str
+
+    def param(self) -> Any:
+        return pytest.param(self, id=self.id)
+
+
+JOB_CASES = [
+    JobCase(
+        "command with a NUL byte",
+        JobSubmission("j", "true\x00rm -rf /", 1),
+        r"^job\.command: must not be blank or contain a NUL byte",
+    ),
+    JobCase(
+        "environment value with a NUL byte",
+        JobSubmission("j", "true", 1, env=MappingProxyType({"A": "x\x00"})),
+        r"^job\.env\.A: must be a string of at most 131072 characters without a NUL byte",
+    ),
+    JobCase(
+        "environment name with '='",
+        JobSubmission("j", "true", 1, env=MappingProxyType({"A=B": "x"})),
+        r'^job\.env\."A=B": must be an environment variable name',
+    ),
+    JobCase(
+        "processors a float",
+        JobSubmission("j", "true", 1.0),  # type: ignore[arg-type]
+        r"^job\.processors: must be a positive integer .*, got 1\.0$",
+    ),
+    JobCase(
+        "workdir with a NUL byte",
+        JobSubmission("j", "true", 1, workdir="/tmp/a\x00b"),
+        r"^job\.workdir: must not contain a NUL byte",
+    ),
+]
+
+
+def check_job_case(case: JobCase, db_url: str, tmp_path: Path) -> None:
+    """The selection fails with the one-line refusal and gives its processors back; no
+    site job exists."""
+    rt = GridRuntime(default_grid(tmp_path), open_store(db_url, upgrade=True))
+    try:
+        selected = rt.select(JobRequest("j", 1), max_age_s=math.inf)
+        with pytest.raises(RequestError, match=case.message):
+            rt.submit(selected.selection_id, case.job)
+        record = rt.record(selected.selection_id)
+        assert (record.state, record.job_id) == ("failed", None)
+        assert re.search(case.message.lstrip("^"), record.message.removeprefix("submit failed: "))
+        with rt.store.begin() as conn:
+            assert conn.execute(select(local_jobs)).all() == []
         assert_nothing_claimed(rt.store)
     finally:
         rt.store.dispose()

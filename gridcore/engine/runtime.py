@@ -42,7 +42,7 @@ from gridcore.sites.base import SiteAdapter
 from gridcore.sites.keys import selection_key
 from gridcore.state.schema import coalloc_site_health, holds, selections, sites
 from gridcore.state.store import Store, open_store, state_dir
-from gridcore.validation import check_job_request, check_selection_stream
+from gridcore.validation import check_job_request, check_job_submission, check_selection_stream
 
 # Observations older than this are refreshed before a decision (monitoring period).
 DEFAULT_MAX_AGE_S = 5.0
@@ -259,7 +259,8 @@ class GridRuntime:
             return current
         keyed = replace(job, key=selection_key(self.install_id, selection_id))
         try:
-            job_id, _ = submission.submit_once(self.adapter(current.site), keyed)
+            checked = check_job_submission(keyed)  # a malformed field fails the selection
+            job_id, _ = submission.submit_once(self.adapter(current.site), checked)
         except Exception as exc:  # whatever it is, the claim must not leak
             why = str(exc) if isinstance(exc, GridError) else f"{type(exc).__name__}: {exc}"
             self._finish(selection_id, JobState.FAILED, None, f"submit failed: {why}")

@@ -10,12 +10,15 @@ import pytest
 
 from tests.malformed_inputs import (
     GRID_CASES,
+    JOB_CASES,
     SELECT_CASES,
     SUBMIT_CASES,
     GridCase,
+    JobCase,
     SelectCase,
     SubmitCase,
     check_grid_case,
+    check_job_case,
     check_select_case,
     check_submit_case,
 )
@@ -38,3 +41,8 @@ def test_malformed_selection_request(case: SelectCase, tmp_path: Path) -> None:
 @pytest.mark.parametrize("case", [c.param() for c in SUBMIT_CASES])
 def test_malformed_coallocation_request(case: SubmitCase, tmp_path: Path) -> None:
     check_submit_case(case, sqlite_url(tmp_path), tmp_path)
+
+
+@pytest.mark.parametrize("case", [c.param() for c in JOB_CASES])
+def test_malformed_job_submission(case: JobCase, tmp_path: Path) -> None:
+    check_job_case(case, sqlite_url(tmp_path), tmp_path)
