@@ -38,6 +38,7 @@ from pydantic import (
     Field,
     HttpUrl,
     StringConstraints,
+    TypeAdapter,
     ValidationError,
     ValidationInfo,
     ValidatorFunctionWrapHandler,
@@ -636,5 +637,18 @@ def check_coallocation_submission(
     return checked.request.request(), checked.command, checked.quota
 
 
+def check_logical_name(name: Any) -> str:
+    """A logical file name (``gc_replicas.logical_name``): a relative POSIX path of at
+    most 512 characters whose segments are non-empty and do not start with '.' (hidden
+    names are where transfers write partial files), without backslash or NUL."""
+    try:
+        return _LOGICAL_NAMES.validate_python(name)
+    except ValidationError as exc:
+        raise RequestError(f"logical file name: {_one_line(exc)[1]}") from None
+
+
 class _Stream(_Model):
     stream: Stream
+
+
+_LOGICAL_NAMES: TypeAdapter[str] = TypeAdapter(LogicalName)

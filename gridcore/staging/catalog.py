@@ -24,6 +24,8 @@ from typing import Any
 from sqlalchemy import Connection, delete, select
 from sqlalchemy.dialects import postgresql, sqlite
 
+from gridcore import validation
+from gridcore.engine import capacity
 from gridcore.errors import RequestError, StagingError, StateError
 from gridcore.model import GridSpec, Replica
 from gridcore.policies.transfer import transfer_seconds
@@ -35,7 +37,6 @@ from gridcore.state.store import Store
 # ignore one slow transfer.
 RATE_EWMA_WEIGHT = 0.3
 CHECKSUM = re.compile(r"^sha256:[0-9a-f]{64}$")
-_NAME_MAX = 512
 
 
 class ReplicaCatalog:
@@ -105,13 +106,16 @@ class ReplicaCatalog:
         return found
 
     def remove(self, logical_name: str, site: str) -> bool:
-        """Forget the replica (the file itself is left alone); False if there was none."""
+        """Forget the replica (the file itself is left alone) and give its bytes back to
+        the capacity ledger; False if there was none."""
         with self.store.begin() as conn:
             result = conn.execute(
                 delete(replicas).where(
                     (replicas.c.logical_name == logical_name) & (replicas.c.site == site)
                 )
             )
+            holder = capacity.volume_holder(logical_name, site)
+            capacity.release(conn, capacity.HolderKind.VOLUME, holder)
         return bool(result.rowcount)
 
     # -- transfer rates and estimates ----------------------------------------------------
@@ -193,19 +197,9 @@ class ReplicaCatalog:
 def check_logical_name(name: object) -> str:
     """A logical name is a relative POSIX path (it becomes one under a site's storage):
     no empty, ``.``/``..`` or hidden segments (hidden names are where transfers write
-    their partial files), no backslash or NUL, at most 512 characters."""
-    if not isinstance(name, str) or not name or len(name) > _NAME_MAX:
-        raise RequestError(
-            f"logical file name must be a non-empty string of <= {_NAME_MAX} characters,"
-            f" got {name!r}"
-        )
-    bad_segment = any(not part or part.startswith(".") for part in name.split("/"))
-    if bad_segment or "\\" in name or "\0" in name:
-        raise RequestError(
-            f"logical file name {name!r}: must be a relative path of non-empty segments that"
-            " do not start with '.' (no '/x', 'a//b', '..', '.hidden')"
-        )
-    return name
+    their partial files), no backslash or NUL, at most 512 characters. The rule is the
+    request model's (:func:`gridcore.validation.check_logical_name`)."""
+    return validation.check_logical_name(name)
 
 
 def _check_replica(replica: Replica) -> None:
