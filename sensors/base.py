@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import random
 from abc import abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any, ClassVar, Generic, Literal, NamedTuple, Protocol, TypedDict, TypeVar
 
 from airflow.sdk.exceptions import AirflowException
@@ -201,7 +201,7 @@ class GridcoreTrigger(BaseTrigger, Generic[H, R]):
             },
         )
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
+    async def run(self) -> AsyncGenerator[TriggerEvent, None]:
         try:
             event = await self._wait_until_finished()
         except GridError as exc:
