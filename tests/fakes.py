@@ -28,7 +28,7 @@ class FaultySite:
     every submission until it is set (``entered`` tells the test one is held), as a
     slow slurmrestd would; ``delay_s`` slows submissions; ``submit_error`` and
     ``status_error`` are raised instead of the call; ``job_id_suffix`` lengthens the
-    site job ids it returns (a site whose ids do not fit our column). Anything else is
+    site job ids it returns and finds (a site whose ids do not fit our column). Anything else is
     the wrapped adapter's."""
 
     def __init__(
@@ -65,6 +65,10 @@ class FaultySite:
         site_job_id = str(self.inner.submit(job))
         self.submitted.append(site_job_id)
         return site_job_id + self.job_id_suffix
+
+    def find(self, key: str) -> str | None:
+        found = self.inner.find(key)
+        return None if found is None else str(found) + self.job_id_suffix
 
     def status(self, job_id: str) -> Any:
         if self.status_error is not None:

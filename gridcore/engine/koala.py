@@ -5,7 +5,10 @@ Every decision is a KOALA policy (:mod:`gridcore.policies.placement`,
 :mod:`gridcore.policies.claiming`) taken on a snapshot; this module only reads the
 snapshot, applies the decision and does the site I/O. A job's whole life is in the state
 database (``gc_coalloc_jobs``, ``gc_coalloc_components``), so any engine on the same
-database resumes it; one scan at a time runs, under the lease ``koala-scan``.
+database resumes it; one scan at a time runs, under the lease ``koala-scan``. The lease
+is fenced (:mod:`gridcore.engine.lease`): every transition a scan commits first checks
+and renews the lease's holder and token in its own transaction, so a scan that outlived
+its lease (a slow site, a paused process) commits nothing more and stops.
 
 One scan (:meth:`KoalaEngine.scan`), each step committed on its own:
 
@@ -30,6 +33,11 @@ Site I/O never happens inside a transaction. A component is marked ``submitting`
 its submission and ``submitted`` with the site's job id after; a ``submitting`` row seen
 by a later scan was left by an engine that died in between, and counts as a failed
 component (the site job it may have started dies at its barrier: its epoch is gone).
+
+One bad job never stops the engine: an unexpected error while handling one job (a
+database error, an adapter's unhandled exception) rolls back that job's transaction and
+counts in ``handling_errors``; at ``MAX_HANDLING_ERRORS`` the job fails with the error's
+message and its site jobs are cancelled, and the scan goes on with the other jobs.
 
 This module holds the scan steps alone; what they share lives beside it: the phase
 enums (:mod:`gridcore.engine.phases`, also read by the barrier), the scan lease
