@@ -6,7 +6,7 @@ it again, and a refresh can tell our jobs whose holder is gone (orphans) from th
 
 * a selection:                 ``gc-<install>-s<selection id>``
 * a co-allocation component:   ``gc-<install>-c<job id>-<epoch>-<component index>``
-* a health probe:              ``gc-<install>-p<site>-<n>``
+* a health probe:              ``gc-<install>-p<site>-<token>`` (the probe's hex token)
 
 ``<install>`` is the state database's install id (12 hex digits, ``gc_meta``): many
 state databases (test schemas, several deployments) submit to the same clusters, and a
@@ -27,7 +27,7 @@ KEY_MAX_LENGTH = 128
 _INSTALL = re.compile(r"[0-9a-f]{12}")
 _SELECTION = re.compile(r"s(\d+)")
 _COMPONENT = re.compile(r"c(\d+)-(\d+)-(\d+)")
-_PROBE = re.compile(r"p([A-Za-z0-9_-]+)-(\d+)")
+_PROBE = re.compile(r"p([A-Za-z0-9_-]+)-([0-9a-f]+)")
 _SAFE = re.compile(r"[A-Za-z0-9_-]+")
 
 
@@ -39,13 +39,14 @@ class HolderKind(enum.Enum):
 
 @dataclass(frozen=True)
 class KeyHolder:
-    """What a key names: ``ids`` are (selection,), (job, epoch, index) or (n,);
-    ``site`` is set for probes only."""
+    """What a key names: ``ids`` are (selection,) or (job, epoch, index); a probe has
+    ``site`` and ``token`` instead."""
 
     install: str
     kind: HolderKind
-    ids: tuple[int, ...]
+    ids: tuple[int, ...] = ()
     site: str | None = None
+    token: str | None = None
 
 
 def install_prefix(install: str) -> str:
@@ -63,10 +64,12 @@ def component_key(install: str, job_id: int, epoch: int, index: int) -> str:
     return f"{install_prefix(install)}c{job_id}-{epoch}-{index}"
 
 
-def probe_key(install: str, site: str, n: int) -> str:
+def probe_key(install: str, site: str, token: str) -> str:
     if not _SAFE.fullmatch(site):
         raise ValueError(f"site name {site!r} cannot be part of a submission key")
-    return f"{install_prefix(install)}p{site}-{n}"
+    if not re.fullmatch(r"[0-9a-f]+", token):
+        raise ValueError(f"a probe token is lower-case hex digits, got {token!r}")
+    return f"{install_prefix(install)}p{site}-{token}"
 
 
 def is_valid_key(key: str) -> bool:
@@ -87,5 +90,5 @@ def parse_key(key: str) -> KeyHolder | None:
         ids = (int(match[1]), int(match[2]), int(match[3]))
         return KeyHolder(install, HolderKind.COMPONENT, ids)
     if match := _PROBE.fullmatch(rest):
-        return KeyHolder(install, HolderKind.PROBE, (int(match[2]),), site=match[1])
+        return KeyHolder(install, HolderKind.PROBE, site=match[1], token=match[2])
     return None
