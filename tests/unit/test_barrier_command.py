@@ -74,15 +74,9 @@ def test_the_parsed_command_line_is_what_the_barrier_reads() -> None:
 
 def test_the_command_is_frozen() -> None:
     built = barrier_command(
-        job_id=1,
-        component=0,
-        count=1,
-        epoch=0,
-        timeout_s=1.0,
-        db_url="sqlite://",
-        python="python",
-        command="true",
-    )
+        job_id=1, component=0, count=1, epoch=0, timeout_s=1.0, db_url="sqlite://",
+        python="python", command="true",
+    )  # fmt: skip
     with pytest.raises(AttributeError):
         built.argv = ()  # type: ignore[misc]
     with pytest.raises(TypeError):

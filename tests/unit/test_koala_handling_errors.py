@@ -56,25 +56,33 @@ def handling_errors(store: Store, job_id: int) -> int:
         return int(conn.execute(query).scalar_one())
 
 
+def run_bad_and_good(
+    tmp_path: Path, bad_command: str, **faults: Any
+) -> tuple[Store, FaultySite, CoAllocationRecord]:
+    """The bad job and the good one scanned together until both finished: the good one
+    completed, the bad one failed after MAX_HANDLING_ERRORS; returns its record."""
+    store = open_store(f"sqlite:///{tmp_path}/state.db", upgrade=True)
+    koala, faulty = faulty_engine(store, tmp_path, **faults)
+    bad = koala.submit(BAD, PlacementPolicy.CM, bad_command)
+    good = koala.submit(GOOD, PlacementPolicy.CM, "sleep 0.5")
+    failed, completed = scan_until_both_finished(koala, bad, good)
+    assert completed.state == "completed"
+    assert failed.state == "failed"
+    assert handling_errors(store, bad) == MAX_HANDLING_ERRORS
+    assert handling_errors(store, good) == 0
+    return store, faulty, failed
+
+
 def test_a_job_whose_status_raises_fails_after_n_tries_and_its_site_job_is_cancelled(
     tmp_path: Path,
 ) -> None:
-    store = open_store(f"sqlite:///{tmp_path}/state.db", upgrade=True)
-    koala, faulty = faulty_engine(
-        store, tmp_path, status_error=RuntimeError("injected status fault")
+    store, faulty, failed = run_bad_and_good(
+        tmp_path, "sleep 60", status_error=RuntimeError("injected status fault")
     )
-    bad = koala.submit(BAD, PlacementPolicy.CM, "sleep 60")
-    good = koala.submit(GOOD, PlacementPolicy.CM, "sleep 0.5")
-    failed, completed = scan_until_both_finished(koala, bad, good)
-
-    assert completed.state == "completed"
-    assert failed.state == "failed"
     assert failed.message == (
         f"failed after {MAX_HANDLING_ERRORS} errors while handling it:"
         " RuntimeError: injected status fault"
     )
-    assert handling_errors(store, bad) == MAX_HANDLING_ERRORS
-    assert handling_errors(store, good) == 0
     assert [c.state for c in failed.components] == ["aborted"]
     # The bad job's one site job was started, and cancelled when the job failed.
     (site_job,) = faulty.submitted
@@ -86,16 +94,8 @@ def test_a_job_whose_status_raises_fails_after_n_tries_and_its_site_job_is_cance
 
 
 def test_a_job_whose_submission_raises_fails_after_n_tries(tmp_path: Path) -> None:
-    store = open_store(f"sqlite:///{tmp_path}/state.db", upgrade=True)
-    koala, faulty = faulty_engine(
-        store, tmp_path, submit_error=RuntimeError("injected submit fault")
+    _, faulty, failed = run_bad_and_good(
+        tmp_path, "true", submit_error=RuntimeError("injected submit fault")
     )
-    bad = koala.submit(BAD, PlacementPolicy.CM, "true")
-    good = koala.submit(GOOD, PlacementPolicy.CM, "true")
-    failed, completed = scan_until_both_finished(koala, bad, good)
-
-    assert completed.state == "completed"
-    assert failed.state == "failed"
     assert failed.message.endswith("RuntimeError: injected submit fault")
-    assert handling_errors(store, bad) == MAX_HANDLING_ERRORS
     assert faulty.submitted == []
