@@ -77,12 +77,18 @@ from gridcore.policies.claiming import (
 )
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.policies.transfer import Bandwidth
-from gridcore.sim.cluster import Admission, Cluster, HolderKind, LoadStreams, OtherUsers
-from gridcore.sim.core import Simulator
+from gridcore.sim.cluster import (
+    Admission,
+    ClusterModel,
+    HolderKind,
+    LoadStreams,
+    OtherUsers,
+)
 from gridcore.sim.workload import (
     BackgroundLoad,
     LocalJob,
     SimSite,
+    TraceEvent,
     validate_loads,
     validate_local_jobs,
     validate_sites,
@@ -117,16 +123,6 @@ class KoalaJob:
     @property
     def processors(self) -> int:
         return sum(self.components)
-
-
-@dataclass(frozen=True)
-class TraceEvent:
-    """One step of the run, for tests and for people: ``kind`` and a readable ``detail``."""
-
-    at: float
-    kind: str
-    job: str
-    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -331,7 +327,7 @@ class _Job:
         )
 
 
-class _KoalaModel:
+class _KoalaModel(ClusterModel):
     def __init__(
         self,
         sites: Sequence[SimSite],
@@ -340,8 +336,7 @@ class _KoalaModel:
         policy: PlacementPolicy,
         seed: int,
     ) -> None:
-        self._sim = Simulator()
-        self._sites = {s.name: Cluster(self._sim, s, _RELEASE) for s in sites}
+        super().__init__(sites, _RELEASE)
         self._health = {s.name: SiteHealth(s.name) for s in sites}
         self._params = params
         self._bandwidth = bandwidth
@@ -358,7 +353,7 @@ class _KoalaModel:
             ("starts", "failures", "runs", "failed_runs", "preemptions", "aborts"), 0
         )
         self._unusable: dict[str, float] = {}
-        self._others = OtherUsers(self._sim, tuple(self._sites.values()), None, Admission.QUEUE)
+        self._others = OtherUsers(self._sim, tuple(self._clusters.values()), None, Admission.QUEUE)
 
     # -- the run ----------------------------------------------------------------------
 
@@ -385,7 +380,7 @@ class _KoalaModel:
 
     def _result(self, jobs: Sequence[KoalaJob]) -> KoalaRun:
         counts = self._counts
-        for site in self._sites.values():
+        for site in self._clusters.values():
             site.close()
         return KoalaRun(
             tuple(self._jobs[spec.name].record() for spec in jobs),
@@ -398,23 +393,23 @@ class _KoalaModel:
             counts["aborts"],
             self._scans,
             dict(self._unusable),
-            {name: site.peak for name, site in self._sites.items()},
-            sum(site.started[HolderKind.LOCAL] for site in self._sites.values()),
+            {name: site.peak for name, site in self._clusters.items()},
+            sum(site.started[HolderKind.LOCAL] for site in self._clusters.values()),
             {
                 name: (site.busy_s(HolderKind.GRID), site.busy_s(HolderKind.LOCAL))
-                for name, site in self._sites.items()
+                for name, site in self._clusters.items()
             },
             self._sim.now,
             self._policy,
         )
 
     def _log(self, kind: str, job: str, detail: str = "") -> None:
-        self._trace.append(TraceEvent(self._sim.now, kind, job, detail))
+        self._trace.append(TraceEvent(self._sim.now, kind, job, detail=detail))
 
     def _snapshot(self) -> list[ClusterSnapshot]:
         return [
             ClusterSnapshot(name, site.processors, site.idle)
-            for name, site in self._sites.items()
+            for name, site in self._clusters.items()
             if self._health[name].usable
         ]
 
@@ -540,7 +535,7 @@ class _KoalaModel:
         for component in decision.start:
             self._start_component(job, component)
         for name in sorted(freed):
-            self._sites[name].start_queued()
+            self._clusters[name].start_queued()
         started = ",".join(str(c.index) for c in decision.start) or "-"
         self._log(
             "claim",
@@ -563,7 +558,7 @@ class _KoalaModel:
             self._finish_failed(job, f"{decision.claim_tries} claiming tries")
 
     def _start_component(self, job: _Job, component: PlacedComponent) -> None:
-        site = self._sites[component.site]
+        site = self._clusters[component.site]
         site.claim(_holder(job, component.index), component.size, HolderKind.GRID)
         job.components[component.index] = component
         job.started[component.index] = component
@@ -632,7 +627,7 @@ class _KoalaModel:
     def _release_all(self, job: _Job, failed: int | None = None, defer: bool = False) -> set[str]:
         freed = {component.site for component in job.started.values()}
         for index, component in job.started.items():
-            site = self._sites[component.site]
+            site = self._clusters[component.site]
             if defer:
                 site.preempt([_holder(job, index)])
             else:
@@ -645,7 +640,7 @@ class _KoalaModel:
         job.ran = False
         if not defer:
             for name in sorted(freed):
-                self._sites[name].start_queued()
+                self._clusters[name].start_queued()
         return freed
 
     def _finish_failed(self, job: _Job, why: str) -> None:
@@ -663,7 +658,7 @@ class _KoalaModel:
         )
         return OtherUsers(
             self._sim,
-            tuple(self._sites.values()),
+            tuple(self._clusters.values()),
             load,
             Admission.QUEUE,
             streams=streams,

@@ -79,6 +79,8 @@ class Cluster:
 
     def __init__(self, sim: Simulator, site: SimSite, end_priority: int = 0) -> None:
         self.site = site
+        self.name = site.name
+        self.processors = site.processors
         self._sim = sim
         self._end_priority = end_priority
         self._held: dict[str, Holding] = {}
@@ -91,14 +93,6 @@ class Cluster:
         self.peak = 0
         self.started: Counter[HolderKind] = Counter()
         self.preempted = 0
-
-    @property
-    def name(self) -> str:
-        return self.site.name
-
-    @property
-    def processors(self) -> int:
-        return self.site.processors
 
     @property
     def idle(self) -> int:
@@ -240,6 +234,15 @@ class LoadStreams:
     dummy_names: Iterator[str] = field(default_factory=lambda: iter(()))
 
 
+class ClusterModel:
+    """A model on the shared clusters: its event core and one :class:`Cluster` per site
+    (in the sites' order), whose work ends at ``end_priority``."""
+
+    def __init__(self, sites: Sequence[SimSite], end_priority: int) -> None:
+        self._sim = Simulator()
+        self._clusters = {site.name: Cluster(self._sim, site, end_priority) for site in sites}
+
+
 class OtherUsers:
     """Other users' jobs on ``clusters``: explicit ones (:meth:`submit`) and, with a
     ``load``, the ones it draws while ``active()`` holds.
@@ -291,14 +294,7 @@ class OtherUsers:
     def submit(self, job: LocalJob) -> None:
         """``job`` reaches its cluster now."""
         cluster = self._clusters[job.site]
-        work = Queued(
-            job.name,
-            job.processors,
-            job.runtime_s,
-            HolderKind.LOCAL,
-            self._hook(self._hooks.started, job),
-            partial(self._ended, job),
-        )
+        work = self._work(job)
         if self._admission is Admission.QUEUE:
             cluster.enqueue(work)
         elif self.busy + job.processors > self._band[1] or job.processors > cluster.idle:
@@ -316,8 +312,16 @@ class OtherUsers:
     def _banded(self) -> bool:
         return self._load is not None and self._load.low_fraction is not None
 
-    def _hook(self, hook: Callable[[LocalJob], object] | None, job: LocalJob) -> Hook | None:
-        return None if hook is None else partial(hook, job)
+    def _work(self, job: LocalJob) -> Queued:
+        started = self._hooks.started
+        return Queued(
+            job.name,
+            job.processors,
+            job.runtime_s,
+            HolderKind.LOCAL,
+            None if started is None else partial(started, job),
+            partial(self._ended, job),
+        )
 
     def _ended(self, job: LocalJob) -> None:
         if self._hooks.ended is not None:
@@ -351,16 +355,7 @@ class OtherUsers:
             dummy = self._draw_dummy()
             if dummy is None:
                 return  # no room now; the next release tries again
-            self._clusters[dummy.site].run_now(
-                Queued(
-                    dummy.name,
-                    dummy.processors,
-                    dummy.runtime_s,
-                    HolderKind.LOCAL,
-                    self._hook(self._hooks.started, dummy),
-                    partial(self._ended, dummy),
-                )
-            )
+            self._clusters[dummy.site].run_now(self._work(dummy))
 
     def _draw_dummy(self) -> LocalJob | None:
         load, streams = self._load, self._streams

@@ -77,12 +77,21 @@ from gridcore.model import (
 )
 from gridcore.policies.claiming import QueuedJob, scan_placement_queue
 from gridcore.policies.placement import PlacementPolicy, place
-from gridcore.sim.cluster import Admission, Cluster, HolderKind, LoadStreams, LocalHooks, OtherUsers
-from gridcore.sim.core import SimulationError, Simulator
+from gridcore.sim.cluster import (
+    Admission,
+    ClusterModel,
+    HolderKind,
+    LoadStreams,
+    LocalHooks,
+    OtherUsers,
+)
+from gridcore.sim.core import SimulationError
 from gridcore.sim.workload import (
     BackgroundLoad,
+    JobTimes,
     LocalJob,
     SimSite,
+    TraceEvent,
     validate_local_jobs,
     validate_sites,
     validate_unique,
@@ -202,18 +211,7 @@ class EventKind(enum.StrEnum):
 
 
 @dataclass(frozen=True)
-class SimEvent:
-    """One line of the run's trace; ``site`` is empty for grid arrivals and queueing."""
-
-    at: float
-    kind: EventKind
-    job: str
-    site: str = ""
-    processors: int = 0
-
-
-@dataclass(frozen=True)
-class CoallocRecord:
+class CoallocRecord(JobTimes):
     """What happened to one grid job."""
 
     name: str
@@ -226,18 +224,6 @@ class CoallocRecord:
     tries: int  # placement tries: on arrival, then at every scan until placed
 
     @property
-    def wait_s(self) -> float:
-        return self.start_s - self.arrival_s
-
-    @property
-    def execution_s(self) -> float:
-        return self.end_s - self.start_s
-
-    @property
-    def response_s(self) -> float:
-        return self.end_s - self.arrival_s
-
-    @property
     def clusters_combined(self) -> int:
         return self.placement.clusters_combined
 
@@ -248,7 +234,7 @@ class CoallocRun:
 
     policy: PlacementPolicy
     jobs: tuple[CoallocRecord, ...]
-    events: tuple[SimEvent, ...]
+    events: tuple[TraceEvent, ...]
 
     @property
     def mean_response_s(self) -> float:
@@ -372,7 +358,7 @@ class _Pending:
         )
 
 
-class _CoallocModel:
+class _CoallocModel(ClusterModel):
     def __init__(
         self,
         clusters: Sequence[SimSite],
@@ -382,12 +368,11 @@ class _CoallocModel:
         scan_interval_s: float,
         seed: int,
     ) -> None:
-        self._sim = Simulator()
-        self._clusters = {c.name: Cluster(self._sim, c, _END) for c in clusters}
+        super().__init__(clusters, _END)
         self._policy = policy
         self._execution_time = execution_time
         self._interval = scan_interval_s
-        self._events: list[SimEvent] = []
+        self._events: list[TraceEvent] = []
         self._queue: list[_Pending] = []
         self._scan_scheduled = False
         self._unfinished = 0
@@ -427,7 +412,7 @@ class _CoallocModel:
         return CoallocRun(self._policy, tuple(p.record() for p in pending), tuple(self._events))
 
     def _log(self, kind: EventKind, job: str, site: str = "", processors: int = 0) -> None:
-        self._events.append(SimEvent(self._sim.now, kind, job, site, processors))
+        self._events.append(TraceEvent(self._sim.now, kind, job, site, processors))
 
     def _log_local(self, kind: EventKind, job: LocalJob) -> None:
         self._log(kind, job.name, job.site, job.processors)

@@ -82,7 +82,7 @@ from gridcore.sim.coalloc import (
     coallocation_request,
     simulate_coallocation,
 )
-from gridcore.sim.registry import Experiment, RunOptions
+from gridcore.sim.registry import Experiment, RunOptions, text_table
 from gridcore.sim.workload import BackgroundLoad, SimSite
 
 DAS_TABLE1: tuple[tuple[str, str, int, int], ...] = (
@@ -141,16 +141,20 @@ def koala_placement_experiment(
 
 def koala_placement_table(result: Mapping[str, Any]) -> str:
     """Fig. 7's metrics per workload and policy, one line each."""
-    lines = [
-        f"{'load':<4} {'policy':<4} {'response_s':>10} {'wait_s':>8} {'exec_s':>8} {'clusters':>8}"
+    columns = [
+        ("load", "<4"),
+        ("policy", "<4"),
+        ("response_s", ">10.1f"),
+        ("wait_s", ">8.1f"),
+        ("exec_s", ">8.1f"),
+        ("clusters", ">8.2f"),
     ]
-    for load, policies in result["workloads"].items():
-        for policy, m in policies.items():
-            lines.append(
-                f"{load:<4} {policy:<4} {m['mean_response_s']:>10.1f} {m['mean_wait_s']:>8.1f}"
-                f" {m['mean_execution_s']:>8.1f} {m['mean_clusters_combined']:>8.2f}"
-            )
-    return "\n".join(lines)
+    rows = [
+        [load, policy, *(m[metric] for metric in METRICS)]
+        for load, policies in result["workloads"].items()
+        for policy, m in policies.items()
+    ]
+    return text_table(columns, rows)
 
 
 def _run(options: RunOptions) -> dict[str, Any]:

@@ -68,7 +68,7 @@ from typing import Any
 
 from gridcore.errors import ConfigError
 from gridcore.policies.selection import InsufficientMode, SelectionProtocol
-from gridcore.sim.registry import Experiment, RunOptions
+from gridcore.sim.registry import Experiment, RunOptions, text_table
 from gridcore.sim.selection import (
     MDS_INTERVAL_S,
     SelectionRun,
@@ -78,12 +78,14 @@ from gridcore.sim.selection import (
 )
 from gridcore.sim.workload import SimSite
 
-TABLE1_SITES: tuple[tuple[str, str, int, float], ...] = (
-    # (name, host in Table 1, CPUs, slowness)
-    ("canbc01", "canbc01.louisiana.edu", 6, 1.00),
-    ("ci-team", "ci-team.acis.ufl.edu", 4, 1.05),
-    ("mileva", "mileva.hpc.odu.edu", 16, 1.10),
-    ("scoops", "scoops.itsc.uah.edu", 8, 1.15),
+TABLE1_SITES: Mapping[str, tuple[str, int, float]] = MappingProxyType(
+    {
+        # name: (host in Table 1, CPUs, slowness)
+        "canbc01": ("canbc01.louisiana.edu", 6, 1.00),
+        "ci-team": ("ci-team.acis.ufl.edu", 4, 1.05),
+        "mileva": ("mileva.hpc.odu.edu", 16, 1.10),
+        "scoops": ("scoops.itsc.uah.edu", 8, 1.15),
+    }
 )
 ENSEMBLE_MEMBERS = 10
 MEMBER_SPACING_S = 30.0
@@ -93,6 +95,7 @@ MEMBER_RUNTIME_S = (300.0, 900.0)
 HYSTERESIS_S = (90.0, 150.0)
 
 METRICS = ("completion_s", "total_queue_s", "mean_queue_s", "total_compute_s", "mean_compute_s")
+TABLE_METRICS = METRICS[:3]
 
 _UNIFIED = "ensemble"
 _SHARED = "shared"
@@ -143,13 +146,10 @@ def stateful_selection_experiment(runs: int = 20, seed: int = 0) -> dict[str, An
 
 def stateful_selection_table(result: Mapping[str, Any]) -> str:
     """Fig. 2's metrics per protocol, one line each."""
-    lines = [f"{'protocol':<22} {'completion_s':>12} {'total_queue_s':>13} {'mean_queue_s':>12}"]
-    for name, m in result["protocols"].items():
-        lines.append(
-            f"{name:<22} {m['completion_s']:>12.1f} {m['total_queue_s']:>13.1f}"
-            f" {m['mean_queue_s']:>12.1f}"
-        )
-    return "\n".join(lines)
+    columns = [("protocol", "<22")]
+    columns += [(metric, f">{len(metric)}.1f") for metric in TABLE_METRICS]
+    protocols = result["protocols"].items()
+    return text_table(columns, ([name, *(m[k] for k in TABLE_METRICS)] for name, m in protocols))
 
 
 def _run(options: RunOptions) -> dict[str, Any]:
@@ -180,7 +180,9 @@ def canonical_trace(seed: int = 0) -> SelectionTrace:
         )
         for position, (at, burst, index) in enumerate(arrivals)
     )
-    sites = tuple(SimSite(name, cpus, slowness) for name, _, cpus, slowness in TABLE1_SITES)
+    sites = tuple(
+        SimSite(name, cpus, slowness) for name, (_, cpus, slowness) in TABLE1_SITES.items()
+    )
     return SelectionTrace(sites, jobs, _describe(seed, members, jobs))
 
 
@@ -258,7 +260,7 @@ def _describe(
         "seed": seed,
         "sites": [
             {"name": name, "host": host, "processors": cpus, "slowness": slowness}
-            for name, host, cpus, slowness in TABLE1_SITES
+            for name, (host, cpus, slowness) in TABLE1_SITES.items()
         ],
         "members": [
             {"member": index, "processors": cpus, "runtime_s": runtime}

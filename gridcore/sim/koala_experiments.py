@@ -165,16 +165,18 @@ def koala_claiming_experiment(
 
 def koala_claiming_table(result: Mapping[str, Any]) -> str:
     """Completion, failures and, per priority, placement time and start delay."""
-    lines = [
+    head = (
         f"submitted {result['submitted']} completed {result['completed']}"
         f" component_failure_rate {result['component_failure_rate']:.3f}"
-    ]
-    for priority, m in result["priorities"].items():
-        lines.append(
+    )
+    return "\n".join(
+        [head]
+        + [
             f"{priority:<5} placement {m['mean_placement_s']:>9.1f} s"
             f"  start delay {m['mean_start_delay_s']:>9.1f} s"
-        )
-    return "\n".join(lines)
+            for priority, m in result["priorities"].items()
+        ]
+    )
 
 
 def _run(options: RunOptions) -> dict[str, Any]:

@@ -11,7 +11,7 @@ Adding an experiment is one module and one line here.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
@@ -63,6 +63,19 @@ class Experiment:
         if runs < 1:
             raise ConfigError(f"--runs must be >= 1, got {runs}")
         return runs
+
+
+def text_table(columns: Sequence[tuple[str, str]], rows: Iterable[Sequence[object]]) -> str:
+    """Columns ``(title, format spec)`` over rows of values taken from a result: the
+    titles aligned to each spec's width, then one line per row."""
+    # A title takes its column's alignment and width, not its precision or type.
+    widths = [spec.split(".")[0].rstrip("bcdeEfFgGnosxX%") for _, spec in columns]
+    titles = zip(columns, widths, strict=True)
+    lines = [" ".join(f"{title:{width}}" for (title, _), width in titles)]
+    for row in rows:
+        values = zip(row, columns, strict=True)
+        lines.append(" ".join(f"{value:{spec}}" for value, (_, spec) in values))
+    return "\n".join(lines)
 
 
 EXPERIMENTS: Mapping[str, str] = MappingProxyType(

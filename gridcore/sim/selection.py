@@ -60,9 +60,10 @@ from gridcore.model import (
 )
 from gridcore.policies.selection import InsufficientMode, SelectionProtocol, select_site
 from gridcore.policies.transfer import free_bandwidth
-from gridcore.sim.cluster import Cluster, HolderKind, Queued
-from gridcore.sim.core import SimulationError, Simulator
+from gridcore.sim.cluster import Cluster, ClusterModel, HolderKind, Queued
+from gridcore.sim.core import SimulationError
 from gridcore.sim.workload import (
+    JobTimes,
     LocalJob,
     SimSite,
     validate_local_jobs,
@@ -105,7 +106,7 @@ class StreamConfig:
 
 
 @dataclass(frozen=True)
-class JobRecord:
+class JobRecord(JobTimes):
     """What happened to one job. For external jobs ``arrival_s`` is the submit time,
     ``stream`` is ``None`` and there is no selection."""
 
@@ -126,11 +127,7 @@ class JobRecord:
 
     @property
     def compute_s(self) -> float:
-        return self.end_s - self.start_s
-
-    @property
-    def response_s(self) -> float:
-        return self.end_s - self.arrival_s
+        return self.execution_s
 
 
 @dataclass(frozen=True)
@@ -280,7 +277,7 @@ class _State:
     names: set[str] = field(default_factory=set)
 
 
-class _SelectionModel:
+class _SelectionModel(ClusterModel):
     def __init__(
         self,
         sites: Sequence[SimSite],
@@ -288,8 +285,7 @@ class _SelectionModel:
         monitor_interval_s: float,
         seed: int,
     ) -> None:
-        self._sim = Simulator()
-        self._sites = {s.name: Cluster(self._sim, s, _END) for s in sites}
+        super().__init__(sites, _END)
         self._configs = configs
         self._rngs = {
             stream: random.Random(f"gridcore.sim.selection:{seed}:{stream}") for stream in configs
@@ -328,7 +324,7 @@ class _SelectionModel:
     def _select(self, job: SimJob, ours: list[_Placed]) -> None:
         config = self._configs[job.stream]
         state = self._states.setdefault(self._state_key(job.stream), _State())
-        snapshots = [self._snapshot(site, state, config) for site in self._sites.values()]
+        snapshots = [self._snapshot(site, state, config) for site in self._clusters.values()]
         request = JobRequest(job.name, job.processors, job.runtime_s)
         decision = select_site(
             request,
@@ -376,7 +372,7 @@ class _SelectionModel:
 
     def _reach_queue(self, placed: _Placed) -> None:
         placed.queue_arrival_s = self._sim.now
-        site = self._sites[placed.site]
+        site = self._clusters[placed.site]
         ours = isinstance(placed.job, SimJob)
         duration = placed.job.runtime_s * site.site.slowness if ours else placed.job.runtime_s
         site.enqueue(
@@ -399,7 +395,7 @@ class _SelectionModel:
 
     def _monitor(self) -> None:
         now = self._sim.now
-        for name, site in self._sites.items():
+        for name, site in self._clusters.items():
             jobs = [ObservedJob(h.holder, h.processors, JobState.RUNNING) for h in site.holdings()]
             jobs += [ObservedJob(q.name, q.processors, JobState.PENDING) for q in site.waiting()]
             report = SiteObservation(name, site.processors, site.idle, tuple(jobs), now)

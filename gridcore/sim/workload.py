@@ -46,6 +46,43 @@ class LocalJob:
     processors: int
 
 
+class JobTimes:
+    """What a finished job's record derives from its ``arrival_s``, ``start_s`` and
+    ``end_s`` (fields of the record that mixes this in)."""
+
+    arrival_s: float
+    start_s: float
+    end_s: float
+
+    @property
+    def wait_s(self) -> float:
+        """Arrival to start."""
+        return self.start_s - self.arrival_s
+
+    @property
+    def execution_s(self) -> float:
+        return self.end_s - self.start_s
+
+    @property
+    def response_s(self) -> float:
+        """Arrival to end."""
+        return self.end_s - self.arrival_s
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    """One step of a run, for tests and for people: what (``kind``) happened to ``job``
+    at ``at``; where and how many processors when it concerns a site, a readable
+    ``detail`` when a model gives one."""
+
+    at: float
+    kind: str
+    job: str
+    site: str = ""
+    processors: int = 0
+    detail: str = ""
+
+
 @dataclass(frozen=True)
 class BackgroundLoad:
     """Other users' jobs, drawn while the model's own jobs are unfinished.

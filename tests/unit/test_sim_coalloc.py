@@ -16,12 +16,11 @@ from gridcore.sim.coalloc import (
     EventKind,
     Fig5ExecutionTime,
     GridJob,
-    SimEvent,
     coallocation_request,
     simulate_coallocation,
 )
 from gridcore.sim.coalloc_experiments import das_clusters, workload_trace
-from gridcore.sim.workload import BackgroundLoad, LocalJob, SimSite
+from gridcore.sim.workload import BackgroundLoad, LocalJob, SimSite, TraceEvent
 
 WF, CM, FCM = PlacementPolicy.WF, PlacementPolicy.CM, PlacementPolicy.FCM
 E = EventKind
@@ -193,7 +192,7 @@ def _w2_run(policy: PlacementPolicy, seed: int = 0) -> CoallocRun:
     )
 
 
-def _busy_after_each_event(events: tuple[SimEvent, ...]) -> list[dict[str, int]]:
+def _busy_after_each_event(events: tuple[TraceEvent, ...]) -> list[dict[str, int]]:
     busy: dict[str, int] = defaultdict(int)
     states: list[dict[str, int]] = []
     take = {E.START: 1, E.LOCAL_START: 1, E.END: -1, E.LOCAL_END: -1}
