@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import dataclasses
 import importlib
 import json
 import os
@@ -239,6 +240,45 @@ async def test_an_unexpected_exception_is_one_error_event_not_a_raise() -> None:
             "record": None,
         }
     ]
+
+
+class ThreadRecordingSite:
+    """A runtime that notes which thread each engine call runs in."""
+
+    def __init__(self, done: JobRecord) -> None:
+        self.done = done
+        self.threads: list[int] = []
+        self.polls = 0
+
+    def poll(self, selection_id: int) -> JobRecord:
+        self.threads.append(threading.get_ident())
+        self.polls += 1
+        if self.polls < 3:
+            return dataclasses.replace(self.done, state="running", finished_at=None)
+        return self.done
+
+
+class ThreadRecordingTrigger(SiteJobTrigger):
+    site: ThreadRecordingSite
+    connect_thread: int | None = None
+
+    def _connect(self) -> Any:
+        self.connect_thread = threading.get_ident()
+        return self.site
+
+
+@pytest.mark.asyncio
+async def test_engine_calls_never_run_on_the_event_loops_thread(finished: JobRecord) -> None:
+    trigger = ThreadRecordingTrigger(finished.selection_id, None, None, 0.01)
+    trigger.site = ThreadRecordingSite(finished)
+
+    events = await all_events(trigger.run())
+
+    loop_thread = threading.get_ident()
+    assert [e.payload["status"] for e in events] == ["success"]
+    assert trigger.site.polls == 3
+    assert trigger.connect_thread not in (None, loop_thread)
+    assert loop_thread not in trigger.site.threads
 
 
 def test_sensors_never_import_operators() -> None:
