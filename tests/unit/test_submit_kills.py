@@ -259,3 +259,31 @@ def test_a_second_submission_with_the_same_key_returns_the_first_job(tmp_path: P
     assert site.find("gc-0123456789ab-s7") == first and site.find("gc-0123456789ab-s8") is None
     with rt.store.begin() as conn:
         assert len(conn.execute(select(local_jobs)).all()) == 1
+
+
+def test_a_job_whose_selection_expired_while_it_was_submitted_is_cancelled(
+    tmp_path: Path,
+) -> None:
+    """A slow worker: its selection passes the deadline and expires (the look-up found
+    nothing yet) while the site is accepting the job. The worker's record then fails, and
+    the job it got, holder-less, is cancelled at once instead of running unreferenced."""
+    late = [0.0]
+    rt = _runtime(tmp_path, clock=lambda: time.time() + late[0])
+    sid = rt.select(JobRequest("slow", 2, 1.0), site="local-a").selection_id
+    site = rt.adapter("local-a")
+    assert isinstance(site, LocalSite)
+    accept = site.submit
+    submitted: list[str] = []
+
+    def slow_submit(job: JobSubmission) -> str:
+        late[0] = SUBMIT_DEADLINE_S + 1
+        rt.refresh()  # another worker's refresh: nothing at the site yet, so it expires
+        submitted.append(accept(job))
+        return submitted[0]
+
+    site.submit = slow_submit  # type: ignore[method-assign]
+    record = rt.submit(sid, JobSubmission("slow", "sleep 30", 2))
+    assert record.state == "failed" and record.job_id is None, record
+    assert site.status(submitted[0]).state.value == "cancelled"
+    with rt.store.begin() as conn:
+        assert_capacity_back(conn, "expired while submitting")
