@@ -2,16 +2,19 @@
 
 Format (version 1)::
 
-    version = 1                      # required
+    version = 1                      # required: the integer 1
     default_bandwidth_mbps = 100     # optional; MB/s for pairs missing from [bandwidth]
 
-    [sites.alpha]                    # one table per site; the key is the site name
+    [sites.alpha]                    # one table per site; the key is the site name:
+                                     # 1-64 of A-Z a-z 0-9 - _ (not "origin")
     kind = "slurm"                   # "local" | "slurm"
-    processors = 16                  # total processors the site offers (> 0)
+    processors = 16                  # total processors the site offers: an integer
+                                     # from 1 to 2147483647 (not 16.0, "16" or true)
     slowness = 1.0                   # runtime multiplier vs. a reference site (> 0)
     storage_dir = "/srv/alpha"       # job working directories / staged files; a path on
                                      # this machine, or sftp://user@host:port/path for
-                                     # storage reached over SFTP (file staging)
+                                     # storage reached over SFTP (file staging);
+                                     # normalised, and never with a '..' segment
     storage_gb = 100                 # optional storage capacity in GB
     url = "http://host:6820"         # slurm: slurmrestd base URL
     partition = "debug"              # slurm: partition (default "debug")
@@ -30,7 +33,9 @@ Format (version 1)::
     origin = { alpha = 200.0, laptop = 1000.0 }   # "origin" = where inputs live
     alpha = { laptop = 50.0 }
 
-Every problem raises :class:`ConfigError` naming the file and the field
+Numbers are finite (no inf or nan) and, unless said otherwise, > 0. The file must be a
+regular file of UTF-8 text. Every problem raises :class:`ConfigError` in one line naming
+the file and the field
 (``grid.toml: sites.alpha.processors: must be a positive integer (at most 2147483647),
 got 1e+99``): see :mod:`gridcore.validation` for the types and limits.
 """
