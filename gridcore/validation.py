@@ -6,9 +6,11 @@ pydantic v2 models check types and limits and convert into the frozen domain typ
 * :func:`grid_from_raw` -> :class:`~gridcore.model.GridSpec` (the parsed TOML of a grid
   description file; reading the file itself is :func:`gridcore.config.load_grid`);
 * :func:`check_job_request` -> :class:`~gridcore.model.JobRequest` (site selection);
-* :func:`check_selection_stream`, :func:`check_job_submission` (what a site runs);
+* :func:`check_selection_stream`; :func:`check_job_submission` (what a site runs);
 * :func:`check_coallocation_request` -> :class:`~gridcore.model.CoAllocationRequest` and
-  :func:`check_coallocation_submission` (request + policy + command + quota, KOALA).
+  :func:`check_coallocation_submission` (request + command + quota; KOALA's
+  ``KoalaEngine.submit`` checks the placement policy itself);
+* :func:`check_logical_name` (the replica catalog's names).
 
 Each accepts the domain dataclass (re-checked, as its types are not enforced) or a plain
 mapping (operators, JSON). Every refusal is ONE line naming the field, raised as
@@ -256,7 +258,9 @@ def _storage_dir(value: Any, handler: ValidatorFunctionWrapHandler) -> str:
             raise _refused(f"must be a path or sftp://user@host:port/path, got {_shown(value)}")
         prefix, path = f"sftp://{netloc}", "/" + path
     if ".." in path.split("/"):
-        raise _refused(f"must not contain '..' (it would escape the directory), got {value!r}")
+        raise _refused(
+            f"must not contain '..' (it would escape the directory), got {_shown(value)}"
+        )
     return prefix + posixpath.normpath(re.sub("/{2,}", "/", path))  # normpath keeps "//x"
 
 
