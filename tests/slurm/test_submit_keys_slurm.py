@@ -104,6 +104,10 @@ def test_refresh_cancels_a_job_with_our_key_whose_selection_is_gone(
     try:
         runtime.cancel(gone)  # the selection ends; its worker never recorded the job
         runtime.refresh()
+        # slurmctld ends a cancelled job asynchronously: wait for it to end, then check how.
+        deadline = time.time() + 30
+        while not gamma.status(orphan).state.finished and time.time() < deadline:
+            time.sleep(0.2)
         assert gamma.status(orphan).state is JobState.CANCELLED
         assert gamma.status(foreign).state is not JobState.CANCELLED
         assert gamma.status(live).state is not JobState.CANCELLED
