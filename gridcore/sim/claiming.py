@@ -629,9 +629,9 @@ class _KoalaModel(ClusterModel):
         for index, component in job.started.items():
             site = self._clusters[component.site]
             if defer:
-                site.preempt([_holder(job, index)])
+                site.preempt([_holder(job, index)], HolderKind.GRID)
             else:
-                site.release(_holder(job, index))
+                site.release(_holder(job, index), HolderKind.GRID)
             if index != failed:
                 # It ends without an error from its site: the site's errors so far are no
                 # longer consecutive (Sec. 3.4).

@@ -83,7 +83,8 @@ class Cluster:
         self.processors = site.processors
         self._sim = sim
         self._end_priority = end_priority
-        self._held: dict[str, Holding] = {}
+        # Keyed by kind too: another user may name a job as the model names its own.
+        self._held: dict[tuple[HolderKind, str], Holding] = {}
         self._used: Counter[HolderKind] = Counter()
         self._stored: dict[str, int] = {}
         self._queue: deque[Queued] = deque()
@@ -113,33 +114,33 @@ class Cluster:
 
     def claim(self, holder: str, processors: int, kind: HolderKind) -> None:
         """``holder`` takes ``processors`` idle processors now."""
-        if holder in self._held:
-            raise SimulationError(f"site {self.name}: {holder} already holds processors")
+        if (kind, holder) in self._held:
+            raise SimulationError(f"site {self.name}: {kind} {holder} already holds processors")
         if not 0 < processors <= self.idle:
             raise SimulationError(
                 f"site {self.name}: {processors} processors taken, only {self.idle} idle"
             )
         self._integrate()
-        self._held[holder] = Holding(holder, processors, kind)
+        self._held[kind, holder] = Holding(holder, processors, kind)
         self._used[kind] += processors
         self.peak = max(self.peak, sum(self._used.values()))
 
-    def release(self, holder: str) -> int:
+    def release(self, holder: str, kind: HolderKind) -> int:
         """``holder`` gives its processors back; returns how many. The local queue waits
         for :meth:`start_queued`."""
-        holding = self._held.pop(holder, None)
+        holding = self._held.pop((kind, holder), None)
         if holding is None:
-            raise SimulationError(f"site {self.name}: {holder} holds no processors")
+            raise SimulationError(f"site {self.name}: {kind} {holder} holds no processors")
         self._integrate()
         self._used[holding.kind] -= holding.processors
         return holding.processors
 
-    def preempt(self, holders: Iterable[str]) -> int:
+    def preempt(self, holders: Iterable[str], kind: HolderKind) -> int:
         """Release ``holders`` for a preemptor, who claims the processors before the local
         queue sees them (call :meth:`start_queued` after its claims)."""
         freed = 0
         for holder in holders:
-            freed += self.release(holder)
+            freed += self.release(holder, kind)
             self.preempted += 1
         return freed
 
@@ -202,7 +203,7 @@ class Cluster:
         self._sim.schedule_in(work.duration_s, partial(self._end, work), self._end_priority)
 
     def _end(self, work: Queued) -> None:
-        self.release(work.name)
+        self.release(work.name, work.kind)
         if work.on_end is not None:
             work.on_end()
         self.start_queued()

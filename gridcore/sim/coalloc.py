@@ -460,7 +460,7 @@ class _CoallocModel(ClusterModel):
     def _end(self, item: _Pending, per_site: Mapping[str, int]) -> None:
         item.end_s = self._sim.now
         for site, processors in per_site.items():
-            self._clusters[site].release(item.job.name)
+            self._clusters[site].release(item.job.name, HolderKind.GRID)
             self._log(EventKind.END, item.job.name, site, processors)
         self._unfinished -= 1
         self._users.top_up()

@@ -77,16 +77,20 @@ def test_a_claim_beyond_the_idle_processors_or_twice_is_a_model_bug() -> None:
         site.claim("j#1", 3, GRID)
     with pytest.raises(SimulationError, match="already holds"):
         site.claim("j#0", 1, GRID)
+    site.claim("j#0", 1, LOCAL)  # another user's job of the same name is another holder
     with pytest.raises(SimulationError, match="holds no processors"):
-        site.release("nobody")
-    assert [(h.holder, h.processors, h.kind) for h in site.holdings()] == [("j#0", 6, GRID)]
+        site.release("nobody", GRID)
+    assert [(h.holder, h.processors, h.kind) for h in site.holdings()] == [
+        ("j#0", 6, GRID),
+        ("j#0", 1, LOCAL),
+    ]
 
 
 def test_busy_seconds_per_kind_of_holder_and_the_peak() -> None:
     sim, site = cluster(8)
     site.claim("ours", 4, GRID)
     sim.schedule(10.0, lambda: site.claim("theirs", 2, LOCAL))
-    sim.schedule(30.0, lambda: site.release("ours"))
+    sim.schedule(30.0, lambda: site.release("ours", GRID))
     sim.run(until=40.0)
     site.close()
     assert site.busy_s(GRID) == 4 * 30.0
@@ -131,7 +135,7 @@ def test_a_preemptor_takes_the_freed_processors_before_the_local_queue() -> None
     _, site = cluster(8)
     site.claim("low#0", 8, GRID)
     site.enqueue(Queued("user", 4, 10.0, LOCAL))
-    assert site.preempt(["low#0"]) == 8
+    assert site.preempt(["low#0"], GRID) == 8
     # Released, but the queue waits until the preemptor has claimed.
     assert (site.idle, len(site.waiting())) == (8, 1)
     site.claim("high#0", 6, GRID)

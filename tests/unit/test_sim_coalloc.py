@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
+from typing import Any
 
 import pytest
 
@@ -314,3 +315,24 @@ def test_bad_settings_are_rejected() -> None:
         Fig5ExecutionTime()(10, 1)
     with pytest.raises(ConfigError, match="low_fraction"):
         BackgroundLoad(low_fraction=0.3, high_fraction=0.2)
+
+
+def test_arrivals_and_scans_place_through_the_koala_queue_scan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The model applies policies.claiming.scan_placement_queue, as the KOALA model does:
+    # one call per arrival try and per scan, each over the queue in order.
+    import gridcore.sim.coalloc as coalloc
+
+    scanned: list[list[str]] = []
+    real = coalloc.scan_placement_queue
+
+    def recording(queue: Any, *args: Any, **kwargs: Any) -> Any:
+        scanned.append([job.name for job in queue])
+        return real(queue, *args, **kwargs)
+
+    monkeypatch.setattr(coalloc, "scan_placement_queue", recording)
+    jobs = [GridJob("j0", 0.0, (8,)), GridJob("j1", 2.0, (8,))]
+    run = simulate_coallocation([SimSite("A", 8)], jobs, WF, lambda size, c: 12.0)
+    assert scanned == [["j0"], ["j1"], ["j1"], ["j1"], ["j1"]]  # arrivals, scans 4, 8, 12
+    assert [r.tries for r in run.jobs] == [1, 4]
