@@ -115,3 +115,30 @@ def test_refresh_cancels_a_job_with_our_key_whose_selection_is_gone(
     finally:
         runtime.cancel(waiting)
         gamma.cancel(foreign)
+
+
+def test_a_second_slurm_job_with_a_recorded_selection_key_is_cancelled(
+    runtime: GridRuntime, slurm_grid: SlurmGrid
+) -> None:
+    """Slurm does not refuse a second job with the same comment (two workers racing past
+    the look-up): the selection keeps the job it recorded, refresh cancels the other."""
+    sid = runtime.select(JobRequest("twice", 1, 60.0), site="alpha").selection_id
+    kept = runtime.submit(sid, JobSubmission("twice", "sleep 60", 1)).job_id
+    assert kept is not None
+    alpha = runtime.adapter("alpha")
+    key = selection_key(runtime.install_id, sid)
+    twin = alpha.submit(JobSubmission("twice", "sleep 60", 1, key=key))
+    try:
+        assert sorted(j["job_id"] for j in slurm_jobs_with(slurm_grid.cluster("alpha"), key)) == [
+            int(kept),
+            int(twin),
+        ]
+        runtime.refresh()
+        deadline = time.time() + 30
+        while not alpha.status(twin).state.finished and time.time() < deadline:
+            time.sleep(0.2)
+        assert alpha.status(twin).state is JobState.CANCELLED
+        assert alpha.status(kept).state is not JobState.CANCELLED
+        assert runtime.record(sid).job_id == kept
+    finally:
+        runtime.cancel(sid)

@@ -23,8 +23,9 @@ from gridcore.engine.runtime import GridRuntime
 from gridcore.model import CoAllocationRequest, Component, JobSubmission, RequestKind
 from gridcore.policies.claiming import KoalaParams
 from gridcore.policies.placement import PlacementPolicy
+from gridcore.sites.keys import component_key
 from gridcore.sites.local import LocalSite
-from gridcore.state.schema import local_jobs
+from gridcore.state.schema import coalloc_jobs, local_jobs
 from gridcore.state.store import open_store
 
 # 8 + 4 + 4 on local-a (8), local-b (4), local-c (4): one scan starts all three.
@@ -111,3 +112,35 @@ def test_an_engine_killed_mid_submission_doubles_no_component(
     with koala.store.begin() as conn:
         totals = ledger.ledger_totals(conn)
     assert all(v == (0, 0, 0, 0) for v in totals.values()), totals
+
+
+def test_refresh_cancels_component_jobs_without_a_live_component(tmp_path: Path) -> None:
+    """A site job keyed for a component of another epoch (the job was re-placed) is an
+    orphan; the component's own job is not (and the local site gives a second submission
+    of its key the same job)."""
+    koala = _engine(tmp_path, "only")
+    job_id = koala.submit(SPREAD, PlacementPolicy.WF, "sleep 30")
+    deadline = time.time() + 60
+    while koala.status(job_id).state != "running" and time.time() < deadline:
+        koala.scan()
+        time.sleep(0.1)
+    record = koala.status(job_id)
+    assert record.state == "running", record.as_json()
+    part = record.components[0]
+    site = koala.runtime.adapter(part.site)
+    install = koala.runtime.install_id
+    with koala.store.begin() as conn:
+        epoch = conn.execute(
+            select(coalloc_jobs.c.epoch).where(coalloc_jobs.c.id == job_id)
+        ).scalar_one()
+    old_epoch = site.submit(
+        JobSubmission("old", "sleep 30", 1, key=component_key(install, job_id, epoch + 99, 0))
+    )
+    twin = site.submit(
+        JobSubmission("twin", "sleep 30", 1, key=component_key(install, job_id, epoch, part.index))
+    )
+    koala.runtime.refresh()
+    assert twin == part.site_job_id
+    assert site.status(old_epoch).state.value == "cancelled"
+    assert site.status(str(part.site_job_id)).state.value in ("pending", "running")
+    koala.cancel(job_id)
