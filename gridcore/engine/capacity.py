@@ -291,6 +291,24 @@ def release_where(
     return sum(release(conn, kind, h, now) for h in list(holders))
 
 
+def release_prefix(
+    conn: Connection, kind: HolderKind, prefix: str, now: float | None = None
+) -> int:
+    """Release every live hold of ``kind`` whose holder starts with ``prefix`` (all the
+    components of a co-allocation job: ``f"{job}:"``); returns how many."""
+    hc = holds.c
+    live = conn.execute(
+        select(hc.holder).where(
+            and_(
+                hc.kind == kind.value,
+                hc.ledger.is_not(None),
+                hc.holder.startswith(prefix, autoescape=True),
+            )
+        )
+    ).scalars()
+    return release_where(conn, kind, live, now)
+
+
 def release_visible(conn: Connection, site: str, visible_job_ids: Iterable[str]) -> int:
     """Release every live hold at ``site`` whose site job an observation shows running
     or finished: the report counts those processors now, holding them would count them
@@ -523,6 +541,7 @@ __all__: Sequence[str] = (
     "live_holds",
     "own_job_ids",
     "release",
+    "release_prefix",
     "release_visible",
     "release_where",
     "set_site_job",

@@ -64,15 +64,14 @@ from sqlalchemy import (
     RowMapping,
     and_,
     delete,
-    func,
     insert,
     select,
     update,
 )
 
-from gridcore.engine import lease, ledger
+from gridcore.engine import capacity, health, lease
 from gridcore.engine.barrier_command import barrier_command
-from gridcore.engine.health import probe_unusable_sites
+from gridcore.engine.capacity import HolderKind, component_holder
 from gridcore.engine.koala_records import (
     CoAllocationRecord,
     ComponentRecord,
@@ -105,12 +104,10 @@ from gridcore.policies.claiming import (
     QueuedJob,
     RunningLowJob,
     ScanResult,
-    SiteHealth,
     claim_decision,
     first_claim_try,
     job_start_time,
     on_component_failure,
-    record_site_success,
     scan_order,
     scan_placement_queue,
 )
@@ -120,7 +117,6 @@ from gridcore.staging import ReplicaCatalog, stage
 from gridcore.state.schema import (
     coalloc_components,
     coalloc_jobs,
-    coalloc_site_health,
     sites,
 )
 from gridcore.validation import check_coallocation_submission
@@ -141,8 +137,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SCAN_LEASE = "koala-scan"
-# An unusable site is probed again at most every this many scan intervals.
-PROBE_EVERY_SCANS = 10
 # The scan lease lasts this many scan intervals: a scanner that stopped (killed) is
 # replaced after that; one that is alive renews it while it scans. Its length is no
 # longer what keeps two scans apart: the lease's fencing token is (engine/lease.py).
@@ -296,10 +290,6 @@ class KoalaEngine:
 
     def _steps(self, now: float, scan_index: int, work: _Log) -> None:
         self.runtime.refresh()
-        # Sites set unusable are probed; a completed probe puts them back (Sec. 3.4).
-        work.reasons.extend(
-            probe_unusable_sites(self.runtime, now, PROBE_EVERY_SCANS * self.params.scan_interval_s)
-        )
         self._place(now, scan_index, work)
         self._stage(work)
         self._claim(now, work)
@@ -416,6 +406,8 @@ class KoalaEngine:
         self, conn: Connection, row: RowMapping, tries: int, placement: Placement, now: float
     ) -> bool:
         ftt = placement.file_transfer_s
+        if not _claim_placement(conn, row, placement):
+            return False  # a concurrent claim took the processors: it stays queued
         done = conn.execute(
             update(coalloc_jobs)
             .where(_is(row, JobPhase.QUEUED))
@@ -432,6 +424,7 @@ class KoalaEngine:
             )
         )
         if done.rowcount != 1:
+            _release_components(conn, row["id"])
             return False
         conn.execute(delete(coalloc_components).where(coalloc_components.c.job_id == row["id"]))
         conn.execute(
@@ -541,6 +534,8 @@ class KoalaEngine:
             ), ()
         if decision.outcome is ClaimOutcome.FAILED:
             return _end(conn, row, (JobPhase.CLAIMING,), JobPhase.FAILED, message, now), ()
+        if not _move_holds(conn, row, decision.start):
+            return [], ()  # a concurrent claim took the processors: try again next scan
         values: dict[str, Any] = {"claim_tries": decision.claim_tries, "message": message}
         if decision.outcome is ClaimOutcome.COMPLETE:
             values["state"] = JobPhase.RUNNING.value
@@ -589,6 +584,7 @@ class KoalaEngine:
                     .where(where)
                     .values(state=ComponentState.FAILED.value, message=f"submission failed: {exc}")
                 )
+                _release_component(conn, row, component.index)
             return
         with self._tx() as conn:
             done = conn.execute(
@@ -596,6 +592,9 @@ class KoalaEngine:
                 .where(where)
                 .values(site_job_id=site_job_id, state=ComponentState.SUBMITTED.value)
             )
+            # its hold ends when an observation shows the job running (or it ends)
+            holder = component_holder(row["id"], row["epoch"], component.index)
+            capacity.set_site_job(conn, HolderKind.COMPONENT, holder, site_job_id)
         if done.rowcount != 1:  # the job was cancelled while we submitted
             self._cancel_site_jobs([(component.site, site_job_id)])
 
@@ -672,7 +671,7 @@ class KoalaEngine:
             status = self.runtime.adapter(part["site"]).status(part["site_job_id"])
         except SiteError as exc:
             with self._tx() as conn:
-                ledger.record_site_error(conn, part["site"], str(exc))
+                health.record_failure(conn, part["site"], str(exc))
             return
         if not status.state.finished:
             return
@@ -693,8 +692,9 @@ class KoalaEngine:
                     message=status.reason or status.state.value,
                 )
             )
+            _release_component(conn, row, part["idx"])
             if ok:
-                _store_health(conn, record_site_success(_health(conn, part["site"])))
+                health.record_success(conn, part["site"])
 
     def _settle(self, row: RowMapping, parts: Sequence[RowMapping], work: _Log) -> None:
         # A "submitting" row here was left by an engine that died mid-submission.
@@ -738,10 +738,13 @@ class KoalaEngine:
         request = request_from_json(row["request"])
         with self._tx() as conn:
             decision = on_component_failure(
-                request, part["idx"], _health(conn, part["site"]), self.params
+                request,
+                part["idx"],
+                health.site_health(conn, part["site"]),
+                health.live_params(self.params),
             )
-            _store_health(conn, decision.site)
             why = part["message"] or "lost while being submitted"
+            health.record_failure(conn, part["site"], f"component {part['idx']}: {why}")
             message = "; ".join((*decision.reasons, f"component {part['idx']}: {why}"))
             cancels = _requeue(
                 conn, row, (JobPhase.CLAIMING, JobPhase.RUNNING), message, retry=True
@@ -781,22 +784,27 @@ class KoalaEngine:
 
     # -- helpers ------------------------------------------------------------------------
 
-    def _clusters(self, conn: Connection, exclude_job: int | None = None) -> list[ClusterSnapshot]:
-        """The usable grid sites with the processors a KOALA decision may use now."""
-        cc, hc = coalloc_components.c, coalloc_site_health.c
-        rows = {r.name: r for r in conn.execute(select(sites)).all()}
-        health = dict(conn.execute(select(hc.site, hc.usable)).all())
-        held_q = select(cc.site, func.sum(cc.size)).where(cc.state == ComponentState.PLACED.value)
-        if exclude_job is not None:
-            held_q = held_q.where(cc.job_id != exclude_job)
-        held = {site: int(n) for site, n in conn.execute(held_q.group_by(cc.site)).all()}
+    def _clusters(self, conn: Connection, own_job: int | None = None) -> list[ClusterSnapshot]:
+        """The usable grid sites with the processors a KOALA decision may use now: the
+        ledger's free processors (capacity.FREE: reported idle minus others' queue minus
+        every hold, placed components included), plus, for ``own_job``'s claim decision,
+        what its own placed components hold already."""
+        own = {}
+        if own_job is not None:
+            own = capacity.held_by_prefix(conn, HolderKind.COMPONENT, f"{own_job}:")
+        s = sites.c
+        rows = {
+            r.name: r
+            for r in conn.execute(
+                select(s.name, s.total_processors, s.usable, capacity.FREE.label("free"))
+            )
+        }
         snaps = []
         for name in self.grid.site_names:
             r = rows.get(name)
-            if r is None or not r.usable or not health.get(name, True):
+            if r is None or not r.usable:
                 continue
-            free = r.reported_idle - r.external_pending - r.claimed - r.queued - held.get(name, 0)
-            snaps.append(ClusterSnapshot(name, r.total_processors, free))
+            snaps.append(ClusterSnapshot(name, r.total_processors, r.free + own.get(name, 0)))
         return snaps
 
     def _replicas(self, request: CoAllocationRequest) -> tuple[Replica, ...]:
@@ -993,6 +1001,7 @@ def _requeue(
     if done.rowcount != 1:
         return []
     cancels = _started(conn, row)
+    _release_components(conn, row["id"])
     conn.execute(delete(coalloc_components).where(coalloc_components.c.job_id == row["id"]))
     return cancels
 
@@ -1014,6 +1023,7 @@ def _end(
     if done.rowcount != 1:
         return []
     cancels = _started(conn, row)
+    _release_components(conn, row["id"])
     cc = coalloc_components.c
     conn.execute(
         update(coalloc_components)
@@ -1028,21 +1038,38 @@ def _end(
     return cancels
 
 
-def _health(conn: Connection, site: str) -> SiteHealth:
-    found = conn.execute(
-        select(coalloc_site_health).where(coalloc_site_health.c.site == site)
-    ).one_or_none()
-    if found is None:
-        return SiteHealth(site)
-    return SiteHealth(site, found.consecutive_errors, bool(found.usable))
+def _claim_placement(conn: Connection, row: RowMapping, placement: Placement) -> bool:
+    """Claim every placed component's processors (capacity ledger, one conditional UPDATE
+    each); all or none: a component that no longer fits undoes the others."""
+    with conn.begin_nested() as savepoint:
+        for c in placement.components:
+            holder = component_holder(row["id"], row["epoch"], c.index)
+            if capacity.claim(conn, HolderKind.COMPONENT, holder, c.site, c.size) is None:
+                savepoint.rollback()
+                return False
+    return True
 
 
-def _store_health(conn: Connection, health: SiteHealth) -> None:
-    values = {"consecutive_errors": health.consecutive_errors, "usable": health.usable}
-    done = conn.execute(
-        update(coalloc_site_health)
-        .where(coalloc_site_health.c.site == health.site)
-        .values(**values)
-    )
-    if done.rowcount != 1:
-        conn.execute(insert(coalloc_site_health).values(site=health.site, **values))
+def _move_holds(conn: Connection, row: RowMapping, start: Sequence[PlacedComponent]) -> bool:
+    """Components ICP starts on another site than placed (Sec. 3.3) move their holds
+    there, by the conditional UPDATE; all or none."""
+    with conn.begin_nested() as savepoint:
+        for c in start:
+            holder = component_holder(row["id"], row["epoch"], c.index)
+            held = capacity.hold(conn, HolderKind.COMPONENT, holder)
+            if held is not None and held.ledger is not None and held.site == c.site:
+                continue
+            capacity.release(conn, HolderKind.COMPONENT, holder)
+            if capacity.claim(conn, HolderKind.COMPONENT, holder, c.site, c.size) is None:
+                savepoint.rollback()
+                return False
+    return True
+
+
+def _release_component(conn: Connection, row: RowMapping, index: int) -> None:
+    capacity.release(conn, HolderKind.COMPONENT, component_holder(row["id"], row["epoch"], index))
+
+
+def _release_components(conn: Connection, job_id: int) -> None:
+    """Every hold of the job's components (any epoch) goes back to the ledger."""
+    capacity.release_prefix(conn, HolderKind.COMPONENT, f"{job_id}:")

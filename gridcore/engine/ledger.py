@@ -50,7 +50,6 @@ from gridcore.state.store import Store
 # Weight of the newest finished job in the observed queue-wait/runtime averages.
 EWMA_WEIGHT = 0.3
 MAX_CLAIM_ATTEMPTS = 50
-UNUSABLE_AFTER_ERRORS = 3
 
 
 @dataclass(frozen=True)
@@ -422,7 +421,8 @@ def store_observation(
     (any kind) whose site job the report now shows running or finished (it is visible:
     keeping it in flight would count it twice). Our own pending jobs, by default the
     site jobs of the live holds, are not counted as others' queued work. Returns how
-    many holds were released."""
+    many holds were released. Health is not touched: a site that answers can still
+    fail every job (:mod:`gridcore.engine.health`)."""
     own = set(capacity.own_job_ids(conn, obs.site) if own_job_ids is None else own_job_ids)
     external = [j for j in obs.pending() if j.job_id not in own]
     stored = conn.execute(
@@ -434,33 +434,12 @@ def store_observation(
             external_pending=sum(j.processors for j in external),
             pending_jobs=len(obs.pending()),
             observed_at=obs.observed_at,
-            usable=True,
-            consecutive_errors=0,
-            last_error=None,
         )
     )
     if stored.rowcount != 1:
         return 0  # a newer observation won; releasing against this one could double count
     visible = [j.job_id for j in obs.jobs if j.state is not JobState.PENDING]
     return capacity.release_visible(conn, obs.site, visible)
-
-
-def record_site_error(conn: Connection, site: str, message: str) -> bool:
-    """Count a failed contact; returns True when the site is now unusable."""
-    conn.execute(
-        update(sites)
-        .where(sites.c.name == site)
-        .values(
-            consecutive_errors=sites.c.consecutive_errors + 1,
-            last_error=message,
-            usable=case(
-                (sites.c.consecutive_errors + 1 >= UNUSABLE_AFTER_ERRORS, False),
-                else_=sites.c.usable,
-            ),
-        )
-    )
-    usable = conn.execute(select(sites.c.usable).where(sites.c.name == site)).scalar_one()
-    return not usable
 
 
 def record_finished_stats(
@@ -498,7 +477,6 @@ __all__: Sequence[str] = (
     "read_snapshots",
     "record_finished_stats",
     "record_pinned",
-    "record_site_error",
     "register_sites",
     "release",
     "select_and_record",

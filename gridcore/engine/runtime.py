@@ -22,11 +22,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from sqlalchemy import and_, func, select, update
+from sqlalchemy import and_, select, update
 
 from gridcore import credentials
 from gridcore.config import GRID_ENV, default_grid, load_grid
-from gridcore.engine import ledger, submission
+from gridcore.engine import capacity, health, ledger, submission
 from gridcore.errors import GridError, RequestError, SiteError, StateError
 from gridcore.model import (
     GridSpec,
@@ -40,7 +40,7 @@ from gridcore.model import (
 from gridcore.policies.selection import InsufficientMode, SelectionProtocol
 from gridcore.sites.base import SiteAdapter
 from gridcore.sites.keys import selection_key
-from gridcore.state.schema import coalloc_site_health, holds, selections, sites
+from gridcore.state.schema import selections, sites
 from gridcore.state.store import Store, open_store, state_dir
 from gridcore.validation import check_job_request, check_job_submission, check_selection_stream
 
@@ -90,18 +90,28 @@ class JobRecord:
 
 @dataclass(frozen=True)
 class SiteRow:
+    """One site for ``gridcore sites``: its report, the capacity ledger, its health.
+
+    ``free``: the processors a claim may take now (capacity.FREE); ``claimed``/``queued``:
+    processors our holds keep; ``holds``: kind of holder -> {"holds", "processors",
+    "bytes"} of the live holds; ``storage_total`` None = unlimited."""
+
     name: str
     kind: str
     total: int
     idle: int
-    in_flight: int
-    in_flight_processors: int
+    free: int
     external_pending: int
+    claimed: int
+    queued: int
+    storage_total: int | None
+    storage_claimed: int
+    holds: dict[str, dict[str, int]]
     usable: bool
+    consecutive_errors: int
     last_error: str | None
+    probe_job_id: str | None
     observed_at: float
-    koala_usable: bool = True
-    koala_errors: int = 0
 
 
 class GridRuntime:
@@ -122,6 +132,7 @@ class GridRuntime:
         self._adapters: dict[str, SiteAdapter] = dict(adapters or {})
         # snapshots by database row, reused across this engine's decisions
         self.snapshots = ledger.SnapshotReader(grid)
+        self.probe_retry_s = health.PROBE_RETRY_S
         store.check_migrated()
         with store.begin() as conn:
             ledger.register_sites(conn, grid)
@@ -169,6 +180,9 @@ class GridRuntime:
         for spec in self.grid.sites:
             if now - ages.get(spec.name, 0.0) >= max_age_s:
                 results[spec.name] = self._observe(spec.name)
+        # Unusable sites come back by a completed probe, for every user of the runtime.
+        for reason in health.probe_unusable_sites(self, now, self.probe_retry_s):
+            log.info("%s", reason)
         return results
 
     def _observe(self, site: str) -> str | None:
@@ -176,7 +190,7 @@ class GridRuntime:
             obs = self.adapter(site).observe()
         except GridError as exc:
             with self.store.begin() as conn:
-                ledger.record_site_error(conn, site, str(exc))
+                health.record_failure(conn, site, str(exc))
             return str(exc)
         with self.store.begin() as conn:
             # our own jobs (not others' pending work): the site jobs of live holds
@@ -282,7 +296,7 @@ class GridRuntime:
             status = self.adapter(current.site).status(current.job_id)
         except SiteError as exc:
             with self.store.begin() as conn:
-                ledger.record_site_error(conn, current.site, str(exc))
+                health.record_failure(conn, current.site, str(exc))
             raise
         if status.state.finished:
             started = status.started_at or current.started_at
@@ -344,6 +358,7 @@ class GridRuntime:
                 )
             )
             ledger.release(conn, selection_id)
+            _count_health(conn, row["site"], state, message)
             start = started_at or row["started_at"]
             if (
                 state is JobState.COMPLETED
@@ -385,33 +400,41 @@ class GridRuntime:
     def site_rows(self) -> list[SiteRow]:
         names = set(self.grid.site_names)
         with self.store.begin() as conn:
-            counts: dict[str, int] = dict(
-                conn.execute(
-                    select(holds.c.site, func.count())
-                    .where(holds.c.ledger.is_not(None))
-                    .group_by(holds.c.site)
-                ).all()
-            )
+            usage = capacity.usage(conn)
+            healths = health.read_health(conn)
             rows = conn.execute(select(sites).order_by(sites.c.name)).mappings().all()
-            h = coalloc_site_health.c
-            health = {
-                r.site: (bool(r.usable), r.consecutive_errors)
-                for r in conn.execute(select(h.site, h.usable, h.consecutive_errors))
-            }
         return [
-            SiteRow(
-                r["name"],
-                r["kind"],
-                r["total_processors"],
-                r["reported_idle"],
-                int(counts.get(r["name"], 0)),
-                r["claimed"] + r["queued"],
-                r["external_pending"],
-                r["usable"],
-                r["last_error"],
-                r["observed_at"],
-                *health.get(r["name"], (True, 0)),
-            )
-            for r in rows
-            if r["name"] in names
+            _site_row(r, usage[r["name"]], healths[r["name"]]) for r in rows if r["name"] in names
         ]
+
+
+def _count_health(conn: Any, site: str, state: JobState, message: str) -> None:
+    """A finished job of ours counts for its site's health (gridcore.engine.health)."""
+    if state is JobState.COMPLETED:
+        health.record_success(conn, site)
+    elif state is JobState.FAILED:
+        health.record_failure(conn, site, message)
+
+
+def _site_row(row: Any, usage: capacity.Usage, site_health: health.HealthRecord) -> SiteRow:
+    return SiteRow(
+        row["name"],
+        row["kind"],
+        row["total_processors"],
+        row["reported_idle"],
+        usage.free_processors,
+        row["external_pending"],
+        usage.claimed,
+        usage.queued,
+        usage.storage_total,
+        usage.storage_claimed,
+        {
+            kind: {"holds": n, "processors": procs, "bytes": nbytes}
+            for kind, (n, procs, nbytes) in sorted(usage.by_kind.items())
+        },
+        site_health.usable,
+        site_health.consecutive_errors,
+        site_health.last_error,
+        site_health.probe_job_id,
+        row["observed_at"],
+    )

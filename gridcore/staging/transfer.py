@@ -33,6 +33,8 @@ from typing import Any
 
 from fsspec.core import url_to_fs
 
+from gridcore.engine import capacity, ledger
+from gridcore.engine.capacity import HolderKind
 from gridcore.errors import ConfigError, GridError, StagingError
 from gridcore.model import MB, GridSpec, Replica, SiteKind, SiteSpec
 from gridcore.staging.catalog import ReplicaCatalog, check_logical_name
@@ -124,6 +126,57 @@ def stage_measured(
     if here is not None and (dst_url is None or _absolute(dst_url) == here.url):
         return StagedFile(here, None, 0.0, None, 0.0)
     url = _absolute(dst_url or default_replica_url(spec, logical_name))
+    # The replica's bytes are a volume hold of the capacity ledger from before the copy
+    # for as long as it is registered; a copy that fails gives them back.
+    claimed = claim_volume(catalog, grid, found[0], dst_site)
+    try:
+        return _transfer_from_best(
+            catalog, grid, found, dst_site, url, storage_options, chunk_bytes, progress
+        )
+    except BaseException:
+        if claimed:
+            release_volume(catalog, logical_name, dst_site)
+        raise
+
+
+def claim_volume(catalog: ReplicaCatalog, grid: GridSpec, replica: Replica, site: str) -> bool:
+    """Claim ``replica``'s bytes at ``site`` (a volume hold) unless it holds them already;
+    True if claimed now. Refuses with StagingError when they do not fit the site's
+    storage (``storage_bytes`` in the grid description)."""
+    holder = capacity.volume_holder(replica.logical_name, site)
+    with catalog.store.begin() as conn:
+        ledger.register_sites(conn, grid)
+        held = capacity.hold(conn, HolderKind.VOLUME, holder)
+        if held is not None and held.ledger is not None:
+            return False
+        if capacity.claim(conn, HolderKind.VOLUME, holder, site, 0, replica.size_bytes) is None:
+            usage = capacity.usage(conn)[site]
+            raise StagingError(
+                f"staging {replica.logical_name!r} to site {site}: {replica.size_bytes} bytes"
+                f" do not fit its storage ({usage.storage_claimed} of {usage.storage_total}"
+                " bytes held already)"
+            )
+    return True
+
+
+def release_volume(catalog: ReplicaCatalog, logical_name: str, site: str) -> bool:
+    """Give the bytes of ``logical_name`` at ``site`` back to the ledger (exactly once)."""
+    holder = capacity.volume_holder(logical_name, site)
+    with catalog.store.begin() as conn:
+        return capacity.release(conn, HolderKind.VOLUME, holder)
+
+
+def _transfer_from_best(
+    catalog: ReplicaCatalog,
+    grid: GridSpec,
+    found: tuple[Replica, ...],
+    dst_site: str,
+    url: str,
+    storage_options: StorageOptions | None,
+    chunk_bytes: int,
+    progress: Progress | None,
+) -> StagedFile:
+    logical_name = found[0].logical_name
     failures = []
     for estimated_s, source in catalog.rank_sources(grid, found, dst_site):
         try:

@@ -50,6 +50,8 @@ sites = Table(
     Column("usable", Boolean, nullable=False, default=True),
     Column("consecutive_errors", Integer, nullable=False, default=0),
     Column("last_error", Text, nullable=True),
+    Column("probe_job_id", String(64), nullable=True),
+    Column("probe_started_at", Float, nullable=True),
     # exponentially weighted observed queue wait / runtime of our finished jobs
     Column("mean_queue_wait_s", Float, nullable=True),
     Column("mean_runtime_s", Float, nullable=True),
@@ -199,19 +201,6 @@ coalloc_components = Table(
     Column("port", Integer, nullable=True),
     Column("message", Text, nullable=True),
     PrimaryKeyConstraint("job_id", "idx", name="pk_gc_coalloc_components"),
-)
-
-# KOALA's count of consecutive component errors per site (seed 000 Sec. 3.4). Kept apart
-# from gc_sites, whose error count is about monitoring contact and resets on every report.
-coalloc_site_health = Table(
-    "gc_coalloc_site_health",
-    metadata,
-    Column("site", String(64), primary_key=True),
-    Column("consecutive_errors", Integer, nullable=False),
-    Column("usable", Boolean, nullable=False),
-    # an unusable site is probed with a tiny job; its success restores the site
-    Column("probe_job_id", String(64), nullable=True),
-    Column("probe_started_at", Float, nullable=True),
 )
 
 # -- the capacity ledger (gridcore.engine.capacity) ------------------------------------

@@ -15,7 +15,7 @@ from types import MappingProxyType
 import pytest
 from sqlalchemy import Connection, func, select, update
 
-from gridcore.engine import capacity, ledger
+from gridcore.engine import capacity, health, ledger
 from gridcore.engine.capacity import HolderKind, Ledger
 from gridcore.errors import RequestError
 from gridcore.model import (
@@ -147,10 +147,12 @@ def test_release_happens_exactly_once(tmp_path: Path) -> None:
     store.dispose()
 
 
-def test_site_errors_make_a_site_unusable_and_an_observation_restores_it(tmp_path: Path) -> None:
+def test_site_errors_make_a_site_unusable_and_only_a_restore_brings_it_back(
+    tmp_path: Path,
+) -> None:
     store = make_store(tmp_path)
     with store.begin() as conn:
-        assert [ledger.record_site_error(conn, "a", "refused") for _ in range(3)] == [
+        assert [health.record_failure(conn, "a", "refused") for _ in range(3)] == [
             False,
             False,
             True,
@@ -167,8 +169,12 @@ def test_site_errors_make_a_site_unusable_and_an_observation_restores_it(tmp_pat
             random.Random(0),
         )
     with store.begin() as conn:
-        ledger.store_observation(conn, SiteObservation("a", 16, 16, (), observed_at=9.0), [])
+        # a report does not hide consecutive errors (gridcore.engine.health)
+        ledger.store_observation(conn, SiteObservation("a", 16, 16, (), observed_at=9.0))
+        assert health.site_health(conn, "a").usable is False
+    health.restore_site(store, "a")
     assert decide(store, "big", 12).decision.site == "a"
+    assert_sound(store)
     store.dispose()
 
 

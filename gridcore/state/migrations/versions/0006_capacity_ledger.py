@@ -48,9 +48,13 @@ def upgrade() -> None:
         batch.add_column(
             sa.Column("storage_claimed", sa.BigInteger, nullable=False, server_default="0")
         )
+        batch.add_column(sa.Column("probe_job_id", sa.String(64), nullable=True))
+        batch.add_column(sa.Column("probe_started_at", sa.Float, nullable=True))
     conn = op.get_bind()
     _selections_to_holds(conn)
     _placed_components_to_holds(conn)
+    _merge_site_health(conn)
+    op.drop_table("gc_coalloc_site_health")
     op.drop_index("ix_gc_selections_site_ledger", table_name="gc_selections")
     with op.batch_alter_table("gc_selections") as batch:
         batch.drop_column("ledger")
