@@ -33,9 +33,11 @@ from sqlalchemy import Connection, and_, case, select, update
 
 from gridcore.engine import capacity
 from gridcore.engine.capacity import HolderKind
+from gridcore.engine.submission import submit_once
 from gridcore.errors import GridError
 from gridcore.model import JobState, JobSubmission
 from gridcore.policies.claiming import KoalaParams, SiteHealth
+from gridcore.sites.keys import probe_key
 from gridcore.state.schema import holds, sites
 from gridcore.state.store import Store
 
@@ -171,7 +173,8 @@ def _start_probe(
     last = health.probe_started_at
     if last is not None and now - last < retry_after_s:
         return []
-    holder = f"{site}:{uuid.uuid4().hex[:16]}"
+    token = uuid.uuid4().hex[:16]
+    holder = f"{site}:{token}"  # gridcore.engine.submission judges its job by this name
     with runtime.store.begin() as conn:
         _release_probe(conn, site)  # one left by a worker that died while submitting it
         # One processor, claimed if free, else queued behind our other work there: the
@@ -179,7 +182,10 @@ def _start_probe(
         capacity.claim(conn, HolderKind.PROBE, holder, site, 1, queue_if_full=True, now=now)
         _set_probe(conn, site, None, now)
     try:
-        job_id = runtime.adapter(site).submit(JobSubmission("gridcore-probe", command, 1))
+        probe = JobSubmission(
+            "gridcore-probe", command, 1, key=probe_key(runtime.install_id, site, token)
+        )
+        job_id, _ = submit_once(runtime.adapter(site), probe)
     except GridError as exc:
         with runtime.store.begin() as conn:
             capacity.release(conn, HolderKind.PROBE, holder, now)

@@ -30,7 +30,7 @@ from gridcore.engine.phases import ComponentState
 from gridcore.model import JobState, JobSubmission, ObservedJob
 from gridcore.sites.base import SiteAdapter
 from gridcore.sites.keys import HolderKind, KeyHolder, install_prefix, parse_key
-from gridcore.state.schema import coalloc_components, meta, selections
+from gridcore.state.schema import coalloc_components, meta, selections, sites
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +97,7 @@ def _judge(
         return judge_selection_job(conn, holder.ids[0], site, job_id, now)
     if holder.kind is HolderKind.COMPONENT:
         return judge_component_job(conn, holder.ids, site, job_id)
-    # Probes are judged by the health module's own bookkeeping (not keyed yet).
-    return Verdict.KEEP
+    return judge_probe_job(conn, holder, site, job_id)
 
 
 def judge_selection_job(
@@ -156,5 +155,20 @@ def judge_component_job(
     if row.state == ComponentState.SUBMITTING.value and row.site_job_id is None:
         return Verdict.KEEP
     if row.state == ComponentState.SUBMITTED.value and row.site_job_id == site_job_id:
+        return Verdict.KEEP
+    return Verdict.ORPHAN
+
+
+def judge_probe_job(conn: Connection, holder: KeyHolder, site: str, job_id: str) -> Verdict:
+    """A health probe's job: live while it is the site's recorded probe, or while its
+    hold (``<site>:<token>``, gridcore.engine.health) is live and has no other job (its
+    submission may be under way). A newer probe releases the older one's hold."""
+    if holder.site != site or holder.token is None:
+        return Verdict.ORPHAN
+    recorded = conn.execute(select(sites.c.probe_job_id).where(sites.c.name == site)).scalar()
+    if recorded == job_id:
+        return Verdict.KEEP
+    hold = capacity.hold(conn, capacity.HolderKind.PROBE, f"{site}:{holder.token}")
+    if hold is not None and hold.ledger is not None and hold.site_job_id in (None, job_id):
         return Verdict.KEEP
     return Verdict.ORPHAN

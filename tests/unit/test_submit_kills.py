@@ -11,7 +11,6 @@ every processor back once the job has ended.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import multiprocessing
 import os
 import signal
@@ -24,7 +23,7 @@ import pytest
 from sqlalchemy import Connection, select
 
 from gridcore.config import default_grid
-from gridcore.engine import ledger
+from gridcore.engine import capacity, ledger
 from gridcore.engine.runtime import SUBMIT_DEADLINE_S, GridRuntime, JobRecord
 from gridcore.errors import SiteRejected
 from gridcore.model import GridSpec, JobRequest, JobSubmission, SiteKind, SiteSpec
@@ -150,12 +149,8 @@ def assert_exactly_once_and_everything_back(rt: GridRuntime, where: str) -> None
 def assert_capacity_back(conn: Connection, where: str) -> None:
     totals = ledger.ledger_totals(conn)
     assert all(v == (0, 0, 0, 0) for v in totals.values()), f"{where}: {totals}"
-    if importlib.util.find_spec("gridcore.engine.capacity") is not None:
-        from gridcore.engine import capacity
-
-        check: Any = getattr(capacity, "check_invariant", None)
-        if check is not None:
-            assert check(conn) == [], where
+    assert capacity.check_invariant(conn) == [], where
+    assert capacity.live_holds(conn) == [], where
 
 
 def test_a_worker_killed_after_any_commit_submits_one_job(tmp_path: Path) -> None:
@@ -287,3 +282,50 @@ def test_a_job_whose_selection_expired_while_it_was_submitted_is_cancelled(
     assert site.status(submitted[0]).state.value == "cancelled"
     with rt.store.begin() as conn:
         assert_capacity_back(conn, "expired while submitting")
+
+
+def _probe_and_die(home: str) -> None:
+    from gridcore.engine import health
+
+    rt = _runtime(Path(home))
+    accept = LocalSite.submit
+
+    def accepted_then_killed(self: LocalSite, job: JobSubmission) -> str:
+        accept(self, job)
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise AssertionError("unreachable")
+
+    LocalSite.submit = accepted_then_killed  # type: ignore[method-assign]
+    health.probe_unusable_sites(rt, time.time(), retry_after_s=0, command="sleep 30")
+
+
+def test_a_probe_whose_worker_died_is_kept_until_a_newer_probe_replaces_it(
+    tmp_path: Path,
+) -> None:
+    from gridcore.engine import health
+
+    rt = _runtime(tmp_path)
+    with rt.store.begin() as conn:
+        for _ in range(health.UNUSABLE_AFTER_ERRORS):
+            health.record_failure(conn, "local-b", "component failed")
+    ctx = multiprocessing.get_context("spawn")
+    worker = ctx.Process(target=_probe_and_die, args=(str(tmp_path),))
+    worker.start()
+    worker.join(60)
+    assert worker.exitcode == -signal.SIGKILL
+    site = rt.adapter("local-b")
+    with rt.store.begin() as conn:
+        (first,) = conn.execute(select(local_jobs.c.id)).scalars()
+    rt.refresh()  # its hold is live: the submission may still be under way
+    assert site.status(str(first)).state.value == "running"
+    health.probe_unusable_sites(rt, time.time(), retry_after_s=0, command="sleep 30")
+    with rt.store.begin() as conn:
+        second = health.read_health(conn)["local-b"].probe_job_id
+    assert second is not None and second != str(first)
+    rt.refresh()  # the newer probe released the older one's hold: an orphan now
+    assert site.status(str(first)).state.value == "cancelled"
+    assert site.status(second).state.value == "running"
+    site.cancel(second)
+    health.restore_site(rt.store, "local-b")
+    with rt.store.begin() as conn:
+        assert capacity.check_invariant(conn) == []
