@@ -8,6 +8,7 @@ never have started it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -61,10 +62,10 @@ def grid(tmp_path: Path) -> Iterator[Grid]:
     try:
         yield grid
     finally:
-        for proc in grid.started:  # a failed test leaves no barrier waiting
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.communicate()
+        for proc in grid.started:  # a failed test leaves no barrier or command running
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # its session: the command too
+            proc.communicate()
         store.dispose()
 
 
