@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
+from gridcore.bench import pg_schema
 from gridcore.config import default_grid
 from gridcore.engine import capacity
 from gridcore.engine.runtime import GridRuntime
@@ -92,3 +93,14 @@ def test_a_retry_after_a_worker_died_adopts_the_accepted_job(pg_url: str) -> Non
     with rt.store.begin() as conn:
         assert capacity.check_invariant(conn) == [] and capacity.live_holds(conn) == []
     rt.store.dispose()
+
+
+def test_a_worker_killed_after_any_commit_submits_one_job_on_postgresql(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """The SQLite kill test's every-commit walk, each point on a fresh schema."""
+    from tests.postgres.conftest import PG_URL
+    from tests.unit.test_submit_kills import kill_after_each_commit
+
+    points = kill_after_each_commit(tmp_path, lambda: pg_schema(PG_URL))
+    assert points >= 5

@@ -36,8 +36,11 @@ JOB = JobSubmission("victim", "sleep 0.2", 2)
 FILE_POINTS = ("after-mkdir", "after-first-file", "after-second-file")
 
 
-def _runtime(home: Path, clock: Callable[[], float] = time.time) -> GridRuntime:
-    store = open_store(f"sqlite:///{home}/state.db", upgrade=True)
+def _runtime(
+    home: Path, clock: Callable[[], float] = time.time, url: str | None = None
+) -> GridRuntime:
+    """The embedded default grid on SQLite in ``home``, or on the database at ``url``."""
+    store = open_store(url or f"sqlite:///{home}/state.db", upgrade=True)
     return GridRuntime(default_grid(home), store, clock=clock)
 
 
@@ -82,8 +85,8 @@ def _die_in_files(point: str) -> None:
     Path.write_text = aimed_write  # type: ignore[method-assign]
 
 
-def _worker(home: str, point: str) -> None:
-    rt = _runtime(Path(home))
+def _worker(home: str, point: str, url: str | None) -> None:
+    rt = _runtime(Path(home), url=url)
     if point.startswith("commit-"):
         _die_after_commit(int(point.split("-")[1]))
     else:
@@ -92,9 +95,9 @@ def _worker(home: str, point: str) -> None:
     rt.submit(rec.selection_id, JOB)
 
 
-def _run_worker(home: Path, point: str) -> int | None:
+def _run_worker(home: Path, point: str, url: str | None = None) -> int | None:
     ctx = multiprocessing.get_context("spawn")
-    proc = ctx.Process(target=_worker, args=(str(home), point))
+    proc = ctx.Process(target=_worker, args=(str(home), point, url))
     proc.start()
     proc.join(60)
     return proc.exitcode
@@ -110,9 +113,10 @@ def _wait(rt: GridRuntime, sid: int) -> JobRecord:
     raise AssertionError(f"selection {sid} not finished: {rt.record(sid)}")
 
 
-def _recover(home: Path) -> GridRuntime:
+def _recover(home: Path, url: str | None = None) -> GridRuntime:
     """What a retry does: the same selection if it was committed, else select again."""
-    with _runtime(home).store.begin() as conn:
+    first = _runtime(home, url=url)
+    with first.store.begin() as conn:
         unspawned = conn.execute(
             select(local_jobs.c.id).where(
                 local_jobs.c.state == "running", local_jobs.c.pid.is_(None)
@@ -121,7 +125,8 @@ def _recover(home: Path) -> GridRuntime:
     # A job marked running by a worker killed before it spawned fails after the grace
     # time; the retry's clock is moved past it instead of sleeping.
     offset = SPAWN_GRACE_S + 1 if unspawned else 0.0
-    rt = _runtime(home, clock=lambda: time.time() + offset)
+    first.store.dispose()
+    rt = _runtime(home, clock=lambda: time.time() + offset, url=url)
     with rt.store.begin() as conn:
         sid = conn.execute(select(selections.c.id)).scalar_one_or_none()
     if sid is None:
@@ -153,18 +158,26 @@ def assert_capacity_back(conn: Connection, where: str) -> None:
     assert capacity.live_holds(conn) == [], where
 
 
-def test_a_worker_killed_after_any_commit_submits_one_job(tmp_path: Path) -> None:
-    points = 0
+def kill_after_each_commit(
+    tmp_path: Path, database: Callable[[], contextlib.AbstractContextManager[str | None]]
+) -> int:
+    """Kill after commit 1, 2, ... (each on a fresh ``database()``: None = SQLite) until
+    the flow ends before the aimed commit; check each recovery. Returns the points."""
     for k in range(1, 40):
         home = tmp_path / f"commit-{k}"
-        code = _run_worker(home, f"commit-{k}")
-        if code == 0:
-            break  # the whole flow has fewer commits: every point was covered
-        assert code == -signal.SIGKILL, f"commit {k}: worker exited with {code}"
-        assert_exactly_once_and_everything_back(_recover(home), f"killed after commit {k}")
-        points += 1
-    else:
-        raise AssertionError("the flow never ended: more than 39 commits?")
+        with database() as url:
+            code = _run_worker(home, f"commit-{k}", url)
+            if code == 0:
+                return k - 1  # the whole flow has fewer commits: every point was covered
+            assert code == -signal.SIGKILL, f"commit {k}: worker exited with {code}"
+            rt = _recover(home, url)
+            assert_exactly_once_and_everything_back(rt, f"killed after commit {k}")
+            rt.store.dispose()
+    raise AssertionError("the flow never ended: more than 39 commits?")
+
+
+def test_a_worker_killed_after_any_commit_submits_one_job(tmp_path: Path) -> None:
+    points = kill_after_each_commit(tmp_path, lambda: contextlib.nullcontext(None))
     assert points >= 5, "select, the site's row, its start, its spawn and the record commit"
 
 
