@@ -214,12 +214,6 @@ class SnapshotReader:
         return snaps
 
 
-def read_snapshots(conn: Connection, grid: GridSpec) -> list[SiteSnapshot]:
-    """One snapshot of every grid site (no reuse across calls; engines hold a
-    :class:`SnapshotReader`)."""
-    return SnapshotReader(grid).read(conn)
-
-
 _compiled_sql: dict[tuple[str, int], str] = {}
 
 
@@ -474,7 +468,6 @@ __all__: Sequence[str] = (
     "Recorded",
     "SnapshotReader",
     "ledger_totals",
-    "read_snapshots",
     "record_finished_stats",
     "record_pinned",
     "register_sites",
