@@ -664,6 +664,9 @@ class KoalaEngine:
                 )
                 .values(site_job_id=found, state=ComponentState.SUBMITTED.value)
             )
+            # its hold ends when an observation shows the job running (or it ends)
+            holder = component_holder(row["id"], row["epoch"], part["idx"])
+            capacity.set_site_job(conn, HolderKind.COMPONENT, holder, found)
         log.info("site %s: component %s adopted its job %s", part["site"], key, found)
 
     def _poll_component(self, row: RowMapping, part: RowMapping) -> None:
