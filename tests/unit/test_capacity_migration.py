@@ -43,7 +43,11 @@ HEALTH = """INSERT INTO gc_coalloc_site_health (site, consecutive_errors, usable
 
 
 def test_0006_carries_selections_components_and_health_over(tmp_path: Path) -> None:
-    store = open_store(f"sqlite:///{tmp_path}/state.db")
+    check_0006_carries_state_over(open_store(f"sqlite:///{tmp_path}/state.db"))
+
+
+def check_0006_carries_state_over(store: Store) -> None:
+    """Also run on PostgreSQL (tests/postgres/test_capacity_migration_pg.py)."""
     migrate(store, "0005")
     with store.engine.begin() as conn:
         conn.execute(
