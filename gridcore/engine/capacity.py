@@ -36,6 +36,7 @@ from sqlalchemy import (
     Connection,
     and_,
     bindparam,
+    case,
     func,
     insert,
     or_,
@@ -450,18 +451,15 @@ def check_invariant(conn: Connection) -> list[str]:
     holds; no counter is negative; no hold is negative; claimed storage is within the
     site's limit. (Claimed processors may exceed what a LATER report shows idle: the
     report changes under the claims; the claim itself is checked when it is made.)"""
-    sums = _sums(conn)
     problems: list[str] = []
-    for r in conn.execute(select(sites)).mappings():
-        name = r["name"]
-        claimed, c_bytes = sums.get((name, Ledger.CLAIMED.value), (0, 0))
-        queued, q_bytes = sums.get((name, Ledger.QUEUED.value), (0, 0))
+    for r in conn.execute(_INVARIANT_ROWS).mappings():
+        name, claimed, queued, held_bytes = r["name"], r["h_claimed"], r["h_queued"], r["h_bytes"]
         checks = (
             (r["claimed"] == claimed, f"claimed counter {r['claimed']} != holds {claimed}"),
             (r["queued"] == queued, f"queued counter {r['queued']} != holds {queued}"),
             (
-                r["storage_claimed"] == c_bytes + q_bytes,
-                f"storage counter {r['storage_claimed']} != holds {c_bytes + q_bytes} bytes",
+                r["storage_claimed"] == held_bytes,
+                f"storage counter {r['storage_claimed']} != holds {held_bytes} bytes",
             ),
             (min(r["claimed"], r["queued"], r["storage_claimed"]) >= 0, "a negative counter"),
             (
@@ -476,6 +474,42 @@ def check_invariant(conn: Connection) -> list[str]:
         problems += [f"site {name}: {why}" for ok, why in checks if not ok]
     problems += _orphan_holds(conn, {r for r in conn.execute(select(sites.c.name)).scalars()})
     return problems
+
+
+def _live_sums() -> Any:
+    hc = holds.c
+
+    def total(column: Any, ledger: Ledger | None = None) -> Any:
+        value = column if ledger is None else case((hc.ledger == ledger.value, column), else_=0)
+        return func.coalesce(func.sum(value), 0)
+
+    return (
+        select(
+            hc.site,
+            total(hc.processors, Ledger.CLAIMED).label("h_claimed"),
+            total(hc.processors, Ledger.QUEUED).label("h_queued"),
+            total(hc.storage_bytes).label("h_bytes"),
+        )
+        .where(hc.ledger.is_not(None))
+        .group_by(hc.site)
+        .subquery("live")
+    )
+
+
+_LIVE = _live_sums()
+# ONE statement, so the counters and the sums come from one snapshot even under READ
+# COMMITTED (a check taken while others claim sees no drift that is not there).
+_INVARIANT_ROWS = select(
+    sites.c.name,
+    sites.c.total_processors,
+    sites.c.claimed,
+    sites.c.queued,
+    sites.c.storage_total,
+    sites.c.storage_claimed,
+    func.coalesce(_LIVE.c.h_claimed, 0).label("h_claimed"),
+    func.coalesce(_LIVE.c.h_queued, 0).label("h_queued"),
+    func.coalesce(_LIVE.c.h_bytes, 0).label("h_bytes"),
+).select_from(sites.outerjoin(_LIVE, _LIVE.c.site == sites.c.name))
 
 
 def _orphan_holds(conn: Connection, known: set[str]) -> list[str]:
