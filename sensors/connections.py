@@ -31,10 +31,10 @@ from gridcore.policies.claiming import KoalaParams
 from gridcore.staging import ReplicaCatalog
 
 DEFAULT_DB_DRIVER = "postgresql+psycopg"
-# The scan lease must outlive one scan (staging a file or a slow slurmrestd can take a
-# while), or a second engine would start scanning while the first still is. A holder
-# that stops waiting releases it at once (close_koala), so the floor only matters when
-# a triggerer dies while holding it.
+# Not a correctness parameter (the lease is fenced and renewed while a scan runs, see
+# gridcore.engine.lease): it is how long a triggerer that died holding the lease keeps
+# the others from scanning. A holder that stops waiting releases it at once
+# (close_koala); a floor keeps renewals rare for short scan intervals.
 MIN_LEASE_S = 60.0
 
 
