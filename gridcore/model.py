@@ -368,3 +368,15 @@ class Placement:
     def file_transfer_s(self) -> float:
         """FTT (seed 000 Sec. 3.2): the longest of the components' transfer times."""
         return max((c.transfer_s for c in self.components), default=0.0)
+
+
+class HolderKind(enum.StrEnum):
+    """What holds capacity of a site: the ``kind`` of a capacity-ledger hold row
+    (``gridcore/engine/capacity.py``) and of the holder a submission key names
+    (``gridcore/sites/keys.py``; pilots and volumes submit no site job, so have no key)."""
+
+    SELECTION = "selection"  # holder: the selection id
+    COMPONENT = "component"  # holder: "job:epoch:idx" (engine.capacity.component_holder)
+    PILOT = "pilot"  # holder: the pilot id
+    VOLUME = "volume"  # holder: "logical_name@site" (engine.capacity.volume_holder)
+    PROBE = "probe"  # holder: "site:<unique>"

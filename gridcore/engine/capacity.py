@@ -45,17 +45,8 @@ from sqlalchemy import (
 )
 
 from gridcore.errors import StateError
+from gridcore.model import HolderKind
 from gridcore.state.schema import holds, sites
-
-
-class HolderKind(enum.StrEnum):
-    """What holds the capacity (the ``kind`` of a hold row)."""
-
-    SELECTION = "selection"  # holder: the selection id
-    COMPONENT = "component"  # holder: "job:epoch:idx" (see component_holder)
-    PILOT = "pilot"  # holder: the pilot id
-    VOLUME = "volume"  # holder: "logical_name@site" (see volume_holder)
-    PROBE = "probe"  # holder: "site:<unique>"
 
 
 class Ledger(enum.StrEnum):

@@ -27,9 +27,9 @@ from sqlalchemy.exc import IntegrityError
 
 from gridcore.engine import capacity
 from gridcore.engine.phases import ComponentState
-from gridcore.model import JobState, JobSubmission, ObservedJob
+from gridcore.model import HolderKind, JobState, JobSubmission, ObservedJob
 from gridcore.sites.base import SiteAdapter
-from gridcore.sites.keys import HolderKind, KeyHolder, install_prefix, parse_key
+from gridcore.sites.keys import KeyHolder, install_prefix, parse_key
 from gridcore.state.schema import coalloc_components, meta, selections, sites
 
 log = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ def adopt_selection_job(conn: Connection, selection_id: int, job_id: str, now: f
     if done.rowcount != 1:
         return False
     # the hold ends when an observation shows this job (gridcore.engine.capacity)
-    capacity.set_site_job(conn, capacity.HolderKind.SELECTION, str(selection_id), job_id)
+    capacity.set_site_job(conn, HolderKind.SELECTION, str(selection_id), job_id)
     return True
 
 
@@ -168,7 +168,7 @@ def judge_probe_job(conn: Connection, holder: KeyHolder, site: str, job_id: str)
     recorded = conn.execute(select(sites.c.probe_job_id).where(sites.c.name == site)).scalar()
     if recorded == job_id:
         return Verdict.KEEP
-    hold = capacity.hold(conn, capacity.HolderKind.PROBE, f"{site}:{holder.token}")
+    hold = capacity.hold(conn, HolderKind.PROBE, f"{site}:{holder.token}")
     if hold is not None and hold.ledger is not None and hold.site_job_id in (None, job_id):
         return Verdict.KEEP
     return Verdict.ORPHAN

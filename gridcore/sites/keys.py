@@ -18,9 +18,10 @@ Pure functions only; the install id is read by :func:`gridcore.engine.submission
 
 from __future__ import annotations
 
-import enum
 import re
 from dataclasses import dataclass
+
+from gridcore.model import HolderKind
 
 KEY_PREFIX = "gc-"
 KEY_MAX_LENGTH = 128
@@ -31,15 +32,10 @@ _PROBE = re.compile(r"p([A-Za-z0-9_-]+)-([0-9a-f]+)")
 _SAFE = re.compile(r"[A-Za-z0-9_-]+")
 
 
-class HolderKind(enum.Enum):
-    SELECTION = "selection"
-    COMPONENT = "component"
-    PROBE = "probe"
-
-
 @dataclass(frozen=True)
 class KeyHolder:
-    """What a key names: ``ids`` are (selection,) or (job, epoch, index); a probe has
+    """What a key names: a selection, a component or a probe (the kinds of holder that
+    submit a site job). ``ids`` are (selection,) or (job, epoch, index); a probe has
     ``site`` and ``token`` instead."""
 
     install: str

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from gridcore.model import HolderKind
 from gridcore.sites.keys import (
-    HolderKind,
     KeyHolder,
     component_key,
     install_prefix,
