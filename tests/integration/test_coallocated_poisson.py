@@ -11,6 +11,7 @@ import pytest
 from gridcore.engine.koala import KoalaEngine
 from gridcore.engine.runtime import GridRuntime
 from tests.barrier_checks import assert_released_after_every_registration
+from tests.capacity_checks import assert_capacity_invariant
 from tests.integration.airflow_services import task_states, xcom_values
 from tests.integration.conftest import IntegrationEnv
 
@@ -53,3 +54,4 @@ def test_dag_test_solves_across_three_sites_in_step(
         runtime.store.dispose()
     assert [c.site for c in record.components] == placed["sites"]
     assert all(c.state == "completed" and c.exit_code == 0 for c in record.components)
+    assert_capacity_invariant(airflow_env.db_url, no_live_holds=True)

@@ -27,6 +27,7 @@ from gridcore.engine.ledger import ledger_totals
 from gridcore.engine.runtime import GridRuntime
 from gridcore.state.schema import selections
 from gridcore.state.store import open_store
+from tests.capacity_checks import assert_capacity_invariant
 from tests.integration.airflow_services import (
     AirflowServices,
     task_states,
@@ -65,6 +66,7 @@ def test_dag_test_runs_every_member_to_completion(dagbag: Any, airflow_env: Inte
         results[i]["site"] for i in range(members)
     ]
     assert sum(summary["per_site"].values()) == members
+    assert_capacity_invariant(airflow_env.db_url, no_live_holds=True)
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +105,7 @@ def test_forcing_file_burst_spreads_over_sites(
     assert not (airflow_env.forcing_dir / "alberto.json").exists()
     consumed = list((airflow_env.forcing_dir / "consumed").glob("*alberto.json"))
     assert len(consumed) == 1
+    assert_capacity_invariant(airflow_env.db_url, no_live_holds=True)
 
 
 def drop_forcing_file(directory: Path, name: str, forcing: Mapping[str, Any]) -> None:

@@ -19,6 +19,7 @@ from gridcore.model import CoAllocationRequest, Component, RequestKind
 from gridcore.policies.claiming import KoalaParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.state.store import open_store
+from tests.capacity_checks import assert_capacity_invariant
 from tests.fakes import FaultySite
 
 pytestmark = pytest.mark.postgres
@@ -56,5 +57,6 @@ def test_a_database_error_fails_one_job_and_the_others_complete(pg_url: str) -> 
         )
         # Its one site job was found again by its key (and its id again refused).
         assert len(faulty.submitted) == 1
+        assert_capacity_invariant(store, no_live_holds=True)
     finally:
         store.dispose()

@@ -22,6 +22,7 @@ from gridcore.model import CoAllocationRequest, Component, RequestKind
 from gridcore.policies.claiming import KoalaParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.state.store import open_store
+from tests.capacity_checks import assert_capacity_invariant
 from tests.fakes import FaultySite
 
 pytestmark = pytest.mark.postgres
@@ -64,6 +65,7 @@ def test_exactly_one_engine_holds_the_scan_lease_at_a_time(pg_url: str) -> None:
     assert len(intervals) >= 20
     for (_, e1, i1), (s2, _, i2) in itertools.pairwise(intervals):
         assert s2 >= e1, f"p{i1} held the lease until {e1} but p{i2} took it at {s2}"
+    assert_capacity_invariant(pg_url, no_live_holds=True)
 
 
 # -- fenced transitions: two engine processes, scans slowed past the lease -------------
@@ -203,3 +205,5 @@ def test_scans_slowed_past_the_lease_never_commit_out_of_turn(
         # that outlived it were fenced out.
         assert len({holder for holder, _ in takes}) == 2, takes
         assert sum(lost for _, lost in results.values()) >= 1, results
+    # Every job completed or was cancelled above: nothing may still hold capacity.
+    assert_capacity_invariant(pg_url, no_live_holds=True)

@@ -25,6 +25,7 @@ from gridcore.engine.runtime import GridRuntime
 from gridcore.state.store import open_store
 from operators.coallocate import CoAllocateOperator
 from tests.barrier_checks import assert_released_after_every_registration
+from tests.capacity_checks import assert_capacity_invariant
 from tests.integration.airflow_services import migrate_metadata_db, task_states, xcom_values
 from tests.slurm.test_ensemble_slurm import job_state, slurm_job
 from tests.slurmgrid import SlurmGrid
@@ -114,6 +115,7 @@ def test_three_components_on_three_clusters_start_together(
         assert str(job.get("cluster", site)) == site, job
         assert str(job["nodes"]).startswith(f"{site}-n"), job
         assert int(job["cpus"]) >= size, job
+    assert_capacity_invariant(coalloc_env["GRIDCORE_DB_URL"], no_live_holds=True)
 
 
 def test_poisson_dag_on_the_slurm_grid(coalloc_env: dict[str, str]) -> None:
@@ -131,6 +133,7 @@ def test_poisson_dag_on_the_slurm_grid(coalloc_env: dict[str, str]) -> None:
     assert summary["max_abs_diff"] <= 1e-8
     (placed,) = xcom_values(dag.dag_id, run.run_id, "coallocate").values()
     assert_released_after_every_registration(coalloc_env["GRIDCORE_DB_URL"], placed["job_id"])
+    assert_capacity_invariant(coalloc_env["GRIDCORE_DB_URL"], no_live_holds=True)
 
 
 def test_a_component_killed_on_one_cluster_makes_the_job_re_placed_and_finish(
@@ -182,6 +185,7 @@ def test_a_component_killed_on_one_cluster_makes_the_job_re_placed_and_finish(
     finally:
         koala.cancel(job_id)
         runtime.store.dispose()
+    assert_capacity_invariant(coalloc_env["GRIDCORE_DB_URL"], no_live_holds=True)
 
 
 def _scan_until(koala: Any, job_id: int, done: Any, timeout: float = WAIT_S) -> Any:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import requests
 
+from tests.capacity_checks import assert_capacity_invariant
 from tests.integration.airflow_services import (
     AirflowServices,
     migrate_metadata_db,
@@ -84,6 +85,8 @@ def test_burst_of_members_runs_on_several_clusters_as_slurm_records_it(
         assert result["state"] == "completed"
     used = {r["site"] for r in results.values()}
     assert len(used) > 1, f"every member went to {used}"
+    # The state DB the members' workers wrote to (set by the slurm_services fixture).
+    assert_capacity_invariant(os.environ["GRIDCORE_DB_URL"], no_live_holds=True)
 
 
 def slurm_job(cluster: SlurmCluster, job_id: str) -> dict[str, Any]:

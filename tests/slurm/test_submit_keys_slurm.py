@@ -22,6 +22,7 @@ from gridcore.model import JobRequest, JobState, JobSubmission
 from gridcore.sites.keys import selection_key
 from gridcore.sites.slurm import SlurmSite
 from gridcore.state.store import open_store
+from tests.capacity_checks import assert_capacity_invariant
 from tests.slurmgrid import API_VERSION, SlurmCluster, SlurmGrid
 
 pytestmark = pytest.mark.slurm
@@ -85,6 +86,7 @@ def test_a_retry_after_the_worker_died_adopts_the_job_slurm_accepted(
     runtime.refresh()
     with runtime.store.begin() as conn:
         assert ledger.ledger_totals(conn)["beta"] == (0, 0, 0, 0)
+    assert_capacity_invariant(runtime.store, no_live_holds=True)
 
 
 def test_refresh_cancels_a_job_with_our_key_whose_selection_is_gone(
@@ -115,6 +117,7 @@ def test_refresh_cancels_a_job_with_our_key_whose_selection_is_gone(
     finally:
         runtime.cancel(waiting)
         gamma.cancel(foreign)
+    assert_capacity_invariant(runtime.store, no_live_holds=True)
 
 
 def test_a_second_slurm_job_with_a_recorded_selection_key_is_cancelled(
@@ -142,3 +145,4 @@ def test_a_second_slurm_job_with_a_recorded_selection_key_is_cancelled(
         assert runtime.record(sid).job_id == kept
     finally:
         runtime.cancel(sid)
+    assert_capacity_invariant(runtime.store, no_live_holds=True)

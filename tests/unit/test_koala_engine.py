@@ -42,6 +42,7 @@ from gridcore.staging import ReplicaCatalog, register_source
 from gridcore.state.schema import coalloc_jobs, local_jobs
 from gridcore.state.store import open_store
 from tests.barrier_checks import assert_released_after_every_registration
+from tests.capacity_checks import assert_capacity_invariant
 
 # 8 + 4 + 4 on local-a (8), local-b (4), local-c (4): only co-allocation over all three fits.
 SPREAD = CoAllocationRequest(
@@ -229,6 +230,7 @@ def test_icp_starts_what_fits_and_the_rest_joins_at_the_barrier_later(tmp_path: 
     first, *later = (c.claimed_at or 0 for c in done.components)
     assert all(t < first for t in later)
     assert_released_after_every_registration(koala.store, job_id)
+    assert_capacity_invariant(koala.store, no_live_holds=True)
 
 
 def test_icp_aborts_at_the_jst_lowers_l_and_replaces_the_job(tmp_path: Path) -> None:
@@ -252,6 +254,7 @@ def test_icp_aborts_at_the_jst_lowers_l_and_replaces_the_job(tmp_path: Path) -> 
     koala.runtime.adapter("local-a").cancel(blocker)
     done = scan_until(koala, job_id, "completed", timeout=30.0)
     assert done.L == 0.625 and done.claim_tries >= 2
+    assert_capacity_invariant(koala.store, no_live_holds=True)
 
 
 def test_only_the_lease_holder_scans(tmp_path: Path) -> None:
@@ -266,6 +269,7 @@ def test_only_the_lease_holder_scans(tmp_path: Path) -> None:
     assert first.scan(now + 8).skipped
     second.release_lease()
     assert not first.scan(now + 8.5).skipped
+    assert_capacity_invariant(first.store, no_live_holds=True)
 
 
 def test_a_killed_component_requeues_the_whole_job_which_still_finishes(tmp_path: Path) -> None:
@@ -291,6 +295,7 @@ def test_a_killed_component_requeues_the_whole_job_which_still_finishes(tmp_path
         )
     assert states.get("running", 0) == 0
     assert states["failed"] == 1 and states["cancelled"] == 2 and states["completed"] == 3
+    assert_capacity_invariant(koala.store, no_live_holds=True)
 
 
 def test_a_new_engine_resumes_a_job_from_the_rows(tmp_path: Path) -> None:
@@ -302,6 +307,7 @@ def test_a_new_engine_resumes_a_job_from_the_rows(tmp_path: Path) -> None:
     second = KoalaEngine(runtime(tmp_path), params=PARAMS, holder="new", lease_s=0.5)
     done = scan_until(second, job_id, "completed")
     assert done.retries == 0 and done.barrier_skew_s is not None
+    assert_capacity_invariant(second.store, no_live_holds=True)
 
 
 def test_cancel_stops_every_component(tmp_path: Path) -> None:
@@ -317,6 +323,7 @@ def test_cancel_stops_every_component(tmp_path: Path) -> None:
         states = conn.execute(select(local_jobs.c.state)).scalars().all()
     assert sorted(states) == ["cancelled"] * 3
     assert koala.cancel(job_id).state == "cancelled"  # idempotent
+    assert_capacity_invariant(koala.store, no_live_holds=True)
 
 
 def test_a_preempting_decision_sends_the_running_low_job_back_to_its_queue(
@@ -343,5 +350,7 @@ def test_a_preempting_decision_sends_the_running_low_job_back_to_its_queue(
     requeued = koala.status(low_id)
     assert requeued.state == "queued" and requeued.epoch == running.epoch + 1
     assert "preempted by high-priority job 99" in requeued.message
+    assert_capacity_invariant(koala.store)
     koala.runtime.adapter("local-a").cancel(str(cancels[0][1]))
     assert koala.cancel(low_id).state == "cancelled"
+    assert_capacity_invariant(koala.store, no_live_holds=True)

@@ -20,6 +20,7 @@ from gridcore.policies.claiming import KoalaParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.state.schema import coalloc_jobs, local_jobs
 from gridcore.state.store import Store, open_store
+from tests.capacity_checks import assert_capacity_invariant
 from tests.fakes import FaultySite
 
 PARAMS = KoalaParams(scan_interval_s=1.0)
@@ -70,6 +71,7 @@ def run_bad_and_good(
     assert failed.state == "failed"
     assert handling_errors(store, bad) == MAX_HANDLING_ERRORS
     assert handling_errors(store, good) == 0
+    assert_capacity_invariant(store, no_live_holds=True)
     return store, faulty, failed
 
 
@@ -91,6 +93,7 @@ def test_a_job_whose_status_raises_fails_after_n_tries_and_its_site_job_is_cance
             select(local_jobs.c.state).where(local_jobs.c.id == int(site_job))
         ).scalar_one()
     assert state == "cancelled"
+    assert_capacity_invariant(store, no_live_holds=True)
 
 
 def test_a_job_whose_submission_raises_fails_after_n_tries(tmp_path: Path) -> None:

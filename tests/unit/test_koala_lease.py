@@ -21,6 +21,7 @@ from gridcore.policies.claiming import KoalaParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.state.schema import coalloc_components, coalloc_jobs, leases, local_jobs
 from gridcore.state.store import Store, open_store
+from tests.capacity_checks import assert_capacity_invariant
 from tests.fakes import FaultySite
 
 PARAMS = KoalaParams(scan_interval_s=1.0)
@@ -57,6 +58,7 @@ def test_the_token_grows_when_the_lease_changes_hands_and_only_then(store: Store
     b.release()
     again = b.take(117.0)  # released leases are expired leases: a new token
     assert again is not None and again.token == 3
+    assert_capacity_invariant(store, no_live_holds=True)
 
 
 def test_a_fenced_transaction_of_a_lost_lease_commits_nothing(store: Store) -> None:
@@ -82,6 +84,7 @@ def test_a_fenced_transaction_of_a_lost_lease_commits_nothing(store: Store) -> N
         ).one()
     assert names == {"scan", "marker-1"}
     assert (holder, token) == ("b", 2)
+    assert_capacity_invariant(store, no_live_holds=True)
 
 
 def test_fenced_renewal_extends_and_never_shortens(store: Store) -> None:
@@ -95,6 +98,7 @@ def test_fenced_renewal_extends_and_never_shortens(store: Store) -> None:
     with store.begin() as conn:
         expires = conn.execute(select(leases.c.expires_at)).scalar_one()
     assert expires == 168.0
+    assert_capacity_invariant(store, no_live_holds=True)
 
 
 # -- the KOALA scan under the fenced lease --------------------------------------------
@@ -174,6 +178,7 @@ def test_a_scan_whose_lease_was_taken_over_commits_no_transition_after(tmp_path:
         assert len(site.submitted) == 1
     finally:
         cancel_local_jobs(slow)
+    assert_capacity_invariant(slow.store)
 
 
 def test_renewal_keeps_the_lease_of_a_slow_scan_that_is_alive(tmp_path: Path) -> None:
@@ -201,3 +206,4 @@ def test_renewal_keeps_the_lease_of_a_slow_scan_that_is_alive(tmp_path: Path) ->
         assert all(c.site_job_id for c in components)
     finally:
         cancel_local_jobs(slow)
+    assert_capacity_invariant(slow.store)

@@ -27,6 +27,7 @@ from gridcore.sites.keys import component_key
 from gridcore.sites.local import LocalSite
 from gridcore.state.schema import coalloc_jobs, local_jobs
 from gridcore.state.store import open_store
+from tests.capacity_checks import assert_capacity_invariant
 
 # 8 + 4 + 4 on local-a (8), local-b (4), local-c (4): one scan starts all three.
 SPREAD = CoAllocationRequest(
@@ -112,6 +113,7 @@ def test_an_engine_killed_mid_submission_doubles_no_component(
     with koala.store.begin() as conn:
         totals = ledger.ledger_totals(conn)
     assert all(v == (0, 0, 0, 0) for v in totals.values()), totals
+    assert_capacity_invariant(koala.store, no_live_holds=True)
 
 
 def test_refresh_cancels_component_jobs_without_a_live_component(tmp_path: Path) -> None:
@@ -143,4 +145,6 @@ def test_refresh_cancels_component_jobs_without_a_live_component(tmp_path: Path)
     assert twin == part.site_job_id
     assert site.status(old_epoch).state.value == "cancelled"
     assert site.status(str(part.site_job_id)).state.value in ("pending", "running")
+    assert_capacity_invariant(koala.store)
     koala.cancel(job_id)
+    assert_capacity_invariant(koala.store, no_live_holds=True)

@@ -20,6 +20,7 @@ from gridcore.model import JobRequest, JobSubmission
 from gridcore.sites.local import LocalSite
 from gridcore.state.schema import local_jobs, selections
 from gridcore.state.store import open_store
+from tests.capacity_checks import assert_capacity_invariant
 
 
 def runtime(tmp_path: Path) -> GridRuntime:
@@ -68,6 +69,7 @@ def test_failing_job_reports_exit_code(tmp_path: Path) -> None:
     rec = wait(rt, run(rt, "bad", 1, "exit 3"))
     assert (rec.state, rec.exit_code, rec.message) == ("failed", 3, "exit code 3")
     in_flight_zero(rt)
+    assert_capacity_invariant(rt.store, no_live_holds=True)
 
 
 def test_cancel_kills_the_process_group(tmp_path: Path) -> None:
@@ -79,6 +81,7 @@ def test_cancel_kills_the_process_group(tmp_path: Path) -> None:
     time.sleep(3.5)
     assert not marker.exists()
     in_flight_zero(rt)
+    assert_capacity_invariant(rt.store, no_live_holds=True)
 
 
 def test_a_vanished_process_is_a_failure_not_a_hang(tmp_path: Path) -> None:
@@ -90,6 +93,7 @@ def test_a_vanished_process_is_a_failure_not_a_hang(tmp_path: Path) -> None:
     os.killpg(pgid, signal.SIGKILL)
     rec = wait(rt, sid)
     assert rec.state == "failed" and "vanished" in rec.message
+    assert_capacity_invariant(rt.store, no_live_holds=True)
 
 
 def test_bad_requests_fail_before_anything_is_recorded(tmp_path: Path) -> None:
@@ -113,6 +117,7 @@ def test_a_rejected_submission_fails_the_selection_and_frees_its_claim(tmp_path:
         rt.submit(rec.selection_id, JobSubmission("liar", "true", 16))
     assert rt.record(rec.selection_id).state == "failed"
     in_flight_zero(rt)
+    assert_capacity_invariant(rt.store, no_live_holds=True)
 
 
 def _submit_many(home: str, start: int) -> None:
@@ -146,6 +151,7 @@ def test_workers_in_different_processes_share_one_site_without_oversubscribing(
         assert busy <= 8, f"{busy} processors busy at {t} on an 8-processor site"
     assert len(spans) == 12
     in_flight_zero(rt)
+    assert_capacity_invariant(rt.store, no_live_holds=True)
 
 
 def test_a_selection_never_submitted_gives_its_processors_back(tmp_path: Path) -> None:
@@ -169,4 +175,6 @@ def test_a_selection_never_submitted_gives_its_processors_back(tmp_path: Path) -
     with rt.store.begin() as conn:
         totals = ledger.ledger_totals(conn)
     assert totals["local-a"] == (0, 0, 0, 0)
+    assert_capacity_invariant(rt.store)
     rt.cancel(kept.selection_id)
+    assert_capacity_invariant(rt.store, no_live_holds=True)
