@@ -10,7 +10,8 @@ pydantic v2 models check types and limits and convert into the frozen domain typ
 * :func:`check_coallocation_request` -> :class:`~gridcore.model.CoAllocationRequest` and
   :func:`check_coallocation_submission` (request + command + quota; KOALA's
   ``KoalaEngine.submit`` checks the placement policy itself);
-* :func:`check_logical_name` (the replica catalog's names).
+* :func:`check_logical_name` (the replica catalog's names); :func:`check_choice` (an
+  enum option given beside a request: selection protocol, placement policy).
 
 Each accepts the domain dataclass (re-checked, as its types are not enforced) or a plain
 mapping (operators, JSON). Every refusal is ONE line naming the field, raised as
@@ -86,13 +87,14 @@ _NAME = r"^[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f][^\x00-\x1f\x7f]*$"
 _COMMAND = r"^[^\x00]*[^\s\x00][^\x00]*$"  # any text but NUL, not blank
 _NO_NUL = r"^[^\x00]*$"
 _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
-# a relative POSIX path of non-empty segments not starting with '.', no backslash or NUL
-# (the rule of gridcore.staging.catalog.check_logical_name)
-_SEGMENT = r"[^/\\\x00.][^/\\\x00]*"
+# a relative POSIX path of non-empty segments not starting with '.' or white space (a
+# blank name names nothing), no backslash or NUL
+_SEGMENT = r"[^/\\\x00.\s][^/\\\x00]*"
 _LOGICAL_NAME = rf"^{_SEGMENT}(?:/{_SEGMENT})*$"
 _SLURM_ONLY = frozenset({"url", "partition", "user", "token", "api_version", "timeout_s"})
 
 _M = TypeVar("_M", bound=BaseModel)
+_E = TypeVar("_E", bound=enum.Enum)
 
 # -- how a refusal reads --------------------------------------------------------------
 
@@ -169,8 +171,8 @@ LogicalName = Annotated[
     _string(LOGICAL_NAME_MAX, _LOGICAL_NAME),
     _text_worded(
         LOGICAL_NAME_MAX,
-        "must be a relative path of non-empty segments that do not start with '.'"
-        " (no '/x', 'a//b', '..', '.hidden', backslash or NUL)",
+        "must be a relative path of non-empty segments that do not start with '.' or a"
+        " space (no '/x', 'a//b', '..', '.hidden', ' ', backslash or NUL)",
     ),
 ]
 Command = Annotated[
@@ -531,6 +533,10 @@ class _CoAllocationRequest(_Model):
 
     def _check_components(self, sites: frozenset[str] | None) -> None:
         kind = self.kind
+        if self.total:
+            raise _refused(
+                f"only a flexible request gives a total, not a {kind.value} one", "total"
+            )
         if not self.components:
             raise _refused(f"a {kind.value} request needs at least one", "components")
         for i, component in enumerate(self.components):
@@ -641,10 +647,22 @@ def check_coallocation_submission(
     return checked.request.request(), checked.command, checked.quota
 
 
+def check_choice(kind: type[_E], value: Any, field: str) -> _E:
+    """A member of ``kind`` from its value (an option the request models do not carry:
+    a selection protocol, a placement policy), refused in the models' wording."""
+    # A type built at run time, which mypy cannot follow.
+    choice: TypeAdapter[_E] = TypeAdapter(Annotated[kind, _one_of(kind)])  # type: ignore[arg-type]
+    try:
+        return choice.validate_python(value)
+    except ValidationError as exc:
+        raise RequestError(f"{field}: {_one_line(exc)[1]}") from None
+
+
 def check_logical_name(name: Any) -> str:
     """A logical file name (``gc_replicas.logical_name``): a relative POSIX path of at
     most 512 characters whose segments are non-empty and do not start with '.' (hidden
-    names are where transfers write partial files), without backslash or NUL."""
+    names are where transfers write partial files) or white space, without backslash or
+    NUL."""
     try:
         return _LOGICAL_NAMES.validate_python(name)
     except ValidationError as exc:

@@ -17,18 +17,11 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from gridcore.engine.koala import CoAllocationRecord, KoalaEngine
 from gridcore.errors import GridError, StateError
-from gridcore.model import (
-    CoAllocationRequest,
-    Component,
-    FileDelivery,
-    InputFile,
-    Priority,
-    RequestKind,
-)
+from gridcore.model import CoAllocationRequest, FileDelivery, Priority, RequestKind
 from gridcore.policies.placement import PlacementPolicy
-from gridcore.validation import check_coallocation_submission
+from gridcore.validation import check_choice, check_coallocation_submission
 from operators.base import GridcoreOperator
-from operators.site_job import job_name, map_index, positive_int, state_store, translated
+from operators.site_job import job_name, map_index, state_store, translated
 from sensors.coalloc_trigger import CoAllocationTrigger
 
 JOB_KEY = "gridcore_coalloc_job_id"  # in the task state store, shared by all tries
@@ -225,62 +218,42 @@ class CoAllocateOperator(GridcoreOperator):
     def plan_request(
         self, context: Context
     ) -> tuple[CoAllocationRequest, PlacementPolicy, float | None]:
-        """Validate the (rendered) arguments; AirflowFailException naming the field
-        otherwise. Touches nothing: the engine's own checks follow in ``submit``."""
-        if not isinstance(self.command, str) or not self.command.strip():
-            raise AirflowFailException(f"{self.task_id}: command must be a non-empty string")
-        kind = _choice(RequestKind, "kind", self.kind)
-        policy = _choice(PlacementPolicy, "policy", self.policy)
-        priority = _choice(Priority, "priority", self.priority)
-        delivery = _choice(FileDelivery, "delivery", self.delivery)
-        _positive_number("poll_interval", self.poll_interval)
-        quota = _quota(self.quota)
-        if kind is RequestKind.FLEXIBLE:
-            parts, total = self._flexible()
-        else:
-            parts, total = self._sized(kind), 0
-        input_file = None
-        if self.input_file is not None:
-            if not isinstance(self.input_file, str) or not self.input_file.strip():
-                raise AirflowFailException(
-                    f"input_file: must be a non-empty logical name, got {self.input_file!r}"
-                )
-            input_file = InputFile(self.input_file, delivery)
+        """Validate the (rendered) arguments through gridcore's request models
+        (:mod:`gridcore.validation`); AirflowFailException naming the field otherwise.
+        Touches nothing: the engine's own checks follow in ``submit``."""
+        _positive_number("poll_interval", self.poll_interval)  # operator-only
         name = job_name(self.dag_id, self.task_id, map_index(context))
-        request = CoAllocationRequest(name, kind, parts, total, input_file, priority)
-        with translated(name):  # gridcore's request models: nothing written yet
-            request, _, quota = check_coallocation_submission(request, self.command, quota)
-        return request, policy, quota
+        request = {
+            "name": name,
+            "kind": self.kind,
+            "components": self._components(),
+            "total": 0 if self.total is None else self.total,
+            "priority": self.priority,
+        }
+        with translated(name):  # nothing written yet
+            policy = check_choice(PlacementPolicy, self.policy, "policy")
+            # Checked even without an input file: a misspelt option is an error.
+            delivery = check_choice(FileDelivery, self.delivery, "delivery")
+            if self.input_file is not None:
+                request["input_file"] = {"logical_name": self.input_file, "delivery": delivery}
+            checked, _, quota = check_coallocation_submission(request, self.command, self.quota)
+        return checked, policy, quota
 
-    def _flexible(self) -> tuple[tuple[Component, ...], int]:
-        if self.components is not None or self.sites is not None:
-            raise AirflowFailException(
-                "components/sites: a flexible request gives only total (KOALA splits it)"
-            )
-        return (), positive_int("total", self.total)
-
-    def _sized(self, kind: RequestKind) -> tuple[Component, ...]:
-        if self.total is not None:
-            raise AirflowFailException(f"total: only for flexible requests, not {kind.value}")
-        sizes = self.components
-        if isinstance(sizes, str | bytes) or not isinstance(sizes, Sequence) or not sizes:
-            raise AirflowFailException(
-                f"components: must be a non-empty list of processor counts, got {sizes!r}"
-            )
-        sizes = [positive_int(f"components[{i}]", s) for i, s in enumerate(sizes)]
-        if kind is RequestKind.NON_FIXED:
-            if self.sites is not None:
-                raise AirflowFailException("sites: only for fixed requests (kind='fixed')")
-            return tuple(Component(s) for s in sizes)
-        sites = self.sites
+    def _components(self) -> Any:
+        """``components`` (sizes) and ``sites`` (fixed requests) as the request's
+        components; anything not list-shaped is left for the model to refuse."""
+        sizes, sites = self.components, self.sites
+        if isinstance(sizes, str | bytes) or not isinstance(sizes, Sequence | None):
+            return sizes
+        sizes = sizes or ()
+        if sites is None:
+            return [{"size": size} for size in sizes]
+        # Operator-only: the two lists run in parallel (the model has one per component).
         if isinstance(sites, str) or not isinstance(sites, Sequence) or len(sites) != len(sizes):
             raise AirflowFailException(
-                f"sites: a fixed request needs one site per component ({len(sizes)}), got {sites!r}"
+                f"sites: one site per entry of components ({len(sizes)}), got {sites!r}"
             )
-        for i, site in enumerate(sites):
-            if not isinstance(site, str) or not site.strip():
-                raise AirflowFailException(f"sites[{i}]: must be a site name, got {site!r}")
-        return tuple(Component(s, site) for s, site in zip(sizes, sites, strict=True))
+        return [{"size": size, "site": site} for size, site in zip(sizes, sites, strict=True)]
 
 
 def result_of(record: dict[str, Any]) -> dict[str, Any]:
@@ -292,23 +265,7 @@ def result_of(record: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def _choice(kind: Any, field: str, value: Any) -> Any:
-    try:
-        return kind(value)
-    except ValueError:
-        allowed = ", ".join(m.value for m in kind)
-        raise AirflowFailException(f"{field}: must be one of {allowed}, got {value!r}") from None
-
-
 def _positive_number(field: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         raise AirflowFailException(f"{field}: must be a number > 0, got {value!r}")
-    return float(value)
-
-
-def _quota(value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
-        raise AirflowFailException(f"quota: must be a number in (0, 1], got {value!r}")
     return float(value)

@@ -22,7 +22,12 @@ from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.errors import ConfigError, GridError, RequestError, StateError
 from gridcore.model import JobRequest, JobState, JobSubmission
 from gridcore.policies.selection import InsufficientMode, SelectionProtocol
-from gridcore.validation import check_job_request, check_job_submission, check_selection_stream
+from gridcore.validation import (
+    check_choice,
+    check_job_request,
+    check_job_submission,
+    check_selection_stream,
+)
 from operators.base import GridcoreOperator
 from sensors.triggers import SiteJobTrigger
 
@@ -197,27 +202,25 @@ class SiteJobOperator(GridcoreOperator):
     # -- validation: everything is checked before anything is selected or submitted ---
 
     def plan_job(self, context: Context) -> JobPlan:
-        """Validate the (rendered) arguments into a plan; AirflowFailException naming the
-        field otherwise. Touches nothing but the input files' metadata."""
-        command = self.command
-        if not isinstance(command, str) or not command.strip():
-            raise AirflowFailException(f"{self.task_id}: command must be a non-empty string")
-        processors = positive_int("processors", self.processors)
-        runtime_s = _non_negative("runtime_s", self.runtime_s)
-        protocol = _enum(SelectionProtocol, "protocol", self.protocol)
-        mode = _enum(InsufficientMode, "insufficient_mode", self.insufficient_mode)
-        inputs = _input_paths(self.input_files)
+        """Validate the (rendered) arguments into a plan through gridcore's request
+        models (:mod:`gridcore.validation`); AirflowFailException naming the field
+        otherwise. Touches nothing but the input files' metadata."""
+        inputs = _input_paths(self.input_files)  # operator-only: files on this worker
         name = job_name(self.dag_id, self.task_id, map_index(context))
         env = {str(k): str(v) for k, v in (self.env or {}).items()}
         if inputs:
             env[INPUTS_ENV] = os.pathsep.join(str(p) for p in inputs)
         input_bytes = sum(p.stat().st_size for p in inputs)
         stream = self.stream if self.stream else self.dag_id
-        with translated(name):  # gridcore's request models: nothing selected yet
+        with translated(name):  # nothing selected yet
             request = check_job_request(
-                JobRequest(name, processors, runtime_s, input_bytes=input_bytes)
+                JobRequest(name, self.processors, self.runtime_s, input_bytes=input_bytes)
             )
-            submission = check_job_submission(JobSubmission(name, command, processors, env=env))
+            submission = check_job_submission(
+                JobSubmission(name, self.command, self.processors, env=env)
+            )
+            protocol = check_choice(SelectionProtocol, self.protocol, "protocol")
+            mode = check_choice(InsufficientMode, self.insufficient_mode, "insufficient_mode")
             stream = check_selection_stream(str(stream))
         return JobPlan(request, submission, protocol, mode, stream)
 
@@ -260,26 +263,6 @@ def _pinned_site(runtime: GridRuntime, site: Any) -> str | None:
             f" use {AUTO_SITE!r} to let gridcore choose"
         )
     return site
-
-
-def positive_int(field: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise AirflowFailException(f"{field}: must be a positive integer, got {value!r}")
-    return value
-
-
-def _non_negative(field: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise AirflowFailException(f"{field}: must be a number >= 0, got {value!r}")
-    return float(value)
-
-
-def _enum(kind: type[SelectionProtocol] | type[InsufficientMode], field: str, value: Any) -> Any:
-    try:
-        return kind(value)
-    except ValueError:
-        allowed = ", ".join(m.value for m in kind)
-        raise AirflowFailException(f"{field}: must be one of {allowed}, got {value!r}") from None
 
 
 def _input_paths(files: Any) -> list[Path]:

@@ -101,7 +101,7 @@ def test_execute_submits_a_queued_job_and_defers(db_url: str) -> None:
         ({"poll_interval": 0}, "poll_interval"),
         ({"sites": ["local-a", "local-b"]}, "sites"),
         ({"kind": "fixed", "sites": ["local-a"]}, "sites"),
-        ({"kind": "fixed", "sites": ["local-a", ""]}, r"sites\[1\]"),
+        ({"kind": "fixed", "sites": ["local-a", ""]}, r"components\[1\]\.site: must not be empty"),
         ({"kind": "flexible", "total": 4}, "components"),
         ({"kind": "flexible", "components": None, "total": -1}, "total"),
         ({"total": 4}, "total"),

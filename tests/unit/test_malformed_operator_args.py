@@ -69,7 +69,7 @@ def test_site_job_operator_refuses_through_the_models(kwargs: dict[str, Any], me
         ),
         pytest.param(
             {"quota": float("inf")},
-            r"quota: must be a number in \(0, 1\], got inf",
+            r"quota: must be in \(0, 1\], got inf",
             id="infinite quota",
         ),
     ],

@@ -116,7 +116,9 @@ def test_require_names_an_unregistered_file(catalog: ReplicaCatalog) -> None:
         catalog.require("ghost.dat")
 
 
-@pytest.mark.parametrize("name", ["", "/abs", "a//b", "../up", "a/./b", ".hidden", "a\\b", "x\0"])
+@pytest.mark.parametrize(
+    "name", ["", " ", "a/ b", "/abs", "a//b", "../up", "a/./b", ".hidden", "a\\b", "x\0"]
+)
 def test_malformed_logical_names_are_request_errors(name: str) -> None:
     with pytest.raises(RequestError, match="logical file name"):
         check_logical_name(name)
