@@ -10,6 +10,7 @@ staged volume's hold is not a job's: it lasts while its replica is registered.)
 from __future__ import annotations
 
 from gridcore.engine import capacity
+from gridcore.model import HolderKind
 from gridcore.state.store import Store, open_store
 
 
@@ -24,7 +25,7 @@ def assert_capacity_invariant(db: Store | str, *, no_live_holds: bool = False) -
             live = [
                 h
                 for h in (capacity.live_holds(conn) if no_live_holds else [])
-                if h.kind != "volume"  # HolderKind.VOLUME
+                if h.kind != HolderKind.VOLUME
             ]
     finally:
         if isinstance(db, str):
