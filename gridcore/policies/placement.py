@@ -58,7 +58,6 @@ import contextlib
 import enum
 import itertools
 import math
-import weakref
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
@@ -103,9 +102,11 @@ def place(
     replicas: Sequence[Replica] = (),
     bandwidth: Bandwidth | None = None,
 ) -> Placement:
-    """Place ``request`` on one snapshot of the clusters with ``policy``."""
+    """Place ``request`` on one snapshot of the clusters with ``policy``.
+
+    ``request`` is trusted: the boundaries that take one in check it
+    (:func:`validate_request`), and a placement queue rescans the same jobs many times."""
     policy = PlacementPolicy(policy)
-    validate_request(request)
     _check_quota(quota)
     files = _replicas_of(request, replicas)
     if request.input_file is not None and not files:
@@ -181,17 +182,9 @@ def flexible_cluster_minimization(
 def validate_request(request: CoAllocationRequest, sites: Collection[str] | None = None) -> None:
     """Raise :class:`RequestError` naming the first malformed field of ``request``; with
     ``sites``, a fixed request may only name those sites. The checks are the request
-    model's (:func:`gridcore.validation.check_coallocation_request`)."""
-    if sites is None and _VALID.get(id(request)) is request:
-        return  # this very (frozen) object passed already: a queue rescans its jobs
+    model's (:func:`gridcore.validation.check_coallocation_request`), run where a request
+    comes in (``KoalaEngine.submit``); the policies themselves trust the request."""
     check_coallocation_request(request, sites)
-    if sites is None:
-        _VALID[id(request)] = request
-
-
-# Requests that passed validate_request, by identity (not equality: Component(8.0) equals
-# Component(8)); an entry goes when its request is garbage.
-_VALID: weakref.WeakValueDictionary[int, CoAllocationRequest] = weakref.WeakValueDictionary()
 
 
 def usable_idle(cluster: ClusterSnapshot, quota: float | None) -> int:

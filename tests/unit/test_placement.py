@@ -757,8 +757,6 @@ def test_best_replica() -> None:
 def test_validation_names_the_field(request_: CoAllocationRequest, message: str) -> None:
     with pytest.raises(RequestError, match=message):
         validate_request(request_)
-    with pytest.raises(RequestError, match=message):  # the policies validate too
-        place(request_, PAPER, CM)
 
 
 def test_validation_of_fixed_sites_against_known_sites() -> None:
