@@ -34,7 +34,6 @@ from gridcore.engine import capacity, ledger
 from gridcore.engine.capacity import HolderKind, Ledger
 from gridcore.model import (
     ORIGIN,
-    ClusterSnapshot,
     CoAllocationRequest,
     Component,
     GridSpec,
@@ -44,6 +43,7 @@ from gridcore.model import (
     Replica,
     RequestKind,
     SiteKind,
+    SiteSnapshot,
     SiteSpec,
 )
 from gridcore.policies.placement import close_to_files
@@ -297,7 +297,7 @@ def bench_close_to_files(
     snapshot = []
     for i in range(clusters):
         total = rng.choice((32, 64, 128, 256))
-        snapshot.append(ClusterSnapshot(f"C{i:04d}", total, rng.randint(total // 8, total)))
+        snapshot.append(SiteSnapshot(f"C{i:04d}", total, rng.randint(total // 8, total)))
     holders = rng.sample(snapshot, min(3, clusters))
     replicas = tuple(
         Replica("bench.dat", c.site, f"file:///{c.site}/bench.dat", 4 * 10**9, "sha256:" + "0" * 64)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 # Transfers and sizes use decimal megabytes, as bandwidths are given in MB/s.
@@ -134,12 +134,25 @@ class SiteObservation:
 
 @dataclass(frozen=True)
 class SiteSnapshot:
-    """The policy's view of one site, taken once per decision.
+    """A policy's view of one site's processors, taken once per decision. Both kinds of
+    policy read it: site selection (``gridcore/policies/selection.py``) and KOALA
+    placement and claiming (``gridcore/policies/placement.py``, ``claiming.py``).
 
-    ``idle_processors`` is what monitoring reported (possibly stale);
-    ``in_flight_processors`` are processors of OUR selections the report does not yet
-    show (selected/submitted, not yet seen running); ``external_pending_processors``
-    are other users' queued jobs. Observed queue waits feed the ``earliest`` mode.
+    ``total_processors``: the site's size.
+    ``idle_processors``: the idle processors monitoring reported (possibly stale). A
+    snapshot built from an already exact count (a simulator's cluster, a whole idle grid)
+    puts that count here and leaves the next two fields 0. A decision that takes
+    processors from a snapshot it carries on (a placement scan) lowers this field by
+    what it took (:meth:`take`).
+    ``in_flight_processors``: processors of OUR work the report does not show yet
+    (selections selected or submitted and not yet seen running; in the KOALA engine
+    every hold in the capacity ledger, claimed or queued, but the deciding job's own).
+    ``external_pending_processors``: other users' queued jobs, which come first.
+    :attr:`free_processors` combines the three: what a decision may use.
+
+    Selection only: ``slowness``, ``pending_jobs``, ``usable`` (KOALA leaves unusable
+    sites out of its snapshots instead) and the observed ``mean_queue_wait_s`` and
+    ``mean_runtime_s`` that feed the ``earliest`` mode.
     """
 
     site: str
@@ -152,6 +165,20 @@ class SiteSnapshot:
     usable: bool = True
     mean_queue_wait_s: float | None = None
     mean_runtime_s: float | None = None
+
+    # Cached (the snapshot is frozen): placement reads it per site, on every decision.
+    @functools.cached_property
+    def free_processors(self) -> int:
+        """The processors a decision may use: reported idle minus ours in flight minus
+        others' queued work (Protocol 1's stateful branch; KOALA's idle processors). The
+        one place this is computed in Python; the ledger's SQL twin is
+        ``gridcore.engine.capacity.FREE``. May be negative."""
+        return self.idle_processors - self.in_flight_processors - self.external_pending_processors
+
+    def take(self, processors: int) -> SiteSnapshot:
+        """This snapshot after a decision took ``processors`` (negative: gave them back,
+        as a preemption does): :attr:`free_processors` changes by exactly that much."""
+        return replace(self, idle_processors=self.idle_processors - processors)
 
 
 @dataclass(frozen=True)
@@ -315,15 +342,6 @@ class CoAllocationRequest:
         if self.kind is RequestKind.FLEXIBLE:
             return self.total
         return sum(c.size for c in self.components)
-
-
-@dataclass(frozen=True)
-class ClusterSnapshot:
-    """One cluster as a placement policy sees it: size and idle processors now."""
-
-    site: str
-    total_processors: int
-    idle_processors: int
 
 
 @dataclass(frozen=True)

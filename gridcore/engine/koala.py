@@ -86,7 +86,6 @@ from gridcore.engine.runtime import GridRuntime
 from gridcore.engine.submission import submit_once
 from gridcore.errors import GridError, RequestError, SiteError, StateError
 from gridcore.model import (
-    ClusterSnapshot,
     CoAllocationRequest,
     JobState,
     JobSubmission,
@@ -95,6 +94,7 @@ from gridcore.model import (
     Placement,
     Priority,
     Replica,
+    SiteSnapshot,
 )
 from gridcore.policies.claiming import (
     ClaimDecision,
@@ -252,7 +252,7 @@ class KoalaEngine:
                 )
             self.catalog.require(request.input_file.logical_name)
         # The policy on the whole grid idle: a request that cannot fit even then never will.
-        idle = [ClusterSnapshot(s.name, s.processors, s.processors) for s in self.grid.sites]
+        idle = [SiteSnapshot(s.name, s.processors, s.processors) for s in self.grid.sites]
         trial = place(
             request,
             idle,
@@ -787,11 +787,12 @@ class KoalaEngine:
 
     # -- helpers ------------------------------------------------------------------------
 
-    def _clusters(self, conn: Connection, own_job: int | None = None) -> list[ClusterSnapshot]:
-        """The usable grid sites with the processors a KOALA decision may use now: the
-        ledger's free processors (capacity.FREE: reported idle minus others' queue minus
-        every hold, placed components included), plus, for ``own_job``'s claim decision,
-        what its own placed components hold already."""
+    def _clusters(self, conn: Connection, own_job: int | None = None) -> list[SiteSnapshot]:
+        """The usable grid sites as a KOALA decision sees them now, from the site rows:
+        reported idle, others' queued work, and ours in flight = every hold the ledger
+        counts (claimed or queued, placed components included) but, for ``own_job``'s
+        claim decision, what its own placed components hold already. Their
+        ``free_processors`` are the ledger's (capacity.FREE) plus those own holds."""
         own = {}
         if own_job is not None:
             own = capacity.held_by_prefix(conn, HolderKind.COMPONENT, f"{own_job}:")
@@ -799,7 +800,15 @@ class KoalaEngine:
         rows = {
             r.name: r
             for r in conn.execute(
-                select(s.name, s.total_processors, s.usable, capacity.FREE.label("free"))
+                select(
+                    s.name,
+                    s.total_processors,
+                    s.usable,
+                    s.reported_idle,
+                    s.external_pending,
+                    s.claimed,
+                    s.queued,
+                )
             )
         }
         snaps = []
@@ -807,7 +816,15 @@ class KoalaEngine:
             r = rows.get(name)
             if r is None or not r.usable:
                 continue
-            snaps.append(ClusterSnapshot(name, r.total_processors, r.free + own.get(name, 0)))
+            snaps.append(
+                SiteSnapshot(
+                    name,
+                    r.total_processors,
+                    r.reported_idle,
+                    in_flight_processors=r.claimed + r.queued - own.get(name, 0),
+                    external_pending_processors=r.external_pending,
+                )
+            )
         return snaps
 
     def _replicas(self, request: CoAllocationRequest) -> tuple[Replica, ...]:

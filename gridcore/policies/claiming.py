@@ -32,7 +32,6 @@ from dataclasses import dataclass
 
 from gridcore.errors import ConfigError
 from gridcore.model import (
-    ClusterSnapshot,
     CoAllocationRequest,
     Component,
     Outcome,
@@ -41,6 +40,7 @@ from gridcore.model import (
     Priority,
     Replica,
     RequestKind,
+    SiteSnapshot,
 )
 from gridcore.policies.placement import PlacementPolicy, close_to_files, place
 from gridcore.policies.transfer import Bandwidth, best_replica
@@ -192,14 +192,14 @@ class ScanResult:
     placed: tuple[tuple[QueuedJob, Placement], ...]
     waiting: tuple[QueuedJob, ...]
     failed: tuple[QueuedJob, ...]
-    clusters: tuple[ClusterSnapshot, ...]
+    clusters: tuple[SiteSnapshot, ...]
     tries: int
     reasons: tuple[str, ...]
 
 
 def scan_placement_queue(
     queue: Sequence[QueuedJob],
-    clusters: Sequence[ClusterSnapshot],
+    clusters: Sequence[SiteSnapshot],
     policy: PlacementPolicy = PlacementPolicy.CF,
     params: KoalaParams | None = None,
     *,
@@ -245,13 +245,13 @@ def scan_placement_queue(
 class _Room:
     """The scan's snapshot, with cached ``sum(idle // size)`` per component size."""
 
-    def __init__(self, clusters: Sequence[ClusterSnapshot]) -> None:
+    def __init__(self, clusters: Sequence[SiteSnapshot]) -> None:
         self._clusters = list(clusters)
         self._position = {c.site: i for i, c in enumerate(self._clusters)}
-        self._idle_total = sum(max(c.idle_processors, 0) for c in self._clusters)
+        self._idle_total = sum(max(c.free_processors, 0) for c in self._clusters)
         self._slots: dict[int, int] = {}
 
-    def snapshot(self) -> tuple[ClusterSnapshot, ...]:
+    def snapshot(self) -> tuple[SiteSnapshot, ...]:
         return tuple(self._clusters)
 
     def place(
@@ -270,10 +270,7 @@ class _Room:
             return None
         for component in placement.components:
             i = self._position[component.site]
-            cluster = self._clusters[i]
-            self._clusters[i] = ClusterSnapshot(
-                cluster.site, cluster.total_processors, cluster.idle_processors - component.size
-            )
+            self._clusters[i] = self._clusters[i].take(component.size)
             self._idle_total -= component.size
         self._slots.clear()
         return placement
@@ -294,7 +291,7 @@ class _Room:
     def _slots_of(self, size: int) -> int:
         slots = self._slots.get(size)
         if slots is None:
-            slots = sum(max(c.idle_processors, 0) // size for c in self._clusters)
+            slots = sum(max(c.free_processors, 0) // size for c in self._clusters)
             self._slots[size] = slots
         return slots
 
@@ -367,7 +364,7 @@ class ClaimDecision:
 
 def claim_decision(
     job: ClaimingJob,
-    clusters: Sequence[ClusterSnapshot],
+    clusters: Sequence[SiteSnapshot],
     now: float,
     params: KoalaParams,
     preemptible: Sequence[RunningLowJob] = (),
@@ -376,7 +373,8 @@ def claim_decision(
 ) -> ClaimDecision:
     """One ICP claiming try for ``job`` at ``now`` (Sec. 3.3).
 
-    ``clusters`` holds the usable clusters only, with their idle processors now; a
+    ``clusters`` holds the usable clusters only; their free processors
+    (:attr:`SiteSnapshot.free_processors`) are the papers' idle processors now. A
     component whose site is missing cannot be claimed there. ``preemptible`` lists the
     low-priority jobs holding processors (considered for high-priority jobs only).
     """
@@ -405,15 +403,17 @@ class _Claim:
     def __init__(
         self,
         job: ClaimingJob,
-        clusters: Sequence[ClusterSnapshot],
+        clusters: Sequence[SiteSnapshot],
         now: float,
         preemptible: Sequence[RunningLowJob],
         bandwidth: Bandwidth | None,
     ) -> None:
         self.job = job
         self.now = now
-        self.idle = {c.site: c.idle_processors for c in clusters}
-        self.totals = {c.site: c.total_processors for c in clusters}
+        self.clusters = {c.site: c for c in clusters}
+        # The processors each site has free now, as components take them and preemptions
+        # give them back (the papers' "idle").
+        self.free = {site: c.free_processors for site, c in self.clusters.items()}
         # Sec. 3.3: preempt "in descending order of their JST".
         self.candidates = sorted(preemptible, key=lambda r: (-r.jst, r.name))
         self.bandwidth = bandwidth
@@ -429,7 +429,7 @@ class _Claim:
         """Start every component whose site has room now; return the others."""
         blocked = []
         for component in unstarted:
-            idle = self.idle.get(component.site)
+            idle = self.free.get(component.site)
             if idle is None:
                 self.reasons.append(
                     f"component {component.index}: site {component.site} is not usable"
@@ -452,7 +452,7 @@ class _Claim:
     def claim_freed(self, component: PlacedComponent) -> bool:
         """Claim a blocked component at its own site if a preemption in this try has
         since freed enough processors there."""
-        idle = self.idle.get(component.site)
+        idle = self.free.get(component.site)
         if idle is None or idle < component.size:
             return False
         self._take(component)
@@ -507,7 +507,7 @@ class _Claim:
         """Free room at the component's site by preempting low-priority jobs, latest JST
         first, if idle plus their processors there cover it (Sec. 3.3)."""
         site = component.site
-        idle = self.idle.get(site)
+        idle = self.free.get(site)
         if idle is None:
             return
         victims = [r for r in self.candidates if r.name not in self.preempted and r.at(site)]
@@ -519,12 +519,12 @@ class _Claim:
             )
             return
         for victim in victims:
-            if self.idle[site] >= component.size:
+            if self.free[site] >= component.size:
                 break
             self.preempted.append(victim.name)
             for held_site, held in victim.usage:
-                if held_site in self.idle:
-                    self.idle[held_site] += held
+                if held_site in self.free:
+                    self.free[held_site] += held
             self.reasons.append(
                 f"component {component.index}: preempt low-priority {victim.name}"
                 f" (JST {victim.jst:.1f} s, {victim.at(site)} processors on {site})"
@@ -549,11 +549,11 @@ class _Claim:
         )
 
     def _take(self, component: PlacedComponent) -> None:
-        self.idle[component.site] -= component.size
+        self.free[component.site] -= component.size
         self.starts.append(component)
 
-    def _snapshot(self) -> list[ClusterSnapshot]:
-        return [ClusterSnapshot(site, self.totals[site], idle) for site, idle in self.idle.items()]
+    def _snapshot(self) -> list[SiteSnapshot]:
+        return [c.take(c.free_processors - self.free[site]) for site, c in self.clusters.items()]
 
 
 def _unfinished(work: _Claim, params: KoalaParams, fraction: float) -> ClaimDecision:

@@ -17,7 +17,8 @@ grid scheduler", e-Science 2006 (seed 002,
 
 Rules where the papers are silent, exactly as implemented:
 
-* "Idle" always means *usable* idle (:func:`usable_idle`). The quota ``q`` in (0, 1]
+* "Idle" always means *usable* idle (:func:`usable_idle`), taken from the snapshot's free
+  processors (:attr:`SiteSnapshot.free_processors`). The quota ``q`` in (0, 1]
   (seed 002 Sec. 4.1, "filling each of the clusters to more than a certain fraction")
   keeps processors in use after placement <= floor(q * total):
   usable = max(0, min(idle, floor(q * total) - (total - idle))). ``None`` means no quota
@@ -64,13 +65,13 @@ from dataclasses import dataclass
 from gridcore.errors import RequestError
 from gridcore.model import (
     MB,
-    ClusterSnapshot,
     CoAllocationRequest,
     Outcome,
     PlacedComponent,
     Placement,
     Replica,
     RequestKind,
+    SiteSnapshot,
 )
 from gridcore.policies.transfer import Bandwidth, best_replica, component_bytes
 from gridcore.validation import check_coallocation_request
@@ -95,7 +96,7 @@ _Slot = tuple[int, int, int]
 
 def place(
     request: CoAllocationRequest,
-    clusters: Sequence[ClusterSnapshot],
+    clusters: Sequence[SiteSnapshot],
     policy: PlacementPolicy,
     quota: float | None = None,
     *,
@@ -125,7 +126,7 @@ def place(
 
 def worst_fit(
     request: CoAllocationRequest,
-    clusters: Sequence[ClusterSnapshot],
+    clusters: Sequence[SiteSnapshot],
     quota: float | None = None,
     *,
     replicas: Sequence[Replica] = (),
@@ -139,7 +140,7 @@ def worst_fit(
 
 def close_to_files(
     request: CoAllocationRequest,
-    clusters: Sequence[ClusterSnapshot],
+    clusters: Sequence[SiteSnapshot],
     quota: float | None = None,
     *,
     replicas: Sequence[Replica] = (),
@@ -153,7 +154,7 @@ def close_to_files(
 
 def cluster_minimization(
     request: CoAllocationRequest,
-    clusters: Sequence[ClusterSnapshot],
+    clusters: Sequence[SiteSnapshot],
     quota: float | None = None,
     *,
     replicas: Sequence[Replica] = (),
@@ -167,7 +168,7 @@ def cluster_minimization(
 
 def flexible_cluster_minimization(
     request: CoAllocationRequest,
-    clusters: Sequence[ClusterSnapshot],
+    clusters: Sequence[SiteSnapshot],
     quota: float | None = None,
     *,
     replicas: Sequence[Replica] = (),
@@ -187,10 +188,11 @@ def validate_request(request: CoAllocationRequest, sites: Collection[str] | None
     check_coallocation_request(request, sites)
 
 
-def usable_idle(cluster: ClusterSnapshot, quota: float | None) -> int:
+def usable_idle(cluster: SiteSnapshot, quota: float | None) -> int:
     """Idle processors a placement may use: with quota q, processors in use after the
-    placement stay <= floor(q * total) (seed 002 Sec. 4.1)."""
-    idle = cluster.idle_processors
+    placement stay <= floor(q * total) (seed 002 Sec. 4.1). Idle here is the snapshot's
+    :attr:`~SiteSnapshot.free_processors`; the rest of the site counts as in use."""
+    idle = cluster.free_processors
     if quota is not None:
         _check_quota(quota)
         total = cluster.total_processors
@@ -210,9 +212,9 @@ class _Pool:
     left: list[int]
 
     @classmethod
-    def of(cls, clusters: Sequence[ClusterSnapshot], quota: float | None) -> _Pool:
+    def of(cls, clusters: Sequence[SiteSnapshot], quota: float | None) -> _Pool:
         if quota is None:
-            usable = [c.idle_processors if c.idle_processors > 0 else 0 for c in clusters]
+            usable = [f if (f := c.free_processors) > 0 else 0 for c in clusters]
         else:
             usable = [usable_idle(c, quota) for c in clusters]
         return cls([c.site for c in clusters], usable, usable.copy())

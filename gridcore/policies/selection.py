@@ -72,13 +72,11 @@ def select_site(
 
 
 def effective_idle(snapshot: SiteSnapshot, protocol: SelectionProtocol) -> int:
-    """Idle processors as the protocol sees them (Protocol 1, stateful branch)."""
+    """Idle processors as the protocol sees them: the stateful protocol (Protocol 1)
+    takes off ours in flight and others' queued work (:attr:`SiteSnapshot.free_processors`),
+    the others trust the report."""
     if protocol is SelectionProtocol.STATEFUL:
-        return (
-            snapshot.idle_processors
-            - snapshot.in_flight_processors
-            - snapshot.external_pending_processors
-        )
+        return snapshot.free_processors
     return snapshot.idle_processors
 
 

@@ -49,7 +49,6 @@ from functools import partial
 
 from gridcore.errors import ConfigError
 from gridcore.model import (
-    ClusterSnapshot,
     CoAllocationRequest,
     Component,
     InputFile,
@@ -58,6 +57,7 @@ from gridcore.model import (
     Priority,
     Replica,
     RequestKind,
+    SiteSnapshot,
 )
 from gridcore.policies.claiming import (
     ClaimDecision,
@@ -406,9 +406,9 @@ class _KoalaModel(ClusterModel):
     def _log(self, kind: str, job: str, detail: str = "") -> None:
         self._trace.append(TraceEvent(self._sim.now, kind, job, detail=detail))
 
-    def _snapshot(self) -> list[ClusterSnapshot]:
+    def _snapshot(self) -> list[SiteSnapshot]:
         return [
-            ClusterSnapshot(name, site.processors, site.idle)
+            SiteSnapshot(name, site.processors, site.idle)
             for name, site in self._clusters.items()
             if self._health[name].usable
         ]

@@ -68,12 +68,12 @@ from types import MappingProxyType
 
 from gridcore.errors import ConfigError
 from gridcore.model import (
-    ClusterSnapshot,
     CoAllocationRequest,
     Component,
     Outcome,
     Placement,
     RequestKind,
+    SiteSnapshot,
 )
 from gridcore.policies.claiming import QueuedJob, scan_placement_queue
 from gridcore.policies.placement import PlacementPolicy, place
@@ -323,7 +323,7 @@ def _check_placeable(
     clusters: Sequence[SimSite], jobs: Sequence[GridJob], policy: PlacementPolicy
 ) -> None:
     # A job the policy cannot place on the empty grid would be scanned for ever.
-    empty = [ClusterSnapshot(c.name, c.processors, c.processors) for c in clusters]
+    empty = [SiteSnapshot(c.name, c.processors, c.processors) for c in clusters]
     for job in jobs:
         decision = place(coallocation_request(job, policy), empty, policy)
         if decision.outcome is not Outcome.FIT:
@@ -429,7 +429,7 @@ class _CoallocModel(ClusterModel):
     def _place(self, items: Sequence[_Pending]) -> list[_Pending]:
         """One placement try for each of ``items``, head to tail, on the idle processors
         now (KOALA's queue scan, Sec. 3.2); starts the placed ones, returns the others."""
-        snapshot = [ClusterSnapshot(c.name, c.processors, c.idle) for c in self._clusters.values()]
+        snapshot = [SiteSnapshot(c.name, c.processors, c.idle) for c in self._clusters.values()]
         by_name = {item.job.name: item for item in items}
         result = scan_placement_queue([item.queued for item in items], snapshot, self._policy)
         for queued, placement in result.placed:

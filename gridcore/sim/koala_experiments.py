@@ -70,13 +70,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gridcore.model import (
-    ClusterSnapshot,
     CoAllocationRequest,
     Component,
     InputFile,
     Priority,
     Replica,
     RequestKind,
+    SiteSnapshot,
 )
 from gridcore.policies.claiming import KoalaParams, QueuedJob, scan_placement_queue
 from gridcore.policies.placement import PlacementPolicy
@@ -283,7 +283,7 @@ def bench_scan(jobs: int = 10_000, sites: int = 100, seed: int = 0) -> dict[str,
     clusters = []
     for number in range(sites):
         total = rng.choice((64, 144))
-        clusters.append(ClusterSnapshot(f"c{number:03d}", total, rng.randint(0, total)))
+        clusters.append(SiteSnapshot(f"c{number:03d}", total, rng.randint(0, total)))
     names = [c.site for c in clusters]
     queue = []
     for number in range(jobs):

@@ -15,7 +15,7 @@ from gridcore.engine import capacity
 from gridcore.engine.capacity import HolderKind, Ledger
 from gridcore.engine.koala import CoAllocationRecord, KoalaEngine
 from gridcore.engine.runtime import GridRuntime
-from gridcore.model import ClusterSnapshot, CoAllocationRequest, Component, RequestKind
+from gridcore.model import CoAllocationRequest, Component, RequestKind, SiteSnapshot
 from gridcore.policies.claiming import KoalaParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.state.store import open_store
@@ -89,9 +89,7 @@ def test_a_placement_whose_processors_were_taken_meanwhile_is_not_committed(
     original = koala._clusters
     intruded: list[bool] = []
 
-    def snapshot_then_intruder(
-        conn: Connection, own_job: int | None = None
-    ) -> list[ClusterSnapshot]:
+    def snapshot_then_intruder(conn: Connection, own_job: int | None = None) -> list[SiteSnapshot]:
         snaps = original(conn, own_job)
         if not intruded:
             intruded.append(True)

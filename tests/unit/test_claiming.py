@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from gridcore.errors import ConfigError
 from gridcore.model import (
     MB,
-    ClusterSnapshot,
     CoAllocationRequest,
     Component,
     FileDelivery,
@@ -23,6 +22,7 @@ from gridcore.model import (
     Priority,
     Replica,
     RequestKind,
+    SiteSnapshot,
 )
 from gridcore.policies.claiming import (
     ClaimingJob,
@@ -73,8 +73,8 @@ def replicas(name: str, *sites: str) -> tuple[Replica, ...]:
     return tuple(Replica(f"{name}.in", s, f"file:///{s}/{name}.in", FOUR_GB, "") for s in sites)
 
 
-def clusters(**idle: int) -> list[ClusterSnapshot]:
-    return [ClusterSnapshot(site, 64, n) for site, n in idle.items()]
+def clusters(**idle: int) -> list[SiteSnapshot]:
+    return [SiteSnapshot(site, 64, n) for site, n in idle.items()]
 
 
 def claiming(
@@ -216,6 +216,17 @@ def test_scan_goes_head_to_tail_on_a_snapshot_updated_as_jobs_are_placed() -> No
     assert result.reasons[0].startswith("scanned 3 jobs on 2 clusters with CF: 2 placed, 1 wait")
 
 
+def test_a_scan_takes_placed_processors_from_the_free_count_of_a_live_snapshot() -> None:
+    # a: 48 reported idle, 8 ours in flight, 10 others queued = 30 free.
+    live = [SiteSnapshot("a", 64, 48, in_flight_processors=8, external_pending_processors=10)]
+    result = scan_placement_queue(
+        [QueuedJob(request("A", 12, 12, file=False))], live, PlacementPolicy.CF, PAPER
+    )
+    (after,) = result.clusters
+    assert (after.idle_processors, after.free_processors) == (24, 6)
+    assert (after.in_flight_processors, after.external_pending_processors) == (8, 10)
+
+
 def test_cf_places_components_where_their_file_is() -> None:
     queue = [QueuedJob(request("J", 16, 16, 16), replicas("J", "b"))]
     result = scan_placement_queue(queue, clusters(a=64, b=40), bandwidth=backbone)
@@ -241,12 +252,12 @@ def test_a_job_fails_once_its_placement_tries_exceed_the_limit() -> None:
 
 
 def _naive_scan(
-    queue: Sequence[QueuedJob], snapshot: Sequence[ClusterSnapshot]
+    queue: Sequence[QueuedJob], snapshot: Sequence[SiteSnapshot]
 ) -> tuple[list[str], list[int]]:
     idle = {c.site: c.idle_processors for c in snapshot}
     placed = []
     for job in queue:
-        now = [ClusterSnapshot(c.site, c.total_processors, idle[c.site]) for c in snapshot]
+        now = [SiteSnapshot(c.site, c.total_processors, idle[c.site]) for c in snapshot]
         decision = place(
             job.request, now, PlacementPolicy.CF, replicas=job.replicas, bandwidth=backbone
         )
@@ -268,7 +279,7 @@ def _naive_scan(
 def test_the_scan_skips_only_jobs_the_policy_would_not_place(
     idle: list[int], shapes: list[tuple[list[int], int]]
 ) -> None:
-    snapshot = [ClusterSnapshot(f"c{i}", 64, n) for i, n in enumerate(idle)]
+    snapshot = [SiteSnapshot(f"c{i}", 64, n) for i, n in enumerate(idle)]
     queue = [
         QueuedJob(request(f"j{k}", *sizes), replicas(f"j{k}", f"c{where % len(idle)}"))
         for k, (sizes, where) in enumerate(shapes)

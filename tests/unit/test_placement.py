@@ -13,7 +13,6 @@ from gridcore.bench import bench_close_to_files
 from gridcore.errors import RequestError
 from gridcore.model import (
     MB,
-    ClusterSnapshot,
     CoAllocationRequest,
     Component,
     FileDelivery,
@@ -23,6 +22,7 @@ from gridcore.model import (
     Placement,
     Replica,
     RequestKind,
+    SiteSnapshot,
 )
 from gridcore.policies.placement import (
     PlacementPolicy,
@@ -40,9 +40,9 @@ from gridcore.policies.transfer import Bandwidth, component_transfer_seconds
 WF, CF, CM, FCM = PlacementPolicy.WF, PlacementPolicy.CF, PlacementPolicy.CM, PlacementPolicy.FCM
 
 
-def clusters(*idle: int, total: int = 32) -> list[ClusterSnapshot]:
+def clusters(*idle: int, total: int = 32) -> list[SiteSnapshot]:
     """Clusters C1, C2, ... with the given idle processors."""
-    return [ClusterSnapshot(f"C{i}", total, n) for i, n in enumerate(idle, start=1)]
+    return [SiteSnapshot(f"C{i}", total, n) for i, n in enumerate(idle, start=1)]
 
 
 # Seed 002 Sec. 4.1: "three clusters, C1, C2, and C3, which have 18, 15, and 12 idle".
@@ -268,7 +268,7 @@ def layout(placement: Placement) -> list[tuple[int, int, str]]:
 )
 def test_placement_scenarios(
     request_: CoAllocationRequest,
-    snapshot: list[ClusterSnapshot],
+    snapshot: list[SiteSnapshot],
     policy: PlacementPolicy,
     quota: float | None,
     expected: list[tuple[int, int, str]] | None,
@@ -424,7 +424,7 @@ def test_cm_is_first_fit_and_can_combine_more_clusters_than_wf() -> None:
 )
 def test_no_fit_reasons(
     request_: CoAllocationRequest,
-    snapshot: list[ClusterSnapshot],
+    snapshot: list[SiteSnapshot],
     policy: PlacementPolicy,
     quota: float | None,
     reasons: tuple[str, ...],
@@ -452,7 +452,7 @@ def test_fcm_min_size_no_legal_cut() -> None:
 
 
 def test_no_fit_reason_lists_a_few_clusters_of_a_large_grid() -> None:
-    snapshot = [ClusterSnapshot(f"S{i:02d}", 8, 1 + i % 4) for i in range(20)]
+    snapshot = [SiteSnapshot(f"S{i:02d}", 8, 1 + i % 4) for i in range(20)]
     (reason,) = worst_fit(non_fixed(8), snapshot).reasons
     assert reason == (
         "component 0 (8 procs): no cluster has 8 usable idle (S00 1, S01 2, S02 3, S03 4,"
@@ -497,7 +497,7 @@ def test_split_reasons_name_the_split_that_fits() -> None:
     ],
 )
 def test_usable_idle(total: int, idle: int, quota: float | None, usable: int) -> None:
-    assert usable_idle(ClusterSnapshot("C", total, idle), quota) == usable
+    assert usable_idle(SiteSnapshot("C", total, idle), quota) == usable
 
 
 @pytest.mark.parametrize("quota", [0.0, -0.5, 1.5, math.nan])
@@ -800,3 +800,18 @@ def test_bench_close_to_files_reports_the_median(monkeypatch: pytest.MonkeyPatch
     result = bench_close_to_files(clusters=50, components=4, repeats=3)
 
     assert result == {"cf_4comp_50sites_p50_ms": pytest.approx(2.0)}
+
+
+def test_a_live_snapshot_places_on_its_free_processors() -> None:
+    # C1 reports 32 idle, but 10 are ours in flight and 6 others' queued: 16 free, so it
+    # places (and counts the quota's processors in use) exactly as 16 reported idle would.
+    live = [
+        SiteSnapshot("C1", 32, 32, in_flight_processors=10, external_pending_processors=6),
+        *clusters(0, 12)[1:],
+    ]
+    assert live[0].free_processors == 16
+    for quota in (None, 0.75):
+        assert usable_idle(live[0], quota) == usable_idle(clusters(16)[0], quota)
+        for policy in (WF, CM):
+            got = place(non_fixed(16, 8), live, policy, quota)
+            assert got == place(non_fixed(16, 8), clusters(16, 12), policy, quota)

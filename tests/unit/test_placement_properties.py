@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from gridcore.model import (
     MB,
-    ClusterSnapshot,
     CoAllocationRequest,
     Component,
     FileDelivery,
@@ -21,6 +20,7 @@ from gridcore.model import (
     Placement,
     Replica,
     RequestKind,
+    SiteSnapshot,
 )
 from gridcore.policies.placement import (
     PlacementPolicy,
@@ -39,12 +39,12 @@ QUOTAS = st.one_of(st.none(), st.sampled_from([0.5, 0.75, 0.9, 1.0]), st.floats(
 
 
 @st.composite
-def snapshots(draw: st.DrawFn, min_size: int = 1) -> list[ClusterSnapshot]:
+def snapshots(draw: st.DrawFn, min_size: int = 1) -> list[SiteSnapshot]:
     n = draw(st.integers(min_size, 8))
     out = []
     for i in range(n):
         total = draw(st.integers(1, 64))
-        out.append(ClusterSnapshot(f"C{i}", total, draw(st.integers(0, total))))
+        out.append(SiteSnapshot(f"C{i}", total, draw(st.integers(0, total))))
     return out
 
 
@@ -65,7 +65,7 @@ def splits(draw: st.DrawFn, total: int) -> tuple[int, ...]:
 
 
 @st.composite
-def requests(draw: st.DrawFn, snapshot: list[ClusterSnapshot]) -> CoAllocationRequest:
+def requests(draw: st.DrawFn, snapshot: list[SiteSnapshot]) -> CoAllocationRequest:
     kind = draw(st.sampled_from(list(RequestKind)))
     if kind is RequestKind.NON_FIXED:
         return non_fixed(draw(sizes()))
@@ -97,7 +97,7 @@ def used_per_site(placement: Placement) -> Counter[str]:
 @given(st.data(), snapshots(), QUOTAS, st.sampled_from(POLICIES))
 def test_a_placement_never_exceeds_any_clusters_usable_idle(
     data: st.DataObject,
-    snapshot: list[ClusterSnapshot],
+    snapshot: list[SiteSnapshot],
     quota: float | None,
     policy: PlacementPolicy,
 ) -> None:
@@ -115,7 +115,7 @@ def test_a_placement_never_exceeds_any_clusters_usable_idle(
 @given(st.data(), snapshots(), QUOTAS, st.sampled_from(POLICIES))
 def test_fixed_and_non_fixed_sizes_are_preserved(
     data: st.DataObject,
-    snapshot: list[ClusterSnapshot],
+    snapshot: list[SiteSnapshot],
     quota: float | None,
     policy: PlacementPolicy,
 ) -> None:
@@ -140,7 +140,7 @@ def test_fixed_and_non_fixed_sizes_are_preserved(
     st.one_of(st.none(), st.integers(1, 8)),
 )
 def test_fcm_cuts_the_total_into_legal_components(
-    snapshot: list[ClusterSnapshot],
+    snapshot: list[SiteSnapshot],
     quota: float | None,
     total: int,
     least: int,
@@ -162,7 +162,7 @@ def test_fcm_cuts_the_total_into_legal_components(
 @PROPERTY
 @given(snapshots(), QUOTAS, st.integers(1, 200))
 def test_fcm_without_bounds_fits_exactly_when_the_idle_processors_suffice(
-    snapshot: list[ClusterSnapshot], quota: float | None, total: int
+    snapshot: list[SiteSnapshot], quota: float | None, total: int
 ) -> None:
     # Fig. 3 takes every idle processor of every cluster until the request is met.
     request = CoAllocationRequest("job", RequestKind.FLEXIBLE, total=total)
@@ -174,7 +174,7 @@ def test_fcm_without_bounds_fits_exactly_when_the_idle_processors_suffice(
 @PROPERTY
 @given(snapshots(), QUOTAS, st.integers(1, 24), st.integers(1, 8))
 def test_cm_never_combines_more_clusters_than_wf_for_equal_components(
-    snapshot: list[ClusterSnapshot], quota: float | None, size: int, count: int
+    snapshot: list[SiteSnapshot], quota: float | None, size: int, count: int
 ) -> None:
     # With equal components CM is optimal: the clusters sorted by idle hold the most
     # components first. With unequal sizes the claim is false for Fig. 1 taken literally
@@ -191,7 +191,7 @@ def test_cm_never_combines_more_clusters_than_wf_for_equal_components(
 def test_cm_can_combine_more_clusters_than_wf_for_unequal_components() -> None:
     # Found while checking the general claim: CM 5 clusters (C1 5+5, C4 5+3, C3 3+3,
     # C0 2, C5 2), WF 4 clusters.
-    snapshot = [ClusterSnapshot(f"C{i}", 10, n) for i, n in enumerate((3, 10, 0, 7, 9, 2))]
+    snapshot = [SiteSnapshot(f"C{i}", 10, n) for i, n in enumerate((3, 10, 0, 7, 9, 2))]
     request = non_fixed([5, 5, 5, 3, 3, 3, 2, 2])
     assert cluster_minimization(request, snapshot).clusters_combined == 5
     assert worst_fit(request, snapshot).clusters_combined == 4
@@ -201,7 +201,7 @@ def test_cm_can_combine_more_clusters_than_wf_for_unequal_components() -> None:
 @given(st.data(), snapshots(), QUOTAS, st.sampled_from(POLICIES))
 def test_every_policy_is_deterministic(
     data: st.DataObject,
-    snapshot: list[ClusterSnapshot],
+    snapshot: list[SiteSnapshot],
     quota: float | None,
     policy: PlacementPolicy,
 ) -> None:
@@ -224,7 +224,7 @@ def _bandwidth(src: str, dst: str) -> float:
     st.sampled_from(list(FileDelivery)),
 )
 def test_cf_each_component_goes_where_its_input_arrives_soonest(
-    snapshot: list[ClusterSnapshot],
+    snapshot: list[SiteSnapshot],
     holders: list[int],
     parts: list[int],
     delivery: FileDelivery,
