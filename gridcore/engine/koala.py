@@ -737,22 +737,33 @@ class KoalaEngine:
 
     def _fail(self, row: RowMapping, part: RowMapping) -> None:
         """Sec. 3.4: a failed component aborts the whole job, back to its placement
-        queue; the site's consecutive errors grow."""
-        request = request_from_json(row["request"])
+        queue; the site's consecutive errors grow. A component still ``submitting`` here
+        was lost by an engine that stopped before the site had it (its key found no job):
+        the job is re-queued the same way, but that is not the site's error."""
         with self._tx() as conn:
-            decision = on_component_failure(
-                request,
-                part["idx"],
-                health.site_health(conn, part["site"]),
-                health.live_params(self.params),
-            )
-            why = part["message"] or "lost while being submitted"
-            health.record_failure(conn, part["site"], f"component {part['idx']}: {why}")
-            message = "; ".join((*decision.reasons, f"component {part['idx']}: {why}"))
+            if part["state"] == ComponentState.SUBMITTING.value:
+                message = (
+                    f"component {part['idx']}: lost while being submitted (its engine stopped"
+                    f" before site {part['site']} had it); not counted against the site"
+                )
+            else:
+                message = self._site_failure(conn, row, part)
             cancels = _requeue(
                 conn, row, (JobPhase.CLAIMING, JobPhase.RUNNING), message, retry=True
             )
         self._cancel_site_jobs(cancels)
+
+    def _site_failure(self, conn: Connection, row: RowMapping, part: RowMapping) -> str:
+        """Count a component the site failed (or refused) against the site's health."""
+        decision = on_component_failure(
+            request_from_json(row["request"]),
+            part["idx"],
+            health.site_health(conn, part["site"]),
+            health.live_params(self.params),
+        )
+        why = part["message"] or "failed"
+        health.record_failure(conn, part["site"], f"component {part['idx']}: {why}")
+        return "; ".join((*decision.reasons, f"component {part['idx']}: {why}"))
 
     # -- views and control ----------------------------------------------------------------
 

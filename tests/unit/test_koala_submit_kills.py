@@ -25,7 +25,7 @@ from gridcore.policies.claiming import KoalaParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.sites.keys import component_key
 from gridcore.sites.local import LocalSite
-from gridcore.state.schema import coalloc_jobs, local_jobs
+from gridcore.state.schema import coalloc_jobs, local_jobs, sites
 from gridcore.state.store import open_store
 from tests.capacity_checks import assert_capacity_invariant
 
@@ -112,7 +112,10 @@ def test_an_engine_killed_mid_submission_doubles_no_component(
     koala.runtime.refresh()
     with koala.store.begin() as conn:
         totals = ledger.ledger_totals(conn)
+        site_errors = dict(conn.execute(select(sites.c.name, sites.c.last_error)).all())
     assert all(v == (0, 0, 0, 0) for v in totals.values()), totals
+    # A component its engine lost before the site had it is not the site's error.
+    assert not any(site_errors.values()), site_errors
     assert_capacity_invariant(koala.store, no_live_holds=True)
 
 
