@@ -474,7 +474,7 @@ SUBMIT_CASES = [
     SubmitCase("quota infinite", OK, r"^quota: must be in \(0, 1\], got inf$", quota=math.inf),
     SubmitCase("quota NaN", OK, r"^quota: must be in \(0, 1\], got nan$", quota=math.nan),
     SubmitCase(
-        "unknown policy", OK, r"^policy: unknown 'XX' \(known: WF, CF, CM, FCM\)$", policy="XX"
+        "unknown policy", OK, r"^policy: must be WF \| CF \| CM \| FCM, got 'XX'$", policy="XX"
     ),
 ]
 

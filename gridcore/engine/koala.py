@@ -119,7 +119,7 @@ from gridcore.state.schema import (
     coalloc_jobs,
     sites,
 )
-from gridcore.validation import check_coallocation_submission
+from gridcore.validation import check_choice, check_coallocation_submission
 
 # Re-exported: the Airflow layer and the tests import the records from here.
 __all__ = [
@@ -206,11 +206,7 @@ class KoalaEngine:
     ) -> int:
         """Check ``request`` and put it in its placement queue; returns the job id.
         Raises RequestError, writing nothing, for a malformed or impossible request."""
-        try:
-            policy = PlacementPolicy(policy)
-        except ValueError:
-            known = ", ".join(p.value for p in PlacementPolicy)
-            raise RequestError(f"policy: unknown {policy!r} (known: {known})") from None
+        policy = check_choice(PlacementPolicy, policy, "policy")
         request, command, quota = check_coallocation_submission(
             request, command, quota, self.grid.site_names
         )
