@@ -542,11 +542,10 @@ class KoalaEngine:
         )
         if done.rowcount != 1:
             return [], ()
-        cc = coalloc_components.c
         for c in decision.start:
             conn.execute(
                 update(coalloc_components)
-                .where(and_(_component(row, c.index), cc.state == ComponentState.PLACED.value))
+                .where(_component(row, c.index, ComponentState.PLACED))
                 .values(
                     site=c.site,
                     file_site=c.file_site,
@@ -562,10 +561,7 @@ class KoalaEngine:
     ) -> None:
         """Submit one claimed component through its site's adapter (outside any
         transaction); record the site's job id, or the component's failure."""
-        where = and_(
-            _component(row, component.index),
-            coalloc_components.c.state == ComponentState.SUBMITTING.value,
-        )
+        where = _component(row, component.index, ComponentState.SUBMITTING)
         try:
             # A component re-placed by ICP gets its file now (Sec. 3.3); others have it.
             self._stage_inputs(row, [component])
@@ -652,12 +648,7 @@ class KoalaEngine:
         with self._tx() as conn:
             conn.execute(
                 update(coalloc_components)
-                .where(
-                    and_(
-                        _component(row, part["idx"]),
-                        coalloc_components.c.state == ComponentState.SUBMITTING.value,
-                    )
-                )
+                .where(_component(row, part["idx"], ComponentState.SUBMITTING))
                 .values(site_job_id=found, state=ComponentState.SUBMITTED.value)
             )
             # its hold ends when an observation shows the job running (or it ends)
@@ -678,12 +669,7 @@ class KoalaEngine:
         with self._tx() as conn:
             conn.execute(
                 update(coalloc_components)
-                .where(
-                    and_(
-                        _component(row, part["idx"]),
-                        coalloc_components.c.state == ComponentState.SUBMITTED.value,
-                    )
-                )
+                .where(_component(row, part["idx"], ComponentState.SUBMITTED))
                 .values(
                     state=(ComponentState.COMPLETED if ok else ComponentState.FAILED).value,
                     exit_code=status.exit_code,
@@ -927,9 +913,14 @@ def _is(row: RowMapping, *states: JobPhase) -> ColumnElement[bool]:
     )
 
 
-def _component(row: RowMapping, index: int) -> ColumnElement[bool]:
+def _component(
+    row: RowMapping, index: int, state: ComponentState | None = None
+) -> ColumnElement[bool]:
+    """Component ``index`` of the job row's epoch (and, for conditional UPDATEs, only
+    while it is in ``state``)."""
     cc = coalloc_components.c
-    return and_(cc.job_id == row["id"], cc.idx == index, cc.epoch == row["epoch"])
+    where = and_(cc.job_id == row["id"], cc.idx == index, cc.epoch == row["epoch"])
+    return where if state is None else and_(where, cc.state == state.value)
 
 
 def _placed(part: RowMapping) -> PlacedComponent:
