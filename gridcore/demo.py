@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.errors import GridError
-from gridcore.model import JobRequest, JobSubmission
+from gridcore.model import JobRequest, JobState, JobSubmission
 
 # A real, small numerical kernel so members take CPU time proportional to their steps.
 MEMBER_PROGRAM = """
@@ -37,7 +37,7 @@ class DemoResult:
 
     @property
     def ok(self) -> bool:
-        return all(r.state == "completed" for r in self.records)
+        return all(r.state == JobState.COMPLETED for r in self.records)
 
     def sites_used(self) -> set[str]:
         return {r.site for r in self.records}

@@ -40,6 +40,7 @@ barrier releases, claiming tries (claiming-queue order), scans and submissions.
 
 from __future__ import annotations
 
+import enum
 import itertools
 import random
 from collections import deque
@@ -80,9 +81,9 @@ from gridcore.policies.transfer import Bandwidth
 from gridcore.sim.cluster import (
     Admission,
     ClusterModel,
-    HolderKind,
     LoadStreams,
     OtherUsers,
+    Owner,
 )
 from gridcore.sim.workload import (
     BackgroundLoad,
@@ -136,6 +137,31 @@ class Attempt:
     ended: str
 
 
+class SimJobState(enum.StrEnum):
+    """A simulated co-allocated job's place in KOALA's queues (Sec. 2.5, 3)."""
+
+    ARRIVING = "arriving"
+    HELD = "held"  # waits for the placement queue's room
+    QUEUED = "queued"  # in its placement queue
+    CLAIMING = "claiming"
+    READY = "ready"  # every component claimed, waiting for the start
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class JobOutcome(enum.StrEnum):
+    """How a simulated job ended: completed, failed (a try limit) or unfinished (the
+    horizon came first)."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    UNFINISHED = "unfinished"
+
+
+_OUTCOME = {SimJobState.DONE: JobOutcome.COMPLETED, SimJobState.FAILED: JobOutcome.FAILED}
+
+
 @dataclass(frozen=True)
 class KoalaJobRecord:
     """What happened to one job. ``outcome``: completed, failed (a try limit) or
@@ -150,7 +176,7 @@ class KoalaJobRecord:
     attempts: tuple[Attempt, ...]
     start_s: float | None
     end_s: float | None
-    outcome: str
+    outcome: JobOutcome
     runs: int
     failures: int
     preemptions: int
@@ -211,7 +237,7 @@ class KoalaRun:
 
     @property
     def completed(self) -> int:
-        return sum(1 for j in self.jobs if j.outcome == "completed")
+        return sum(1 for j in self.jobs if j.outcome is JobOutcome.COMPLETED)
 
     @property
     def failure_rate(self) -> float:
@@ -282,7 +308,7 @@ class _Job:
     request: CoAllocationRequest
     replicas: tuple[Replica, ...]
     L: float
-    state: str = "arriving"
+    state: SimJobState = SimJobState.ARRIVING
     token: int = 0
     submit_s: float | None = None
     queued_s: float = 0.0
@@ -306,7 +332,7 @@ class _Job:
         return self.spec.name
 
     def record(self) -> KoalaJobRecord:
-        outcome = {"done": "completed", "failed": "failed"}.get(self.state, "unfinished")
+        outcome = _OUTCOME.get(self.state, JobOutcome.UNFINISHED)
         return KoalaJobRecord(
             self.name,
             self.spec.priority,
@@ -394,9 +420,9 @@ class _KoalaModel(ClusterModel):
             self._scans,
             dict(self._unusable),
             {name: site.peak for name, site in self._clusters.items()},
-            sum(site.started[HolderKind.LOCAL] for site in self._clusters.values()),
+            sum(site.started[Owner.LOCAL] for site in self._clusters.values()),
             {
-                name: (site.busy_s(HolderKind.GRID), site.busy_s(HolderKind.LOCAL))
+                name: (site.busy_s(Owner.GRID), site.busy_s(Owner.LOCAL))
                 for name, site in self._clusters.items()
             },
             self._sim.now,
@@ -418,7 +444,7 @@ class _KoalaModel(ClusterModel):
     def _arrive(self, job: _Job) -> None:
         cap = self._params.queue_cap
         if self._held or (cap is not None and self._queued() >= cap):
-            job.state = "held"
+            job.state = SimJobState.HELD
             self._held.append(job)
             self._log("held", job.name, f"placement queues hold {self._queued()} >= cap {cap}")
             return
@@ -465,7 +491,7 @@ class _KoalaModel(ClusterModel):
         for queued in result.waiting:
             job = self._jobs[queued.name]
             job.placement_tries = queued.placement_tries
-            job.state = "queued"
+            job.state = SimJobState.QUEUED
             if fresh:
                 self._log("queued", job.name, f"{priority.value}-priority placement queue")
         self._queues[priority].extend(result.waiting)
@@ -473,7 +499,7 @@ class _KoalaModel(ClusterModel):
     def _placed(self, job: _Job, queued: QueuedJob, placement: Placement) -> None:
         now = self._sim.now
         job.placement_tries = queued.placement_tries
-        job.state = "claiming"
+        job.state = SimJobState.CLAIMING
         job.placed_s = now
         job.components = {c.index: c for c in placement.components}
         ftt = placement.file_transfer_s
@@ -544,7 +570,7 @@ class _KoalaModel(ClusterModel):
             f" replaced {list(decision.replaced)} preempted {list(decision.preempt)}",
         )
         if decision.outcome is ClaimOutcome.COMPLETE:
-            job.state = "ready"
+            job.state = SimJobState.READY
             self._sim.schedule(job.jst, partial(self._run, job, job.token), _RUN)
         elif decision.outcome is ClaimOutcome.RETRY and decision.next_claim_s is not None:
             self._sim.schedule(decision.next_claim_s, partial(self._claim, job, job.token), _CLAIM)
@@ -559,7 +585,7 @@ class _KoalaModel(ClusterModel):
 
     def _start_component(self, job: _Job, component: PlacedComponent) -> None:
         site = self._clusters[component.site]
-        site.claim(_holder(job, component.index), component.size, HolderKind.GRID)
+        site.claim(_holder(job, component.index), component.size, Owner.GRID)
         job.components[component.index] = component
         job.started[component.index] = component
         self._counts["starts"] += 1
@@ -576,7 +602,7 @@ class _KoalaModel(ClusterModel):
     def _run(self, job: _Job, token: int) -> None:
         if token != job.token:
             return
-        job.state = "running"
+        job.state = SimJobState.RUNNING
         job.start_s = self._sim.now
         self._log("run", job.name, f"all components pass the barrier; {job.spec.runtime_s:.0f} s")
         self._sim.schedule_in(job.spec.runtime_s, partial(self._end, job, token), _RELEASE)
@@ -585,7 +611,7 @@ class _KoalaModel(ClusterModel):
         if token != job.token:
             return
         self._release_all(job)
-        job.state = "done"
+        job.state = SimJobState.DONE
         job.end_s = self._sim.now
         job.attempts.append(Attempt(job.queued_s, job.placed_s, job.jst, "completed"))
         self._unfinished -= 1
@@ -615,7 +641,7 @@ class _KoalaModel(ClusterModel):
         freed = self._release_all(job, failed, defer)
         job.attempts.append(Attempt(job.queued_s, job.placed_s, job.jst, why))
         job.token += 1
-        job.state = "queued"
+        job.state = SimJobState.QUEUED
         job.queued_s = self._sim.now
         job.placed_s = None
         self._queues[job.spec.priority].append(
@@ -629,9 +655,9 @@ class _KoalaModel(ClusterModel):
         for index, component in job.started.items():
             site = self._clusters[component.site]
             if defer:
-                site.preempt([_holder(job, index)], HolderKind.GRID)
+                site.preempt([_holder(job, index)], Owner.GRID)
             else:
-                site.release(_holder(job, index), HolderKind.GRID)
+                site.release(_holder(job, index), Owner.GRID)
             if index != failed:
                 # It ends without an error from its site: the site's errors so far are no
                 # longer consecutive (Sec. 3.4).
@@ -644,7 +670,7 @@ class _KoalaModel(ClusterModel):
         return freed
 
     def _finish_failed(self, job: _Job, why: str) -> None:
-        job.state = "failed"
+        job.state = SimJobState.FAILED
         job.attempts.append(Attempt(job.queued_s, job.placed_s, job.jst, "failed"))
         self._unfinished -= 1
         self._log("failed", job.name, why)

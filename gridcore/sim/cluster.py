@@ -6,7 +6,7 @@ the co-allocation placement model (``sim/coalloc.py``) all count processors and 
 here, never on their own:
 
 * **Holdings**: every holder of processors or storage bytes is a named row with a kind
-  (:class:`HolderKind`), as in the live capacity ledger. A claim beyond the idle
+  (:class:`Owner`), as in the live capacity ledger. A claim beyond the idle
   processors is a model bug (:class:`~gridcore.sim.core.SimulationError`); a storage
   claim beyond the free bytes is refused (``False``), as a full disk refuses a write.
 * **The local queue** is strict FIFO: its head starts as soon as enough processors are
@@ -40,7 +40,7 @@ from gridcore.sim.workload import BackgroundLoad, LocalJob, SimSite
 Hook = Callable[[], object]
 
 
-class HolderKind(enum.StrEnum):
+class Owner(enum.StrEnum):
     GRID = "grid"  # the modelled scheduler's jobs and components
     LOCAL = "local"  # other users' jobs, submitted to the cluster's own queue
 
@@ -54,7 +54,7 @@ class Admission(enum.Enum):
 class Holding:
     holder: str
     processors: int
-    kind: HolderKind
+    kind: Owner
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Queued:
     name: str
     processors: int
     duration_s: float
-    kind: HolderKind
+    kind: Owner
     on_start: Hook | None = None
     on_end: Hook | None = None
 
@@ -84,22 +84,22 @@ class Cluster:
         self._sim = sim
         self._end_priority = end_priority
         # Keyed by kind too: another user may name a job as the model names its own.
-        self._held: dict[tuple[HolderKind, str], Holding] = {}
-        self._used: Counter[HolderKind] = Counter()
+        self._held: dict[tuple[Owner, str], Holding] = {}
+        self._used: Counter[Owner] = Counter()
         self._stored: dict[str, int] = {}
         self._queue: deque[Queued] = deque()
-        self._busy = {kind: _Integral() for kind in HolderKind}
+        self._busy = {kind: _Integral() for kind in Owner}
         self._byte_s = _Integral()
         self._since = sim.now
         self.peak = 0
-        self.started: Counter[HolderKind] = Counter()
+        self.started: Counter[Owner] = Counter()
         self.preempted = 0
 
     @property
     def idle(self) -> int:
         return self.site.processors - sum(self._used.values())
 
-    def used(self, kind: HolderKind) -> int:
+    def used(self, kind: Owner) -> int:
         return self._used[kind]
 
     def holdings(self) -> tuple[Holding, ...]:
@@ -112,7 +112,7 @@ class Cluster:
 
     # -- processors ----------------------------------------------------------------------
 
-    def claim(self, holder: str, processors: int, kind: HolderKind) -> None:
+    def claim(self, holder: str, processors: int, kind: Owner) -> None:
         """``holder`` takes ``processors`` idle processors now."""
         if (kind, holder) in self._held:
             raise SimulationError(f"site {self.name}: {kind} {holder} already holds processors")
@@ -125,7 +125,7 @@ class Cluster:
         self._used[kind] += processors
         self.peak = max(self.peak, sum(self._used.values()))
 
-    def release(self, holder: str, kind: HolderKind) -> int:
+    def release(self, holder: str, kind: Owner) -> int:
         """``holder`` gives its processors back; returns how many. The local queue waits
         for :meth:`start_queued`."""
         holding = self._held.pop((kind, holder), None)
@@ -135,7 +135,7 @@ class Cluster:
         self._used[holding.kind] -= holding.processors
         return holding.processors
 
-    def preempt(self, holders: Iterable[str], kind: HolderKind) -> int:
+    def preempt(self, holders: Iterable[str], kind: Owner) -> int:
         """Release ``holders`` for a preemptor, who claims the processors before the local
         queue sees them (call :meth:`start_queued` after its claims)."""
         freed = 0
@@ -148,7 +148,7 @@ class Cluster:
         """Bring the integrals up to now (the end of a run)."""
         self._integrate()
 
-    def busy_s(self, kind: HolderKind) -> float:
+    def busy_s(self, kind: Owner) -> float:
         """Processor-seconds held by ``kind`` up to the last change or :meth:`close`."""
         return self._busy[kind].value
 
@@ -284,7 +284,7 @@ class OtherUsers:
     @property
     def busy(self) -> int:
         """Processors other users hold on all the clusters."""
-        return sum(c.used(HolderKind.LOCAL) for c in self._order)
+        return sum(c.used(Owner.LOCAL) for c in self._order)
 
     def start(self) -> None:
         """Fill a band to its midpoint, then draw the first arrival."""
@@ -319,7 +319,7 @@ class OtherUsers:
             job.name,
             job.processors,
             job.runtime_s,
-            HolderKind.LOCAL,
+            Owner.LOCAL,
             None if started is None else partial(started, job),
             partial(self._ended, job),
         )

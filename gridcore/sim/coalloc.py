@@ -80,10 +80,10 @@ from gridcore.policies.placement import PlacementPolicy, place
 from gridcore.sim.cluster import (
     Admission,
     ClusterModel,
-    HolderKind,
     LoadStreams,
     LocalHooks,
     OtherUsers,
+    Owner,
 )
 from gridcore.sim.core import SimulationError
 from gridcore.sim.workload import (
@@ -448,7 +448,7 @@ class _CoallocModel(ClusterModel):
         if sum(per_site.values()) != item.job.size:
             raise SimulationError(f"job {item.job.name}: placement does not cover its size")
         for site, processors in per_site.items():
-            self._clusters[site].claim(item.job.name, processors, HolderKind.GRID)
+            self._clusters[site].claim(item.job.name, processors, Owner.GRID)
             self._log(EventKind.START, item.job.name, site, processors)
         duration = self._execution_time(item.job.size, decision.clusters_combined)
         if not (math.isfinite(duration) and duration >= 0):
@@ -460,7 +460,7 @@ class _CoallocModel(ClusterModel):
     def _end(self, item: _Pending, per_site: Mapping[str, int]) -> None:
         item.end_s = self._sim.now
         for site, processors in per_site.items():
-            self._clusters[site].release(item.job.name, HolderKind.GRID)
+            self._clusters[site].release(item.job.name, Owner.GRID)
             self._log(EventKind.END, item.job.name, site, processors)
         self._unfinished -= 1
         self._users.top_up()

@@ -81,7 +81,7 @@ from gridcore.model import (
 from gridcore.policies.claiming import KoalaParams, QueuedJob, scan_placement_queue
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.policies.transfer import transfer_seconds, uniform_bandwidth
-from gridcore.sim.claiming import KoalaJob, KoalaJobRecord, KoalaRun, simulate_koala
+from gridcore.sim.claiming import JobOutcome, KoalaJob, KoalaJobRecord, KoalaRun, simulate_koala
 from gridcore.sim.registry import Experiment, RunOptions
 from gridcore.sim.workload import BackgroundLoad, SimSite
 
@@ -318,7 +318,7 @@ def _mean(values: Sequence[float]) -> float:
 
 
 def _metrics(records: Sequence[KoalaJobRecord]) -> dict[str, float]:
-    done = [r for r in records if r.outcome == "completed"]
+    done = [r for r in records if r.outcome is JobOutcome.COMPLETED]
     runs = sum(r.runs for r in records)
     return {
         "jobs": len(records),

@@ -60,7 +60,7 @@ from gridcore.model import (
 )
 from gridcore.policies.selection import InsufficientMode, SelectionProtocol, select_site
 from gridcore.policies.transfer import free_bandwidth
-from gridcore.sim.cluster import Cluster, ClusterModel, HolderKind, Queued
+from gridcore.sim.cluster import Cluster, ClusterModel, Owner, Queued
 from gridcore.sim.core import SimulationError
 from gridcore.sim.workload import (
     JobTimes,
@@ -380,7 +380,7 @@ class _SelectionModel(ClusterModel):
                 placed.name,
                 placed.processors,
                 duration,
-                HolderKind.GRID if ours else HolderKind.LOCAL,
+                Owner.GRID if ours else Owner.LOCAL,
                 partial(self._start, placed),
                 partial(self._end, placed),
             )

@@ -12,16 +12,16 @@ from gridcore.errors import ConfigError
 from gridcore.sim.cluster import (
     Admission,
     Cluster,
-    HolderKind,
     LoadStreams,
     LocalHooks,
     OtherUsers,
+    Owner,
     Queued,
 )
 from gridcore.sim.core import SimulationError, Simulator
 from gridcore.sim.workload import BackgroundLoad, LocalJob, SimSite, validate_loads
 
-GRID, LOCAL = HolderKind.GRID, HolderKind.LOCAL
+GRID, LOCAL = Owner.GRID, Owner.LOCAL
 GB = 10**9
 
 
