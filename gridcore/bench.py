@@ -40,6 +40,7 @@ from gridcore.model import (
     InputFile,
     JobRequest,
     JobState,
+    Outcome,
     Replica,
     RequestKind,
     SiteKind,
@@ -87,11 +88,12 @@ def seed_state(store: Store, bench: BenchGrid, in_flight: int, seed: int) -> Non
     names = bench.grid.site_names
     free = dict(bench.idle)
     rows: list[dict[str, object]] = []
-    kinds: list[str] = []
+    kinds: list[Ledger] = []
     for i in range(in_flight):
         site, procs = rng.choice(names), rng.randint(1, 4)
-        kind = "claimed" if free[site] >= procs else "queued"
-        free[site] -= procs if kind == "claimed" else 0
+        fits = free[site] >= procs
+        kind = Ledger.CLAIMED if fits else Ledger.QUEUED
+        free[site] -= procs if fits else 0
         kinds.append(kind)
         rows.append(
             {
@@ -101,7 +103,7 @@ def seed_state(store: Store, bench: BenchGrid, in_flight: int, seed: int) -> Non
                 "processors": procs,
                 "protocol": PROTOCOL.value,
                 "mode": MODE.value,
-                "outcome": "fit" if kind == "claimed" else "queue",
+                "outcome": (Outcome.FIT if fits else Outcome.QUEUE).label,
                 "reasons": "[]",
                 "state": JobState.PENDING.value,
                 "selected_at": 0.0,
@@ -122,7 +124,7 @@ def seed_state(store: Store, bench: BenchGrid, in_flight: int, seed: int) -> Non
                 str(conn.execute(insert(selections), row).inserted_primary_key[0]),  # type: ignore[index]
                 str(row["site"]),
                 int(str(row["processors"])),
-                Ledger(kind),
+                kind,
                 now=0.0,
             )
 

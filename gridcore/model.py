@@ -227,6 +227,11 @@ class Outcome(enum.IntEnum):
     QUEUE = 1  # no site has room: sent to a full site to queue (random/best/earliest)
     FIT = 2  # a site has enough effective idle processors
 
+    @property
+    def label(self) -> str:
+        """The outcome as the state database stores it (``gc_selections.outcome``)."""
+        return self.name.lower()
+
 
 @dataclass(frozen=True)
 class SiteEstimate:

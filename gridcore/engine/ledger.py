@@ -340,7 +340,7 @@ def _selection_params(
         "processors": request.processors,
         "protocol": decision.protocol,
         "mode": decision.mode,
-        "outcome": "fit" if decision.outcome is Outcome.FIT else "queue",
+        "outcome": decision.outcome.label,
         "reasons": json.dumps(list(decision.reasons)),
         "state": JobState.SELECTED.value,
         "selected_at": now,
