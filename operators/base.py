@@ -56,10 +56,9 @@ class GridcoreOperator(BaseOperator):
         self, context: Context, trigger: GridcoreTrigger[Any, Any], *, deferrable: bool
     ) -> Any:
         """Defer to ``trigger`` (the task resumes in ``execute_complete``), or run it to
-        its event in this worker and finish the same way."""
+        its event in this worker and finish the same way. An operator that waits
+        defines ``execute_complete(context, event)``."""
         if deferrable:
             self.defer(trigger=trigger, method_name="execute_complete")
         return self.execute_complete(context, wait_inline(trigger))
 
-    def execute_complete(self, context: Context, event: Any = None) -> Any:
-        raise NotImplementedError(f"{type(self).__name__} does not wait on a trigger")
