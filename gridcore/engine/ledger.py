@@ -282,7 +282,7 @@ def _claim_and_insert(
     now: float,
 ) -> int | None:
     ledger = Ledger.CLAIMED if decision.outcome is Outcome.FIT else Ledger.QUEUED
-    conditional = ledger is Ledger.CLAIMED and protocol is SelectionProtocol.STATEFUL
+    conditional = ledger is Ledger.CLAIMED and protocol.counts_in_flight
     params = _selection_params(request, decision, stream, now)
     if not store.is_sqlite:
         statement = _PG_CLAIM_INSERT if conditional else _PG_ADD_INSERT[ledger]

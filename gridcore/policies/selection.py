@@ -26,6 +26,7 @@ import enum
 import math
 import random
 from collections.abc import Sequence
+from dataclasses import replace
 
 from gridcore.model import JobRequest, Outcome, SiteEstimate, SiteSelection, SiteSnapshot
 from gridcore.policies.transfer import Bandwidth, job_transfer_seconds
@@ -35,6 +36,18 @@ class SelectionProtocol(enum.StrEnum):
     NAIVE = "naive"
     STATEFUL = "stateful"
     RANDOM = "random"
+    EARLIEST_COMPLETION = "earliest-completion"
+
+    @property
+    def counts_in_flight(self) -> bool:
+        """Does it discount our own work not yet visible (Protocol 1's stateful branch)?
+        Such a protocol's FIT claims are conditional: they must still fit when applied."""
+        return self in (SelectionProtocol.STATEFUL, SelectionProtocol.EARLIEST_COMPLETION)
+
+
+DEFAULT_PROTOCOL = SelectionProtocol.EARLIEST_COMPLETION
+"""What ``site="auto"`` uses (operators, ``GridRuntime.select``): every site ranked by
+estimated completion. The paper's protocols stay for the reproduction."""
 
 
 class InsufficientMode(enum.StrEnum):
@@ -61,6 +74,11 @@ def select_site(
         chosen = rng.choice(estimates)
         reasons.append(f"random protocol picked {chosen.site}")
         return _decision(chosen, estimates, protocol, mode, reasons)
+    if protocol is SelectionProtocol.EARLIEST_COMPLETION:
+        # Every usable site ranked by Eq. (C) below; a fitting site wins only a tie.
+        best = min(estimates, key=_completion_rank)
+        reasons.append(f"{best.site}: earliest estimated completion among {len(estimates)}")
+        return _decision(best, estimates, protocol, mode, reasons)
     fitting = [e for e in estimates if e.fits]
     if fitting:
         best = min(fitting, key=lambda e: (e.completion_s, -e.effective_idle, e.site))
@@ -71,13 +89,45 @@ def select_site(
     return _decision(chosen, estimates, protocol, mode, reasons)
 
 
+def select_sites(
+    requests: Sequence[JobRequest],
+    snapshots: Sequence[SiteSnapshot],
+    bandwidth: Bandwidth,
+    protocol: SelectionProtocol = DEFAULT_PROTOCOL,
+    mode: InsufficientMode = InsufficientMode.BEST,
+    *,
+    rng: random.Random,
+) -> list[SiteSelection]:
+    """A burst decided on ONE snapshot ("snapshot, then admit", as Kueue admits a cycle):
+    each member in turn by :func:`select_site`, its processors then added to the chosen
+    site's in-flight work, so the next member sees it exactly as it would after a
+    commit. For one request this is :func:`select_site`."""
+    current = list(snapshots)
+    position = {snap.site: index for index, snap in enumerate(current)}
+    decisions = []
+    for request in requests:
+        decision = select_site(request, current, bandwidth, protocol, mode, rng=rng)
+        decisions.append(decision)
+        if decision.site is not None:
+            index = position[decision.site]
+            snap = current[index]
+            current[index] = replace(
+                snap, in_flight_processors=snap.in_flight_processors + request.processors
+            )
+    return decisions
+
+
 def effective_idle(snapshot: SiteSnapshot, protocol: SelectionProtocol) -> int:
     """Idle processors as the protocol sees them: the stateful protocol (Protocol 1)
     takes off ours in flight and others' queued work (:attr:`SiteSnapshot.free_processors`),
     the others trust the report."""
-    if protocol is SelectionProtocol.STATEFUL:
+    if protocol.counts_in_flight:
         return snapshot.free_processors
     return snapshot.idle_processors
+
+
+def _completion_rank(e: SiteEstimate) -> tuple[float, bool, int, str]:
+    return (e.completion_s, not e.fits, -e.effective_idle, e.site)
 
 
 def estimated_queue_delay(request: JobRequest, snapshot: SiteSnapshot, idle: int) -> float:

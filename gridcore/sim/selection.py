@@ -349,7 +349,7 @@ class _SelectionModel(ClusterModel):
         running = {j.job_id for j in report.jobs if j.state is JobState.RUNNING}
         pending = report.pending()
         in_flight: list[_Placed] = []
-        if config.protocol is SelectionProtocol.STATEFUL:
+        if config.protocol.counts_in_flight:
             in_flight = [
                 p
                 for p in state.placed
