@@ -131,11 +131,15 @@ def _completion_rank(e: SiteEstimate) -> tuple[float, bool, int, str]:
 
 
 def estimated_queue_delay(request: JobRequest, snapshot: SiteSnapshot, idle: int) -> float:
-    """Expected queue wait at a site that lacks room (beyond the paper).
+    """Expected wait before a site that lacks room starts ``request`` (beyond the paper).
 
-    The larger of the observed mean queue wait there and the time to drain the deficit:
-    ``deficit / total * mean runtime`` (the site frees about ``total`` processors per mean
-    runtime). A fitting site waits 0.
+    Eq. (W): with ``deficit = p - idle`` > 0 (``idle`` as the protocol sees it, so our
+    in-flight members and others' queued work are the backlog), ``T`` the site's
+    processors and ``R`` the mean runtime there (observed, else this member's runtime x
+    slowness), ``W = max(W_obs, R / 2, deficit * R / T)``: no sooner than the observed
+    mean queue wait; no sooner than a running job ends (half a runtime away on average,
+    for jobs in random phase); no sooner than the backlog drains at ``T`` processors per
+    runtime. A fitting site waits 0.
     """
     deficit = request.processors - idle
     if deficit <= 0:
@@ -145,7 +149,7 @@ def estimated_queue_delay(request: JobRequest, snapshot: SiteSnapshot, idle: int
         runtime = request.runtime_s * snapshot.slowness
     drain = deficit / snapshot.total_processors * runtime
     observed = snapshot.mean_queue_wait_s or 0.0
-    return max(observed, drain)
+    return max(observed, runtime / 2, drain)
 
 
 def estimate_site(
