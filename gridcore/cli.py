@@ -74,6 +74,35 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--runs", type=int, help="repetitions (the experiment's default if omitted)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run seeds SEED..SEED+N-1 and add over_seeds: per figure the mean and 95 %% Student t"
+        " interval, and how many seeds keep the paper's ordering (the other keys and the plot"
+        " are SEED's; default 1: one seed)",
+    )
+    p.add_argument(
+        "--comm-factor",
+        type=float,
+        metavar="X",
+        help="koala-placement: scale of the co-allocation penalty in the execution-time growth"
+        " table, t1 + X * (t_c - t1) (default 1; 0 removes the penalty)",
+    )
+    p.add_argument(
+        "--growth-table",
+        metavar="JSON",
+        help="koala-placement: execution time (s) by job size and clusters combined, e.g."
+        ' \'{"36": [100, 140, 170, 195], "64": [...], "72": [...]}\' (default: the'
+        " reconstruction of Fig. 5 reported under setup.execution_time_s)",
+    )
+    p.add_argument(
+        "--monitor-interval",
+        type=float,
+        metavar="S",
+        help="stateful-selection: seconds between monitor (MDS) reports (default 60, MDS's)",
+    )
     p.add_argument("--plot", help="PNG path (default out/<name>.png; '' to skip)")
     p.set_defaults(handler=_experiment)
 
@@ -191,11 +220,15 @@ def _run_registered(args: argparse.Namespace, entry: registry.Experiment) -> int
         pg_url=getattr(args, "pg_url", None),
         decisions=getattr(args, "decisions", 2000),
         per_process=getattr(args, "per_process", 250),
+        seeds=getattr(args, "seeds", 1),
+        comm_factor=getattr(args, "comm_factor", None),
+        growth_table=getattr(args, "growth_table", None),
+        monitor_interval_s=getattr(args, "monitor_interval", None),
     )
     result = entry.execute(options)
     if entry.plot is not None:
         _plot(args, result, entry.plot)
-    _emit(args, result, entry.table(result))
+    _emit(args, result, entry.render(result))
     return 0 if entry.ok(result) else 1
 
 

@@ -6,30 +6,74 @@ the text table a person reads, and optionally the plot. The module that implemen
 defines that object; the tables below name it by ``"module:attribute"`` and import it
 only when it runs, so the CLI starts without the simulator or the database drivers.
 Adding an experiment is one module and one line here.
+
+A paper experiment that declares :class:`gridcore.sim.seeds.OverSeeds` also runs over
+several seeds (``--seeds N``): the first seed's full result plus ``over_seeds``, the mean
+and 95 % interval of every figure and how many seeds keep the paper's ordering, computed
+once for every such entry by :mod:`gridcore.sim.seeds`.
 """
 
 from __future__ import annotations
 
 import importlib
+import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
 from gridcore.errors import ConfigError
+from gridcore.sim.seeds import OverSeeds, render_table
 
 Result = dict[str, Any]
 
 
 @dataclass(frozen=True)
 class RunOptions:
-    """What the command line passes to every entry; each reads the options it has."""
+    """What the command line passes to every entry; each reads the options it has.
+
+    ``seeds`` is how many seeds (``seed`` onwards) to run, 1 being one run as without the
+    option. ``None`` means "not given" for the options only some entries take (their
+    :attr:`Experiment.takes`): ``comm_factor`` and ``growth_table`` (the execution-time
+    growth table as JSON text, parsed by the entry) for koala-placement,
+    ``monitor_interval_s`` for stateful-selection. Errors name the command-line option.
+    """
 
     seed: int = 0
     runs: int | None = None
     pg_url: str | None = None
     decisions: int = 2000
     per_process: int = 250
+    seeds: int = 1
+    comm_factor: float | None = None
+    growth_table: str | None = None
+    monitor_interval_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.seeds < 1:
+            raise ConfigError(f"--seeds must be >= 1, got {self.seeds}")
+        # 0 is a question worth asking: co-allocation without a wide-area penalty.
+        if self.comm_factor is not None and not (
+            math.isfinite(self.comm_factor) and self.comm_factor >= 0
+        ):
+            raise ConfigError(f"--comm-factor must be finite and >= 0, got {self.comm_factor}")
+        if self.monitor_interval_s is not None and not (
+            math.isfinite(self.monitor_interval_s) and self.monitor_interval_s > 0
+        ):
+            raise ConfigError(
+                f"--monitor-interval must be finite and > 0 seconds, got {self.monitor_interval_s}"
+            )
+
+
+OPTIONAL_OPTIONS: Mapping[str, str] = MappingProxyType(
+    {
+        "comm_factor": "--comm-factor",
+        "growth_table": "--growth-table",
+        "monitor_interval_s": "--monitor-interval",
+    }
+)
+"""The :class:`RunOptions` only some entries take, by the command-line option that sets them."""
 
 
 @dataclass(frozen=True)
@@ -39,7 +83,9 @@ class Experiment:
     ``run`` makes the figures; ``table`` renders them for a person (from the result only,
     never typed by hand); ``plot(result, path)`` writes a PNG (needs matplotlib, the
     ``plot`` extra); ``ok`` says whether the run passed (the exit status);
-    ``default_runs`` is ``None`` when the entry takes no ``--runs``.
+    ``default_runs`` is ``None`` when the entry takes no ``--runs``; ``takes`` names the
+    :data:`OPTIONAL_OPTIONS` it reads (any other given is refused); ``over_seeds`` says
+    what to report over ``--seeds`` (``None``: the entry takes no ``--seeds``).
     """
 
     summary: str
@@ -48,10 +94,28 @@ class Experiment:
     plot: Callable[[Mapping[str, Any], str], None] | None = None
     ok: Callable[[Mapping[str, Any]], bool] = lambda result: True
     default_runs: int | None = None
+    takes: frozenset[str] = frozenset()
+    over_seeds: OverSeeds | None = None
 
     def execute(self, options: RunOptions) -> Result:
-        """Run with ``options``, ``runs`` resolved (:meth:`runs`)."""
-        return self.run(replace(options, runs=self.runs(options)))
+        """Run with ``options``, ``runs`` resolved (:meth:`runs`). Over N > 1 seeds: the
+        result of the first seed with ``over_seeds`` added (:mod:`gridcore.sim.seeds`);
+        the plot, if any, is then the first seed's."""
+        self._refuse_unread(options)
+        options = replace(options, runs=self.runs(options))
+        if options.seeds == 1:
+            return self.run(options)
+        if self.over_seeds is None:
+            raise ConfigError(f"--seeds: this one reports no figures over seeds ({self.summary})")
+        results = [
+            (seed, self.run(replace(options, seed=seed)))
+            for seed in range(options.seed, options.seed + options.seeds)
+        ]
+        return results[0][1] | {"over_seeds": self.over_seeds.aggregate(results)}
+
+    def render(self, result: Mapping[str, Any]) -> str:
+        """The text table of ``result``, of the means over seeds when it has them."""
+        return render_table(self.table, result)
 
     def runs(self, options: RunOptions) -> int:
         """The repetitions ``options`` ask for, or this entry's default."""
@@ -64,18 +128,42 @@ class Experiment:
             raise ConfigError(f"--runs must be >= 1, got {runs}")
         return runs
 
+    def _refuse_unread(self, options: RunOptions) -> None:
+        for field, flag in OPTIONAL_OPTIONS.items():
+            if field not in self.takes and getattr(options, field) is not None:
+                raise ConfigError(f"{flag}: this one does not take it ({self.summary})")
+
 
 def text_table(columns: Sequence[tuple[str, str]], rows: Iterable[Sequence[object]]) -> str:
     """Columns ``(title, format spec)`` over rows of values taken from a result: the
-    titles aligned to each spec's width, then one line per row."""
+    titles aligned to each spec's width, then one line per row. A column whose values
+    come out wider than its spec (a mean over seeds with its interval) widens to them."""
+    cells = [
+        [_cell(value, spec) for value, (_, spec) in zip(row, columns, strict=True)] for row in rows
+    ]
     # A title takes its column's alignment and width, not its precision or type.
-    widths = [spec.split(".")[0].rstrip("bcdeEfFgGnosxX%") for _, spec in columns]
-    titles = zip(columns, widths, strict=True)
-    lines = [" ".join(f"{title:{width}}" for (title, _), width in titles)]
-    for row in rows:
-        values = zip(row, columns, strict=True)
-        lines.append(" ".join(f"{value:{spec}}" for value, (_, spec) in values))
+    heads = [_SPEC_HEAD.match(spec) for _, spec in columns]
+    aligns = [head.group("align").replace("=", ">") if head else "" for head in heads]
+    widths = [
+        max([int(head.group("width") or 0) if head else 0, *(len(line[i][0]) for line in cells)])
+        for i, head in enumerate(heads)
+    ]
+    titles = zip(columns, aligns, widths, strict=True)
+    lines = [" ".join(f"{title:{align}{width}}" for (title, _), align, width in titles)]
+    for line in cells:
+        padded = zip(line, aligns, widths, strict=True)
+        lines.append(
+            " ".join(f"{text:{align or own}{width}}" for (text, own), align, width in padded)
+        )
     return "\n".join(lines)
+
+
+_SPEC_HEAD = re.compile(r"(?P<align>(?:.?[<>^=])?)[-+ ]?z?#?0?(?P<width>\d*)")
+
+
+def _cell(value: object, spec: str) -> tuple[str, str]:
+    # The text, and the alignment its type takes where the spec names none.
+    return f"{value:{spec}}", "<" if isinstance(value, str) else ">"
 
 
 EXPERIMENTS: Mapping[str, str] = MappingProxyType(
