@@ -12,9 +12,9 @@ watcher; the watcher consumes the file so it triggers exactly once::
 run (or ``dag.test()``) has no forcing event and uses the DAG params instead.
 
 Each member is a :class:`~operators.site_job.SiteJobOperator`: the members arrive as a
-burst, and gridcore's stateful selection counts the processors of members already sent
-to a site but not yet visible in its monitoring, so the burst spreads over the sites
-instead of piling onto the one that looked idlest.
+burst, and gridcore's default selection (earliest estimated completion) counts the
+processors of members already sent to a site but not yet visible in its monitoring, so
+the burst spreads over the sites instead of piling onto the one that looked idlest.
 """
 
 from __future__ import annotations

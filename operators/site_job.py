@@ -21,7 +21,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.errors import ConfigError, GridError, RequestError, StateError
 from gridcore.model import JobRequest, JobState, JobSubmission
-from gridcore.policies.selection import InsufficientMode, SelectionProtocol
+from gridcore.policies.selection import DEFAULT_PROTOCOL, InsufficientMode, SelectionProtocol
 from gridcore.validation import (
     check_choice,
     check_job_request,
@@ -62,8 +62,10 @@ class SiteJobOperator(GridcoreOperator):
         (templated); each must exist when the task runs.
     :param runtime_s: estimated runtime on a reference site, seconds (>= 0).
     :param site: ``"auto"`` for policy selection, or the name of a grid site to pin.
-    :param protocol: ``stateful`` | ``naive`` | ``random``.
-    :param insufficient_mode: ``best`` | ``random`` | ``earliest`` when no site has room.
+    :param protocol: ``earliest-completion`` (default: every site ranked by its estimated
+        completion for this member) | ``stateful`` | ``naive`` | ``random``.
+    :param insufficient_mode: ``best`` | ``random`` | ``earliest`` when no site has room
+        (the paper's protocols only; ``earliest-completion`` ignores it).
     :param stream: selection stream (templated); default: the DAG id.
     :param env: extra environment for the job (templated).
     :param poll_interval: seconds between status polls while waiting.
@@ -93,7 +95,7 @@ class SiteJobOperator(GridcoreOperator):
         input_files: Sequence[str] | None = None,
         runtime_s: float = 600.0,
         site: str = AUTO_SITE,
-        protocol: str = SelectionProtocol.STATEFUL.value,
+        protocol: str = DEFAULT_PROTOCOL.value,
         insufficient_mode: str = InsufficientMode.BEST.value,
         stream: str | None = None,
         env: Mapping[str, str] | None = None,

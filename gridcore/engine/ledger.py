@@ -6,10 +6,15 @@ inside the transaction on a snapshot read in that same transaction, and a statef
 claim is applied by a conditional UPDATE, so selectors in many processes never grant the
 same processors twice: if another selector claimed them first, the UPDATE matches no
 row and the decision is retaken on a fresh snapshot.
+
+A burst (:func:`select_and_record_batch`) is decided the same way, on ONE snapshot and
+committed in ONE transaction: its counters move once per site and ledger, so a lost
+conditional claim rolls the whole burst back and it is retaken.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from collections.abc import Iterable, Sequence
@@ -29,6 +34,7 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.exc import DBAPIError
 
 from gridcore.engine import capacity
 from gridcore.engine.capacity import HolderKind, Ledger
@@ -43,13 +49,21 @@ from gridcore.model import (
     SiteSnapshot,
     SiteSpec,
 )
-from gridcore.policies.selection import InsufficientMode, SelectionProtocol, select_site
+from gridcore.policies.selection import (
+    InsufficientMode,
+    SelectionProtocol,
+    select_site,
+    select_sites,
+)
 from gridcore.state.schema import holds, selections, sites
-from gridcore.state.store import Store
+from gridcore.state.store import DEADLOCK_DETECTED, LOCK_NOT_AVAILABLE, Store
 
 # Weight of the newest finished job in the observed queue-wait/runtime averages.
 EWMA_WEIGHT = 0.3
 MAX_CLAIM_ATTEMPTS = 50
+# How long a burst waits for site rows another transaction holds before it gives way and
+# is retaken (below PostgreSQL's 1 s deadlock_timeout: the burst is the one to yield).
+BURST_LOCK_WAIT_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -254,19 +268,28 @@ def select_and_record(
     IMMEDIATE transaction.
     """
     for attempt in range(1, MAX_CLAIM_ATTEMPTS + 1):
-        with store.begin_decision() as conn:
-            decision = select_site(
-                request, snapshots.read(conn), snapshots.grid.bandwidth, protocol, mode, rng=rng
-            )
-            if decision.site is None:
-                raise RequestError(
-                    f"request {request.name!r}: no site can run {request.processors} processors: "
-                    + "; ".join(decision.reasons)
-                )
-            row_id = _claim_and_insert(store, conn, request, decision, protocol, stream, now)
-            if row_id is None:
-                continue  # another selector took those processors: look again
-            return Recorded(row_id, decision, now, attempt)
+        try:
+            with store.begin_decision() as conn:
+                decision = select_site(
+                    request, snapshots.read(conn), snapshots.grid.bandwidth, protocol, mode,
+                    rng=rng,
+                )  # fmt: skip
+                if decision.site is None:
+                    raise RequestError(
+                        f"request {request.name!r}: no site can run {request.processors}"
+                        " processors: " + "; ".join(decision.reasons)
+                    )
+                row_id = _claim_and_insert(store, conn, request, decision, protocol, stream, now)
+        except DBAPIError as exc:
+            # PostgreSQL chose it as a deadlock's victim (a burst holding several sites
+            # and a transaction locking them in another order, each waiting behind it):
+            # its one statement wrote nothing
+            if not _gave_way(exc):
+                raise
+            continue
+        if row_id is None:
+            continue  # another selector took those processors: look again
+        return Recorded(row_id, decision, now, attempt)
     raise StateError(
         f"request {request.name!r}: lost the claim race {MAX_CLAIM_ATTEMPTS} times in a row"
     )
@@ -299,6 +322,197 @@ def _claim_and_insert(
         # stateful selectors sharing the database see it.
         conn.execute(capacity.ADD[ledger], counters)
     return _insert_selection(conn, params, ledger)
+
+
+class _BurstLost(Exception):
+    """A burst's conditional claim matched no row: its transaction is rolled back and
+    the burst retaken."""
+
+
+def select_and_record_batch(
+    store: Store,
+    snapshots: SnapshotReader,
+    requests: Sequence[JobRequest],
+    protocol: SelectionProtocol,
+    mode: InsufficientMode,
+    stream: str,
+    now: float,
+    rng: random.Random,
+) -> list[Recorded]:
+    """Decide a burst on ONE snapshot and commit every decision in ONE transaction
+    ("snapshot, then admit"); the decisions are those of
+    :func:`gridcore.policies.selection.select_sites` on that snapshot.
+
+    The counters move once per site and ledger, in bulk: per site ONE conditional claim
+    (``capacity.CLAIM``) for the summed processors of its FIT members when the protocol
+    counts in-flight work, and one unconditional ``capacity.ADD`` for its queued ones.
+    The summed claim is exact: on one snapshot a member queues at a site only when the
+    site's free processors no longer cover it, after which they stay negative, so every
+    FIT member at a site comes before its first queued one and the sum must fit. If a
+    claim matches no row (another selector took the room since the snapshot), nothing of
+    the burst is kept and it is retaken on a fresh snapshot.
+
+    A real transaction on both databases (BEGIN IMMEDIATE on SQLite; on PostgreSQL the
+    chosen sites' rows are locked in name order before they change and stay locked to
+    the commit: two bursts wait for each other instead of deadlocking, and a burst that
+    waits longer than :data:`BURST_LOCK_WAIT_S` for a row held by another transaction
+    gives way and is retaken). A member no site can run raises :class:`RequestError`
+    naming it before anything is written.
+    """
+    if not requests:
+        return []
+    for attempt in range(1, MAX_CLAIM_ATTEMPTS + 1):
+        try:
+            with store.begin() as conn:
+                decisions = select_sites(
+                    requests, snapshots.read(conn), snapshots.grid.bandwidth, protocol, mode,
+                    rng=rng,
+                )  # fmt: skip
+                _refuse_unplaceable(requests, decisions)
+                ids = _record_burst(store, conn, requests, decisions, protocol, stream, now)
+        except _BurstLost:
+            continue
+        except DBAPIError as exc:
+            if not _gave_way(exc):
+                raise
+            continue  # it gave way to a transaction holding its sites: retake it
+        return [Recorded(i, d, now, attempt) for i, d in zip(ids, decisions, strict=True)]
+    raise StateError(
+        f"burst of {len(requests)} (first {requests[0].name!r}): lost the claim race"
+        f" {MAX_CLAIM_ATTEMPTS} times in a row"
+    )
+
+
+def _gave_way(exc: DBAPIError) -> bool:
+    """Did PostgreSQL end the transaction to let another go on (it may be retried)?"""
+    return getattr(exc.orig, "sqlstate", None) in (LOCK_NOT_AVAILABLE, DEADLOCK_DETECTED)
+
+
+def _refuse_unplaceable(requests: Sequence[JobRequest], decisions: Sequence[SiteSelection]) -> None:
+    for request, decision in zip(requests, decisions, strict=True):
+        if decision.site is None:
+            raise RequestError(
+                f"request {request.name!r}: no site can run {request.processors} processors: "
+                + "; ".join(decision.reasons)
+            )
+
+
+def _record_burst(
+    store: Store,
+    conn: Connection,
+    requests: Sequence[JobRequest],
+    decisions: Sequence[SiteSelection],
+    protocol: SelectionProtocol,
+    stream: str,
+    now: float,
+) -> list[int]:
+    """Move the counters per site and ledger, then insert every selection row and its
+    hold in bulk; raises :class:`_BurstLost` when a conditional claim does not fit."""
+    ledgers = [Ledger.CLAIMED if d.outcome is Outcome.FIT else Ledger.QUEUED for d in decisions]
+    moves: dict[tuple[str, Ledger], int] = {}
+    for request, decision, held in zip(requests, decisions, ledgers, strict=True):
+        key = (str(decision.site), held)
+        moves[key] = moves.get(key, 0) + request.processors
+    claims: list[dict[str, object]] = []
+    adds: dict[Ledger, list[dict[str, object]]] = {held: [] for held in Ledger}
+    for (site, held), processors in moves.items():
+        counters = {"b_site": site, "b_processors": processors, "b_bytes": 0}
+        conditional = held is Ledger.CLAIMED and protocol.counts_in_flight
+        (claims if conditional else adds[held]).append(counters)
+    # Every site row it will change, locked first in name order: two bursts never
+    # deadlock, and a burst gives way to any other lock holder after BURST_LOCK_WAIT_S.
+    store.lock_sites(conn, [site for site, _ in moves], BURST_LOCK_WAIT_S)
+    if claims and conn.execute(capacity.CLAIM, claims).rowcount != len(claims):
+        raise _BurstLost
+    for held, unconditional in adds.items():
+        if unconditional:
+            conn.execute(capacity.ADD[held], unconditional)
+    rows = [
+        _selection_params(request, decision, stream, now)
+        for request, decision in zip(requests, decisions, strict=True)
+    ]
+    if conn.dialect.name == "postgresql":
+        returned = _insert_burst_pg(conn, rows, ledgers)
+    else:
+        returned = _insert_burst_sqlite(conn, rows, ledgers)
+    if [name for _, name in returned] != [row["name"] for row in rows]:
+        raise StateError("the new selections' ids came back out of order")
+    return [int(sid) for sid, _ in returned]
+
+
+# A burst's selection rows and holds go to the driver in a few statements of fixed text:
+# SQLAlchemy's multi-row INSERT (insertmanyvalues) spent more time rendering 100 rows and
+# psycopg more parsing the result than the database took to write them. The holds name
+# their selections' ids, which come back in the rows' order: numbered in the order
+# inserted (SQLite's INSERTs under its exclusive write lock, PostgreSQL's one INSERT ...
+# SELECT ... ORDER BY, as SQLAlchemy's own sorted RETURNING assumes); the names returned
+# beside them check it.
+_HOLD_FIELDS = ("site", "kind", "holder", "processors", "storage_bytes", "ledger", "created_at")
+_PG_TYPES = {"processors": "int", "reasons": "text", "selected_at": "float8"}
+_PG_ARRAYS = ", ".join(f"%({f})b::{_PG_TYPES.get(f, 'varchar')}[]" for f in _SELECTION_FIELDS)
+_PG_INSERT_BURST = f"""
+WITH burst AS (
+    SELECT * FROM unnest({_PG_ARRAYS}, %(ledger)b::varchar[])
+        WITH ORDINALITY AS b({", ".join(_SELECTION_FIELDS)}, ledger, n)
+), new AS (
+    INSERT INTO {selections.name} ({", ".join(_SELECTION_FIELDS)})
+    SELECT {", ".join(_SELECTION_FIELDS)} FROM burst ORDER BY n
+    RETURNING id, name
+), numbered AS (
+    SELECT id, name, row_number() OVER (ORDER BY id) AS n FROM new
+), held AS (
+    INSERT INTO {holds.name} ({", ".join(_HOLD_FIELDS)})
+    SELECT b.site, %(kind)s, CAST(numbered.id AS varchar), b.processors, 0, b.ledger,
+           b.selected_at
+    FROM numbered JOIN burst b USING (n)
+)
+SELECT id, name FROM numbered ORDER BY n
+"""
+_SQLITE_ROWS_PER_INSERT = 500  # 5,000 parameters, well under SQLite's limit of 32,766
+_SQLITE_INSERT_HOLDS = (
+    f"INSERT INTO {holds.name} ({', '.join(_HOLD_FIELDS)})"
+    f" VALUES ({', '.join('?' for _ in _HOLD_FIELDS)})"
+)
+
+
+def _insert_burst_pg(
+    conn: Connection, rows: list[dict[str, object]], ledgers: list[Ledger]
+) -> list[tuple[int, str]]:
+    """Every selection row and its hold in ONE statement; (id, name) in the rows' order."""
+    params: dict[str, object] = {f: [row[f] for row in rows] for f in _SELECTION_FIELDS}
+    params.update(ledger=[held.value for held in ledgers], kind=HolderKind.SELECTION.value)
+    return [(int(i), str(n)) for i, n in conn.exec_driver_sql(_PG_INSERT_BURST, params)]
+
+
+def _insert_burst_sqlite(
+    conn: Connection, rows: list[dict[str, object]], ledgers: list[Ledger]
+) -> list[tuple[int, str]]:
+    """The selection rows by multi-row INSERTs, then their holds; (id, name) in order."""
+    returned: list[tuple[int, str]] = []
+    for start in range(0, len(rows), _SQLITE_ROWS_PER_INSERT):
+        chunk = rows[start : start + _SQLITE_ROWS_PER_INSERT]
+        values = tuple(row[f] for row in chunk for f in _SELECTION_FIELDS)
+        result = conn.exec_driver_sql(_sqlite_insert_selections(len(chunk)), values)
+        returned += [(int(i), str(n)) for i, n in result]
+    returned.sort()
+    kind = HolderKind.SELECTION.value
+    conn.exec_driver_sql(
+        _SQLITE_INSERT_HOLDS,
+        [
+            (row["site"], kind, str(sid), row["processors"], 0, held.value, row["selected_at"])
+            for (sid, _), row, held in zip(returned, rows, ledgers, strict=True)
+        ],
+    )
+    return returned
+
+
+@functools.cache
+def _sqlite_insert_selections(count: int) -> str:
+    one = f"({', '.join('?' for _ in _SELECTION_FIELDS)})"
+    return (
+        f"INSERT INTO {selections.name} ({', '.join(_SELECTION_FIELDS)})"
+        f" VALUES {', '.join(one for _ in range(count))} RETURNING id, name"
+    )
 
 
 def record_pinned(
@@ -385,13 +599,16 @@ def expire_unsubmitted(conn: Connection, older_than: float, now: float) -> list[
     select and submit) and return their processors; returns the expired ids."""
     stale = list(
         conn.execute(
-            select(selections.c.id).where(
+            select(selections.c.id)
+            .where(
                 and_(
                     selections.c.state == JobState.SELECTED.value,
                     selections.c.job_id.is_(None),
                     selections.c.selected_at < older_than,
                 )
             )
+            # site rows change in name order, the order bursts lock them in
+            .order_by(selections.c.site, selections.c.id)
         ).scalars()
     )
     for sid in stale:
@@ -473,6 +690,7 @@ __all__: Sequence[str] = (
     "register_sites",
     "release",
     "select_and_record",
+    "select_and_record_batch",
     "set_job_id",
     "store_observation",
 )

@@ -18,7 +18,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -37,7 +37,7 @@ from gridcore.model import (
     SiteKind,
     SiteSpec,
 )
-from gridcore.policies.selection import InsufficientMode, SelectionProtocol
+from gridcore.policies.selection import DEFAULT_PROTOCOL, InsufficientMode, SelectionProtocol
 from gridcore.sites.base import SiteAdapter
 from gridcore.sites.keys import selection_key
 from gridcore.state.schema import selections, sites
@@ -243,14 +243,16 @@ class GridRuntime:
     def select(
         self,
         request: JobRequest,
-        protocol: SelectionProtocol = SelectionProtocol.STATEFUL,
+        protocol: SelectionProtocol = DEFAULT_PROTOCOL,
         mode: InsufficientMode = InsufficientMode.BEST,
         stream: str = "default",
         site: str | None = None,
         max_age_s: float = DEFAULT_MAX_AGE_S,
     ) -> JobRecord:
         """Choose a site (or record the pinned ``site``) and commit the decision.
-        A malformed request (gridcore.validation) is refused before anything is written."""
+        A malformed request (gridcore.validation) is refused before anything is written.
+        ``mode`` decides only for the paper's protocols when no site fits (the default
+        protocol ranks every site by its completion estimate and ignores it)."""
         request = check_job_request(request, self.grid.site_names)
         stream = check_selection_stream(stream)
         if site is not None:
@@ -263,6 +265,30 @@ class GridRuntime:
             self.store, self.snapshots, request, protocol, mode, stream, self.clock(), self.rng
         )
         return self.record(rec.id)
+
+    def select_batch(
+        self,
+        requests: Sequence[JobRequest],
+        protocol: SelectionProtocol = DEFAULT_PROTOCOL,
+        mode: InsufficientMode = InsufficientMode.BEST,
+        stream: str = "default",
+        max_age_s: float = DEFAULT_MAX_AGE_S,
+    ) -> list[JobRecord]:
+        """:meth:`select` for a burst of members that arrive together (one mapped task
+        expansion, one forcing event): decided on ONE snapshot, each member in turn seeing
+        the ones before it in flight, and committed in ONE transaction
+        (:func:`gridcore.engine.ledger.select_and_record_batch`). Every request is checked
+        first; a malformed one, or one no site can run, is refused naming it and nothing
+        of the burst is written. Records in the order of ``requests``."""
+        checked = [check_job_request(r, self.grid.site_names) for r in requests]
+        stream = check_selection_stream(stream)
+        if not checked:
+            return []
+        self.refresh(max_age_s)
+        recorded = ledger.select_and_record_batch(
+            self.store, self.snapshots, checked, protocol, mode, stream, self.clock(), self.rng
+        )
+        return self.records([rec.id for rec in recorded])
 
     def submit(self, selection_id: int, job: JobSubmission) -> JobRecord:
         """Submit the selected job to its site, once: under the selection's key, looked
@@ -372,30 +398,21 @@ class GridRuntime:
     # -- views ----------------------------------------------------------------------------
 
     def record(self, selection_id: int) -> JobRecord:
+        return self.records([selection_id])[0]
+
+    def records(self, selection_ids: Sequence[int]) -> list[JobRecord]:
+        """The selections in the order of ``selection_ids``, read in one statement."""
         with self.store.begin() as conn:
-            row = (
-                conn.execute(select(selections).where(selections.c.id == selection_id))
-                .mappings()
-                .one_or_none()
-            )
-        if row is None:
-            raise StateError(f"no selection {selection_id} in the state database")
-        return JobRecord(
-            row["id"],
-            row["name"],
-            row["site"],
-            row["processors"],
-            row["outcome"],
-            row["state"],
-            row["job_id"],
-            row["exit_code"],
-            row["message"] or "",
-            tuple(json.loads(row["reasons"])),
-            row["selected_at"],
-            row["submitted_at"],
-            row["started_at"],
-            row["finished_at"],
-        )
+            rows = {
+                row["id"]: row
+                for row in conn.execute(
+                    select(selections).where(selections.c.id.in_(selection_ids))
+                ).mappings()
+            }
+        missing = [sid for sid in selection_ids if sid not in rows]
+        if missing:
+            raise StateError(f"no selection {missing[0]} in the state database")
+        return [_job_record(rows[sid]) for sid in selection_ids]
 
     def site_rows(self) -> list[SiteRow]:
         names = set(self.grid.site_names)
@@ -406,6 +423,25 @@ class GridRuntime:
         return [
             _site_row(r, usage[r["name"]], healths[r["name"]]) for r in rows if r["name"] in names
         ]
+
+
+def _job_record(row: Any) -> JobRecord:
+    return JobRecord(
+        row["id"],
+        row["name"],
+        row["site"],
+        row["processors"],
+        row["outcome"],
+        row["state"],
+        row["job_id"],
+        row["exit_code"],
+        row["message"] or "",
+        tuple(json.loads(row["reasons"])),
+        row["selected_at"],
+        row["submitted_at"],
+        row["started_at"],
+        row["finished_at"],
+    )
 
 
 def _count_health(conn: Any, site: str, state: JobState, message: str) -> None:

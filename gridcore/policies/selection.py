@@ -88,9 +88,22 @@ def select_site(
 ) -> SiteSelection:
     """Choose the site for ``request`` from one snapshot of every site."""
     candidates, reasons = _candidates(request, snapshots)
-    if not candidates:
-        return SiteSelection(None, Outcome.NO_FIT, protocol.value, mode.value, tuple(reasons))
     estimates = [estimate_site(request, snap, bandwidth, protocol) for snap in candidates]
+    return _choose_among(request, estimates, protocol, mode, reasons, rng)
+
+
+def _choose_among(
+    request: JobRequest,
+    estimates: list[SiteEstimate],
+    protocol: SelectionProtocol,
+    mode: InsufficientMode,
+    reasons: list[str],
+    rng: random.Random,
+) -> SiteSelection:
+    """The decision over the candidates' estimates; ``reasons`` say why the other sites
+    are not candidates."""
+    if not estimates:
+        return SiteSelection(None, Outcome.NO_FIT, protocol.value, mode.value, tuple(reasons))
     if protocol is SelectionProtocol.RANDOM:
         chosen = rng.choice(estimates)
         reasons.append(f"random protocol picked {chosen.site}")
@@ -122,12 +135,33 @@ def select_sites(
     """A burst decided on ONE snapshot ("snapshot, then admit", as Kueue admits a cycle):
     each member in turn by :func:`select_site`, its processors then added to the chosen
     site's in-flight work, so the next member sees it exactly as it would after a
-    commit. For one request this is :func:`select_site`."""
+    commit. For one request this is :func:`select_site`.
+
+    A member's estimates depend on its shape (all but its name) and the snapshots only,
+    and a decision changes one site's: a member shaped like an earlier one re-estimates
+    only the sites whose snapshot changed since (a burst of 100 identical members over
+    100 sites makes 199 estimates instead of 10,000)."""
     current = list(snapshots)
     position = {snap.site: index for index, snap in enumerate(current)}
+    changed: list[str] = []  # the site of every decision so far, in order
+    # shape -> (candidate site -> index, their estimates, the reasons that left sites
+    # out, how many of ``changed`` the estimates have seen)
+    seen: dict[JobRequest, tuple[dict[str, int], list[SiteEstimate], list[str], int]] = {}
     decisions = []
     for request in requests:
-        decision = select_site(request, current, bandwidth, protocol, mode, rng=rng)
+        shape = replace(request, name="")
+        if shape in seen:
+            candidate, estimates, left_out, since = seen[shape]
+            # only an in-flight count changed: a candidate stays one
+            for site in set(changed[since:]) & candidate.keys():
+                snap = current[position[site]]
+                estimates[candidate[site]] = estimate_site(request, snap, bandwidth, protocol)
+        else:
+            candidates, left_out = _candidates(request, current)
+            estimates = [estimate_site(request, snap, bandwidth, protocol) for snap in candidates]
+            candidate = {snap.site: i for i, snap in enumerate(candidates)}
+        seen[shape] = (candidate, estimates, left_out, len(changed))
+        decision = _choose_among(request, list(estimates), protocol, mode, list(left_out), rng)
         decisions.append(decision)
         if decision.site is not None:
             index = position[decision.site]
@@ -135,6 +169,7 @@ def select_sites(
             current[index] = replace(
                 snap, in_flight_processors=snap.in_flight_processors + request.processors
             )
+            changed.append(decision.site)
     return decisions
 
 

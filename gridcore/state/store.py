@@ -9,13 +9,13 @@ decision needs it (``lock_site``) and counters move by conditional UPDATEs.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, event, inspect, select
+from sqlalchemy import Connection, Engine, create_engine, event, func, inspect, select
 from sqlalchemy.pool import NullPool
 
 from gridcore.errors import StateError
@@ -23,7 +23,10 @@ from gridcore.state import schema
 
 DB_ENV = "GRIDCORE_DB_URL"
 HOME_ENV = "GRIDCORE_HOME"
-HEAD_REVISION = "0007"
+HEAD_REVISION = "0008"
+# PostgreSQL SQLSTATEs a transaction that gave way raises (it may be retried whole)
+LOCK_NOT_AVAILABLE = "55P03"
+DEADLOCK_DETECTED = "40P01"
 
 
 def state_dir() -> Path:
@@ -76,6 +79,23 @@ class Store:
             conn.execute(
                 select(schema.sites.c.name).where(schema.sites.c.name == site).with_for_update()
             )
+
+    def lock_sites(self, conn: Connection, names: Sequence[str], wait_s: float) -> None:
+        """:meth:`lock_site` for several sites in one statement, in name order, waiting
+        at most ``wait_s`` for a row another transaction holds (then the driver raises
+        lock_not_available, :data:`LOCK_NOT_AVAILABLE`). Set below PostgreSQL's
+        deadlock_timeout (1 s), the waiter gives way first: a transaction that locks
+        sites in another order (releases, expiries) is never the deadlock's victim."""
+        if self.is_sqlite or not names:
+            return
+        conn.execute(select(func.set_config("lock_timeout", f"{round(wait_s * 1000)}ms", True)))
+        sites = schema.sites
+        conn.execute(
+            select(sites.c.name)
+            .where(sites.c.name.in_(sorted(names)))
+            .order_by(sites.c.name)
+            .with_for_update()
+        )
 
     def check_migrated(self) -> None:
         tables = set(inspect(self.engine).get_table_names())

@@ -204,7 +204,10 @@ def test_execute_complete_rejects_events_that_break_the_contract(event: Any) -> 
         ({"processors": 64}, "no site can run 64 processors"),
         ({"input_files": ["/no/such/forcing.nc"]}, "input_files: not found .*/no/such/forcing.nc"),
         ({"runtime_s": -1}, r"request\.runtime_s: must be a finite number >= 0, got -1"),
-        ({"protocol": "clever"}, r"protocol: must be naive \| stateful \| random, got 'clever'"),
+        (
+            {"protocol": "clever"},
+            r"protocol: must be naive \| stateful \| random \| earliest-completion, got 'clever'",
+        ),
         ({"insufficient_mode": "wait"}, r"insufficient_mode: must be random \| best \| earliest"),
         ({"command": "  "}, r"job\.command: must not be blank"),
     ],
