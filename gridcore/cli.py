@@ -84,6 +84,26 @@ def _parser() -> argparse.ArgumentParser:
         " are SEED's; default 1: one seed)",
     )
     p.add_argument(
+        "--cases",
+        type=int,
+        metavar="N",
+        help="selection-robustness: how many random cases (seeds --seed onwards; default 300)",
+    )
+    p.add_argument(
+        "--case",
+        type=int,
+        metavar="SEED",
+        help="stateful-selection: replay selection-robustness's case SEED instead of the"
+        " canonical trace (its sites, members, external load and monitor interval)",
+    )
+    p.add_argument(
+        "--all-orderings",
+        action="store_const",
+        const=True,
+        help="stateful-selection: also run the 24 orderings of the four sites' speeds over"
+        " the seeds and report the default policy's completion / naive (key orderings)",
+    )
+    p.add_argument(
         "--comm-factor",
         type=float,
         metavar="X",
@@ -224,6 +244,9 @@ def _run_registered(args: argparse.Namespace, entry: registry.Experiment) -> int
         comm_factor=getattr(args, "comm_factor", None),
         growth_table=getattr(args, "growth_table", None),
         monitor_interval_s=getattr(args, "monitor_interval", None),
+        cases=getattr(args, "cases", None),
+        case=getattr(args, "case", None),
+        all_orderings=getattr(args, "all_orderings", None),
     )
     result = entry.execute(options)
     if entry.plot is not None:

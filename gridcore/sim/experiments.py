@@ -75,6 +75,7 @@ but do not always finish later: ``best``'s absolute-CPU rule is itself a weak po
 
 from __future__ import annotations
 
+import itertools
 import random
 import statistics
 from collections.abc import Mapping, Sequence
@@ -83,7 +84,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gridcore.errors import ConfigError
-from gridcore.policies.selection import InsufficientMode, SelectionProtocol
+from gridcore.policies.selection import DEFAULT_PROTOCOL, InsufficientMode, SelectionProtocol
 from gridcore.sim.registry import Experiment, RunOptions, text_table
 from gridcore.sim.seeds import OverSeeds, increasing
 from gridcore.sim.selection import (
@@ -93,7 +94,7 @@ from gridcore.sim.selection import (
     StreamConfig,
     simulate_selection,
 )
-from gridcore.sim.workload import SimSite
+from gridcore.sim.workload import LocalJob, SimSite
 
 TABLE1_SITES: Mapping[str, tuple[str, int, float]] = MappingProxyType(
     {
@@ -137,6 +138,8 @@ PROTOCOLS: Mapping[str, tuple[bool, StreamConfig]] = MappingProxyType(
             True,
             StreamConfig(SelectionProtocol.STATEFUL, InsufficientMode.BEST, _SHARED),
         ),
+        # beyond the paper: the operators' default, shown beside Fig. 2's protocols
+        DEFAULT_PROTOCOL.value: (False, StreamConfig(DEFAULT_PROTOCOL, state=_UNIFIED)),
     }
 )
 
@@ -148,20 +151,40 @@ class SelectionTrace:
     sites: tuple[SimSite, ...]
     jobs: tuple[SimJob, ...]
     description: Mapping[str, Any]
+    external: tuple[LocalJob, ...] = ()
+    monitor_interval_s: float = MDS_INTERVAL_S
 
 
 def stateful_selection_experiment(
-    runs: int = 20, seed: int = 0, monitor_interval_s: float = MDS_INTERVAL_S
+    runs: int = 20,
+    seed: int = 0,
+    monitor_interval_s: float | None = None,
+    case: int | None = None,
 ) -> dict[str, Any]:
-    """Fig. 2: every protocol of :data:`PROTOCOLS` on the canonical trace for ``seed``,
-    the monitor publishing every ``monitor_interval_s``."""
-    trace = canonical_trace(seed)
+    """Fig. 2: every protocol of :data:`PROTOCOLS` on the canonical trace for ``seed``
+    (or on selection-robustness's random ``case``), the monitor publishing every
+    ``monitor_interval_s`` (default: the trace's, MDS's 60 s for the canonical one)."""
+    trace = canonical_trace(seed) if case is None else robustness_case_trace(case)
+    interval = trace.monitor_interval_s if monitor_interval_s is None else monitor_interval_s
     return {
-        "protocols": compare_protocols(trace, runs, seed, monitor_interval_s),
-        "trace": {**trace.description, "monitor_delay_s": monitor_interval_s},
+        "protocols": compare_protocols(trace, runs, seed, interval),
+        "trace": {**trace.description, "monitor_delay_s": interval},
         "runs": runs,
         "seed": seed,
     }
+
+
+def robustness_case_trace(case: int) -> SelectionTrace:
+    """selection-robustness's case ``case`` as a trace: its sites, members (alternating
+    between two streams in arrival order, for the split protocols), external load and
+    monitor interval."""
+    from gridcore.sim.robustness import random_case
+
+    drawn = random_case(case)
+    ordered = sorted(drawn.jobs, key=lambda job: (job.arrival_s, job.name))
+    jobs = tuple(replace(job, stream=position % 2) for position, job in enumerate(ordered))
+    description = {"source": "selection-robustness random case", **drawn.describe()}
+    return SelectionTrace(drawn.sites, jobs, description, drawn.external, drawn.monitor_interval_s)
 
 
 def stateful_selection_table(result: Mapping[str, Any]) -> str:
@@ -173,8 +196,85 @@ def stateful_selection_table(result: Mapping[str, Any]) -> str:
 
 
 def _run(options: RunOptions) -> dict[str, Any]:
+    return stateful_selection_experiment(
+        options.runs or 1, options.seed, options.monitor_interval_s, options.case
+    )
+
+
+ORDERED_PROTOCOLS = (DEFAULT_PROTOCOL.value, "stateful_best")
+"""The protocols whose completion over naive's ``--all-orderings`` reports."""
+
+
+def all_orderings(
+    seeds: Sequence[int], runs: int, monitor_interval_s: float = MDS_INTERVAL_S
+) -> dict[str, Any]:
+    """The canonical trace with Table 1's slowness values in each of their 24 orderings
+    over the four sites: per ordering, the mean completion over ``seeds`` of each of
+    :data:`ORDERED_PROTOCOLS` over naive's mean completion; per protocol the median and
+    the worst ordering. A protocol that draws at random runs ``runs`` times per seed."""
+    speeds = [slowness for _, _, slowness in TABLE1_SITES.values()]
+    traces = [canonical_trace(seed) for seed in seeds]
+    per_ordering: list[dict[str, Any]] = []
+    for ordering in itertools.permutations(speeds):
+        completion = {
+            name: statistics.fmean(
+                _ordered_completion(trace, ordering, name, runs, seed, monitor_interval_s)
+                for seed, trace in zip(seeds, traces, strict=True)
+            )
+            for name in ("naive", *ORDERED_PROTOCOLS)
+        }
+        sites = sorted(TABLE1_SITES, key=lambda s: ordering[list(TABLE1_SITES).index(s)])
+        per_ordering.append(
+            {"fastest_first": sites}
+            | {name: completion[name] / completion["naive"] for name in ORDERED_PROTOCOLS}
+        )
+    summary: dict[str, Any] = {
+        "seeds": list(seeds),
+        "runs": runs,
+        "protocol": DEFAULT_PROTOCOL.value,
+    }
+    for name in ORDERED_PROTOCOLS:
+        ranked = sorted(per_ordering, key=lambda row: float(row[name]))
+        key = "default" if name == DEFAULT_PROTOCOL.value else name
+        summary[key] = {
+            "median": statistics.median(float(row[name]) for row in per_ordering),
+            "worst": float(ranked[-1][name]),
+            "worst_ordering": ranked[-1]["fastest_first"],
+            "best": float(ranked[0][name]),
+            "best_ordering": ranked[0]["fastest_first"],
+        }
+    summary["per_ordering"] = per_ordering
+    return summary
+
+
+def _ordered_completion(
+    trace: SelectionTrace,
+    ordering: Sequence[float],
+    name: str,
+    runs: int,
+    seed: int,
+    monitor_interval_s: float,
+) -> float:
+    _, config = PROTOCOLS[name]
+    sites = tuple(replace(site, slowness=s) for site, s in zip(trace.sites, ordering, strict=True))
+    jobs = tuple(replace(job, stream=0) for job in trace.jobs)
+    draws = config.protocol is SelectionProtocol.RANDOM or config.mode is InsufficientMode.RANDOM
+    return statistics.fmean(
+        simulate_selection(
+            sites, jobs, {0: config}, monitor_interval_s=monitor_interval_s, seed=_run_seed(seed, r)
+        ).completion_s
+        for r in range(runs if draws else 1)
+    )
+
+
+def _across_seeds(options: RunOptions) -> dict[str, Any]:
+    if not options.all_orderings:
+        return {}
+    if options.case is not None:
+        raise ConfigError("--all-orderings: orders the canonical trace's sites, not --case's")
     interval = MDS_INTERVAL_S if options.monitor_interval_s is None else options.monitor_interval_s
-    return stateful_selection_experiment(options.runs or 1, options.seed, interval)
+    seeds = range(options.seed, options.seed + options.seeds)
+    return {"orderings": all_orderings(list(seeds), options.runs or 1, interval)}
 
 
 def canonical_trace(seed: int = 0) -> SelectionTrace:
@@ -225,6 +325,7 @@ def compare_protocols(
                 trace.sites,
                 jobs,
                 streams,
+                external=trace.external,
                 monitor_interval_s=monitor_interval_s,
                 seed=_run_seed(seed, r),
             )
@@ -334,6 +435,7 @@ STATEFUL_SELECTION = Experiment(
     stateful_selection_table,
     plot_stateful_selection,
     default_runs=20,
-    takes=frozenset({"monitor_interval_s"}),
+    takes=frozenset({"monitor_interval_s", "case", "all_orderings"}),
     over_seeds=OverSeeds(("protocols",), PAPER_ORDERING),
+    across_seeds=_across_seeds,
 )

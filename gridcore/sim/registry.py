@@ -37,7 +37,9 @@ class RunOptions:
     option. ``None`` means "not given" for the options only some entries take (their
     :attr:`Experiment.takes`): ``comm_factor`` and ``growth_table`` (the execution-time
     growth table as JSON text, parsed by the entry) for koala-placement,
-    ``monitor_interval_s`` for stateful-selection. Errors name the command-line option.
+    ``monitor_interval_s``, ``case`` (a selection-robustness case's seed, replayed) and
+    ``all_orderings`` (True when given) for stateful-selection, ``cases`` for
+    selection-robustness. Errors name the command-line option.
     """
 
     seed: int = 0
@@ -49,8 +51,13 @@ class RunOptions:
     comm_factor: float | None = None
     growth_table: str | None = None
     monitor_interval_s: float | None = None
+    cases: int | None = None
+    case: int | None = None
+    all_orderings: bool | None = None
 
     def __post_init__(self) -> None:
+        if self.cases is not None and self.cases < 1:
+            raise ConfigError(f"--cases must be >= 1, got {self.cases}")
         if self.seeds < 1:
             raise ConfigError(f"--seeds must be >= 1, got {self.seeds}")
         # 0 is a question worth asking: co-allocation without a wide-area penalty.
@@ -71,6 +78,9 @@ OPTIONAL_OPTIONS: Mapping[str, str] = MappingProxyType(
         "comm_factor": "--comm-factor",
         "growth_table": "--growth-table",
         "monitor_interval_s": "--monitor-interval",
+        "cases": "--cases",
+        "case": "--case",
+        "all_orderings": "--all-orderings",
     }
 )
 """The :class:`RunOptions` only some entries take, by the command-line option that sets them."""
@@ -85,7 +95,9 @@ class Experiment:
     ``plot`` extra); ``ok`` says whether the run passed (the exit status);
     ``default_runs`` is ``None`` when the entry takes no ``--runs``; ``takes`` names the
     :data:`OPTIONAL_OPTIONS` it reads (any other given is refused); ``over_seeds`` says
-    what to report over ``--seeds`` (``None``: the entry takes no ``--seeds``).
+    what to report over ``--seeds`` (``None``: the entry takes no ``--seeds``);
+    ``across_seeds(options)`` makes figures from all the seeds at once (once per run,
+    merged into the result, e.g. stateful-selection's ``orderings``).
     """
 
     summary: str
@@ -96,6 +108,7 @@ class Experiment:
     default_runs: int | None = None
     takes: frozenset[str] = frozenset()
     over_seeds: OverSeeds | None = None
+    across_seeds: Callable[[RunOptions], Result] | None = None
 
     def execute(self, options: RunOptions) -> Result:
         """Run with ``options``, ``runs`` resolved (:meth:`runs`). Over N > 1 seeds: the
@@ -103,15 +116,16 @@ class Experiment:
         the plot, if any, is then the first seed's."""
         self._refuse_unread(options)
         options = replace(options, runs=self.runs(options))
+        across = {} if self.across_seeds is None else self.across_seeds(options)
         if options.seeds == 1:
-            return self.run(options)
+            return self.run(options) | across
         if self.over_seeds is None:
             raise ConfigError(f"--seeds: this one reports no figures over seeds ({self.summary})")
         results = [
             (seed, self.run(replace(options, seed=seed)))
             for seed in range(options.seed, options.seed + options.seeds)
         ]
-        return results[0][1] | {"over_seeds": self.over_seeds.aggregate(results)}
+        return results[0][1] | {"over_seeds": self.over_seeds.aggregate(results)} | across
 
     def render(self, result: Mapping[str, Any]) -> str:
         """The text table of ``result``, of the means over seeds when it has them."""
@@ -171,6 +185,7 @@ EXPERIMENTS: Mapping[str, str] = MappingProxyType(
         "stateful-selection": "gridcore.sim.experiments:STATEFUL_SELECTION",
         "koala-placement": "gridcore.sim.coalloc_experiments:KOALA_PLACEMENT",
         "koala-claiming": "gridcore.sim.koala_experiments:KOALA_CLAIMING",
+        "selection-robustness": "gridcore.sim.robustness:SELECTION_ROBUSTNESS",
     }
 )
 """``gridcore experiment NAME``: the seed papers' experiments on the simulator."""

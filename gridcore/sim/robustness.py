@@ -3,7 +3,7 @@
 The paper's Fig. 2 comparison (:mod:`gridcore.sim.experiments`) runs one canonical trace
 whose favoured site is small. A user's grid is not that trace. This experiment draws
 ``cases`` random grids and workloads from the documented ranges below (each case from its
-own seed, so any case replays alone with
+own seed: case ``seed .. seed + cases - 1``, so any case replays alone with
 ``gridcore experiment stateful-selection --case SEED``), runs every protocol of
 :data:`PROTOCOLS` on each, and reports per protocol the distribution of the ensemble's
 completion time over naive's on the same case (ratio < 1: faster than sending blindly).
@@ -288,7 +288,8 @@ def plot_robustness(result: Mapping[str, Any], path: str) -> None:
 
 
 def _run(options: RunOptions) -> dict[str, Any]:
-    return selection_robustness(cases=options.runs or DEFAULT_CASES, seed=options.seed)
+    cases = DEFAULT_CASES if options.cases is None else options.cases
+    return selection_robustness(cases=cases, seed=options.seed)
 
 
 SELECTION_ROBUSTNESS = Experiment(
@@ -296,5 +297,5 @@ SELECTION_ROBUSTNESS = Experiment(
     _run,
     robustness_table,
     plot_robustness,
-    default_runs=DEFAULT_CASES,
+    takes=frozenset({"cases"}),
 )

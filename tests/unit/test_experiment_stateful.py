@@ -24,6 +24,7 @@ PROTOCOL_NAMES = {
     "stateful_earliest",
     "stateful_split",
     "stateful_split_shared",
+    "earliest-completion",  # the operators' default, beside Fig. 2's protocols
 }
 
 
