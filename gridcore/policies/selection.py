@@ -34,8 +34,9 @@ Eq. (C), a member of ``p`` processors and reference runtime ``r`` at site ``s``:
 ``C_s = W_s + transfer_s + r * slowness_s`` where ``transfer_s`` is the input and output
 transfer time (:func:`gridcore.policies.transfer.job_transfer_seconds`) and ``W_s`` the
 expected wait before it starts, 0 where it fits, else Eq. (W)
-(:func:`estimated_queue_delay`): ``W_s = max(W_obs, R_s / 2, deficit_s * R_s / T_s)``
-with ``deficit_s = p - free_s``, ``T_s`` the site's processors, ``R_s`` the mean runtime
+(:func:`estimated_queue_delay`): ``W_s = max(W_obs, R_s / 2, deficit_s * R_s / T_p)``
+with ``deficit_s = p - free_s``, ``T_p = floor(T_s / p) * p`` of the site's ``T_s``
+processors, ``R_s`` the mean runtime
 observed there (else ``r * slowness_s``) and ``W_obs`` the mean queue wait observed there.
 
 Pure: no I/O, no clock; randomness only through the injected ``rng``.
@@ -191,11 +192,13 @@ def estimated_queue_delay(request: JobRequest, snapshot: SiteSnapshot, idle: int
 
     Eq. (W): with ``deficit = p - idle`` > 0 (``idle`` as the protocol sees it, so our
     in-flight members and others' queued work are the backlog), ``T`` the site's
-    processors and ``R`` the mean runtime there (observed, else this member's runtime x
-    slowness), ``W = max(W_obs, R / 2, deficit * R / T)``: no sooner than the observed
+    processors, ``T_p = floor(T / p) * p`` the processors members of this size keep busy
+    at once, and ``R`` the mean runtime there (observed, else this member's runtime x
+    slowness), ``W = max(W_obs, R / 2, deficit * R / T_p)``: no sooner than the observed
     mean queue wait; no sooner than a running job ends (half a runtime away on average,
-    for jobs in random phase); no sooner than the backlog drains at ``T`` processors per
-    runtime. A fitting site waits 0.
+    for jobs in random phase); no sooner than the backlog drains at ``T_p`` processors per
+    runtime (a FIFO queue without backfill packs a small site badly: 4-processor
+    members keep only 4 of 6 processors busy). A fitting site waits 0.
     """
     deficit = request.processors - idle
     if deficit <= 0:
@@ -203,7 +206,10 @@ def estimated_queue_delay(request: JobRequest, snapshot: SiteSnapshot, idle: int
     runtime = snapshot.mean_runtime_s
     if runtime is None:
         runtime = request.runtime_s * snapshot.slowness
-    drain = deficit / snapshot.total_processors * runtime
+    packed = snapshot.total_processors // request.processors * request.processors
+    if packed == 0:
+        return math.inf  # the site is smaller than the member: it never starts there
+    drain = deficit / packed * runtime
     observed = snapshot.mean_queue_wait_s or 0.0
     return max(observed, runtime / 2, drain)
 

@@ -4,6 +4,7 @@ naive on untuned grids, and the burst decided on one snapshot."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -86,6 +87,11 @@ def test_queue_delay_is_the_largest_of_observed_wait_half_a_runtime_and_the_drai
     observed = SiteSnapshot("s", 32, 3, 1.5, mean_queue_wait_s=1000.0)
     assert estimated_queue_delay(request, observed, 3) == pytest.approx(1000.0)
     assert estimated_queue_delay(request, shallow, 4) == 0.0
+    # 4-processor members keep only 4 of 6 processors busy: a deficit of 12 drains at
+    # 4 per runtime (R = 600): 3 runtimes, not 2
+    small = SiteSnapshot("s", 6, 0, 1.0, in_flight_processors=8)
+    assert estimated_queue_delay(request, small, small.free_processors) == pytest.approx(1800.0)
+    assert estimated_queue_delay(JobRequest("m", 8), small, 0) == math.inf
 
 
 _site = st.builds(
