@@ -23,6 +23,10 @@ Ranges (uniform; integers where the quantity is one), drawn per case:
 
 Randomised protocols (``random`` and the random insufficient mode) run once per case: the
 case-to-case spread already averages their draws.
+
+Tuned and reported cases are apart: the default's queue-delay estimate (Eq. W in
+:mod:`gridcore.policies.selection`) was chosen on cases 100000-100299; the figures
+reported are those of the default seeds 0-299 (and anyone's others).
 """
 
 from __future__ import annotations
