@@ -25,6 +25,7 @@ def get_provider_info() -> dict[str, Any]:
                 "integration-name": _INTEGRATION,
                 "python-modules": [
                     "operators.site_job",
+                    "operators.select_sites",
                     "operators.stage_files",
                     "operators.coallocate",
                 ],

@@ -2,7 +2,9 @@
 
 The operator is thin: validate, ``GridRuntime.select`` + ``submit`` (through
 :class:`~operators.hooks.GridcoreHook`), then defer to
-:class:`~sensors.triggers.SiteJobTrigger`; the result is plain JSON for XCom.
+:class:`~sensors.triggers.SiteJobTrigger`; the result is plain JSON for XCom. Given a
+``selection_id`` (a burst decided by :class:`~operators.select_sites.SelectSitesOperator`)
+it submits that selection instead of selecting.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class JobPlan:
     protocol: SelectionProtocol
     mode: InsufficientMode
     stream: str
+    selection_id: int | None = None  # a selection made for this member beforehand
 
 
 class SiteJobOperator(GridcoreOperator):
@@ -62,6 +65,13 @@ class SiteJobOperator(GridcoreOperator):
         (templated); each must exist when the task runs.
     :param runtime_s: estimated runtime on a reference site, seconds (>= 0).
     :param site: ``"auto"`` for policy selection, or the name of a grid site to pin.
+    :param selection_id: a selection already made for this member (templated, or from
+        :class:`~operators.select_sites.SelectSitesOperator`'s result through
+        ``expand_kwargs``): the member submits it instead of selecting. It must exist,
+        be made for this member (its name and processors) and be unsubmitted, or be
+        submitted by an earlier try of this task instance; ``site`` stays ``"auto"``.
+        If it ended without completing (it expired before the member ran, or an earlier
+        try's job failed), the member selects afresh as a retry does.
     :param protocol: ``earliest-completion`` (default: every site ranked by its estimated
         completion for this member) | ``stateful`` | ``naive`` | ``random``.
     :param insufficient_mode: ``best`` | ``random`` | ``earliest`` when no site has room
@@ -84,7 +94,14 @@ class SiteJobOperator(GridcoreOperator):
     always starts new jobs.
     """
 
-    template_fields: Sequence[str] = ("command", "input_files", "site", "stream", "env")
+    template_fields: Sequence[str] = (
+        "command",
+        "input_files",
+        "site",
+        "selection_id",
+        "stream",
+        "env",
+    )
     ui_color = "#d9ead3"
 
     def __init__(
@@ -95,6 +112,7 @@ class SiteJobOperator(GridcoreOperator):
         input_files: Sequence[str] | None = None,
         runtime_s: float = 600.0,
         site: str = AUTO_SITE,
+        selection_id: int | str | None = None,
         protocol: str = DEFAULT_PROTOCOL.value,
         insufficient_mode: str = InsufficientMode.BEST.value,
         stream: str | None = None,
@@ -109,6 +127,7 @@ class SiteJobOperator(GridcoreOperator):
         self.input_files = input_files
         self.runtime_s = runtime_s
         self.site = site
+        self.selection_id = selection_id
         self.protocol = protocol
         self.insufficient_mode = insufficient_mode
         self.stream = stream
@@ -121,9 +140,12 @@ class SiteJobOperator(GridcoreOperator):
         job = self.plan_job(context)
         state = state_store(context)
         with translated(job.request.name), self.hook().runtime() as runtime:
-            record = self._resume(runtime, state, job)
-            if record is None:
-                record = self._select_and_submit(runtime, state, job)
+            if job.selection_id is not None:
+                record = self._run_given(runtime, state, job, job.selection_id)
+            else:
+                record = self._resume(runtime, state, job)
+                if record is None:
+                    record = self._select_and_submit(runtime, state, job)
         self._selection_id = record.selection_id
         if record.finished:  # an earlier try's job completed: its result stands
             return self.execute_complete(context, dict(SiteJobTrigger.event_for(record)))
@@ -136,16 +158,52 @@ class SiteJobOperator(GridcoreOperator):
     def _select_and_submit(self, runtime: GridRuntime, state: Any, job: JobPlan) -> JobRecord:
         pinned = _pinned_site(runtime, self.site)
         record = runtime.select(job.request, job.protocol, job.mode, job.stream, site=pinned)
+        return self._submit(runtime, state, job, record.selection_id)
+
+    def _run_given(
+        self, runtime: GridRuntime, state: Any, job: JobPlan, selection_id: int
+    ) -> JobRecord:
+        """Submit the selection made for this member, or resume it (see ``selection_id``)."""
+        given = _given_selection(runtime, job, selection_id)
+        prior = state.get(SELECTION_KEY) if state is not None else None
+        if given.finished and given.state != JobState.COMPLETED.value:
+            # It will never run; nothing of it can run twice, so decide as a retry does
+            # (an earlier try's own fresh selection first, if it still counts).
+            self.log.warning(
+                "selection %s given for %s is %s (%s); selecting afresh",
+                selection_id,
+                job.request.name,
+                given.state,
+                given.message,
+            )
+            return self._resume(runtime, state, job) or self._select_and_submit(
+                runtime, state, job
+            )
+        if prior == selection_id:
+            resumed = self._resume(runtime, state, job)
+            if resumed is not None:
+                return resumed
+        if given.job_id is not None or given.finished:
+            raise AirflowFailException(
+                f"{job.request.name}: selection {selection_id} is already {given.state}"
+                f" (job {given.job_id} on site {given.site}), not by an earlier try of this"
+                " task: give each member the selection made for it"
+            )
+        return self._submit(runtime, state, job, selection_id)
+
+    def _submit(
+        self, runtime: GridRuntime, state: Any, job: JobPlan, selection_id: int
+    ) -> JobRecord:
         if state is not None:
             # Persisted between select and submit, so a retry after a worker crash (or
             # after Airflow failing the task on a stale executor event) finds the job
             # instead of submitting a duplicate; submit() itself never submits twice.
             try:
-                state.set(SELECTION_KEY, record.selection_id)
+                state.set(SELECTION_KEY, selection_id)
             except Exception:
-                runtime.cancel(record.selection_id)  # release the claimed processors
+                runtime.cancel(selection_id)  # release the claimed processors
                 raise
-        record = runtime.submit(record.selection_id, job.submission)
+        record = runtime.submit(selection_id, job.submission)
         self.log.info(
             "selection %s: %s on site %s as job %s (%s)",
             record.selection_id,
@@ -207,13 +265,14 @@ class SiteJobOperator(GridcoreOperator):
         """Validate the (rendered) arguments into a plan through gridcore's request
         models (:mod:`gridcore.validation`); AirflowFailException naming the field
         otherwise. Touches nothing but the input files' metadata."""
-        inputs = _input_paths(self.input_files)  # operator-only: files on this worker
+        inputs = input_paths(self.input_files)  # operator-only: files on this worker
         name = job_name(self.dag_id, self.task_id, map_index(context))
         env = {str(k): str(v) for k, v in (self.env or {}).items()}
         if inputs:
             env[INPUTS_ENV] = os.pathsep.join(str(p) for p in inputs)
         input_bytes = sum(p.stat().st_size for p in inputs)
         stream = self.stream if self.stream else self.dag_id
+        selection_id = _given_selection_id(name, self.selection_id, self.site)
         with translated(name):  # nothing selected yet
             request = check_job_request(
                 JobRequest(name, self.processors, self.runtime_s, input_bytes=input_bytes)
@@ -224,7 +283,7 @@ class SiteJobOperator(GridcoreOperator):
             protocol = check_choice(SelectionProtocol, self.protocol, "protocol")
             mode = check_choice(InsufficientMode, self.insufficient_mode, "insufficient_mode")
             stream = check_selection_stream(str(stream))
-        return JobPlan(request, submission, protocol, mode, stream)
+        return JobPlan(request, submission, protocol, mode, stream, selection_id)
 
 
 @contextmanager
@@ -255,6 +314,43 @@ def map_index(context: Mapping[str, Any]) -> int:
     return index if isinstance(index, int) else -1
 
 
+def _given_selection_id(name: str, value: Any, site: Any) -> int | None:
+    """The rendered ``selection_id`` (a template renders it as text) or None."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise AirflowFailException(
+            f"{name}: selection_id: must be a positive integer (a selection's id), got {value!r}"
+        )
+    if site != AUTO_SITE:
+        raise AirflowFailException(
+            f"{name}: selection_id {value} and site {site!r}: give one, not both (a selection"
+            f" already has its site); leave site={AUTO_SITE!r}"
+        )
+    return value
+
+
+def _given_selection(runtime: GridRuntime, job: JobPlan, selection_id: int) -> JobRecord:
+    """The selection ``selection_id`` if it was made for this member; else a failure
+    without retries (a wrong id does not become right)."""
+    try:
+        given = runtime.record(selection_id)
+    except StateError as exc:
+        raise AirflowFailException(
+            f"{job.request.name}: selection_id {selection_id}: {exc}"
+        ) from exc
+    member = (job.request.name, job.request.processors)
+    if (given.name, given.processors) != member:
+        raise AirflowFailException(
+            f"{job.request.name}: selection {selection_id} was made for {given.name!r} with"
+            f" {given.processors} processors, not for this member ({member[1]} processors):"
+            " give each member the selection made for it"
+        )
+    return given
+
+
 def _pinned_site(runtime: GridRuntime, site: Any) -> str | None:
     if site == AUTO_SITE:
         return None
@@ -267,7 +363,7 @@ def _pinned_site(runtime: GridRuntime, site: Any) -> str | None:
     return site
 
 
-def _input_paths(files: Any) -> list[Path]:
+def input_paths(files: Any) -> list[Path]:
     if files is None:
         return []
     if isinstance(files, str):
