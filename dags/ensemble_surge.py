@@ -11,10 +11,13 @@ watcher; the watcher consumes the file so it triggers exactly once::
 ``wind_ms`` (default 35) is the peak wind the members perturb (0.8x to 1.2x). A manual
 run (or ``dag.test()``) has no forcing event and uses the DAG params instead.
 
-Each member is a :class:`~operators.site_job.SiteJobOperator`: the members arrive as a
-burst, and gridcore's default selection (earliest estimated completion) counts the
-processors of members already sent to a site but not yet visible in its monitoring, so
-the burst spreads over the sites instead of piling onto the one that looked idlest.
+The members arrive as a burst, and the burst is decided at once:
+:class:`~operators.select_sites.SelectSitesOperator` chooses every member's site in one
+decision (one snapshot, one transaction; gridcore's default, earliest estimated
+completion, sees each member after the ones before it in flight), so the burst spreads
+over the sites instead of piling onto the one that looked idlest. Each member is then a
+:class:`~operators.site_job.SiteJobOperator` given its ``selection_id``: it submits the
+selection made for it and waits for its job.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 
 from airflow.sdk import Asset, AssetWatcher, Param, dag, task
 
+from operators.select_sites import SelectSitesOperator, with_selections
 from operators.site_job import SiteJobOperator
 from sensors.triggers import ForcingFileTrigger
 
@@ -185,18 +189,30 @@ def ensemble_surge() -> None:
             rows += plan_from_forcing(json.loads(path.read_text()), payload["name"], str(path))
         return rows
 
-    # Retries are safe: a retry reattaches to the selection its earlier try made (task
-    # state store) instead of submitting again. They also absorb Airflow 3.3.2 failing a
-    # deferred task whose trigger fired before the executor reported the defer-exit
-    # (apache/airflow#67287, #72716).
+    rows = plan_members()
+    # One decision for the whole burst; a retry returns the same selections (task state
+    # store) instead of deciding a second burst.
+    burst = SelectSitesOperator(
+        task_id="select_sites", members=rows, member_task_id="member", retries=2
+    )
+
+    @task
+    def member_kwargs(
+        planned: Sequence[Mapping[str, Any]], decided: Sequence[Mapping[str, Any]]
+    ) -> list[dict[str, Any]]:
+        return with_selections(planned, decided)
+
+    # Retries are safe: a retry reattaches to the selection its earlier try submitted
+    # (task state store) instead of submitting again. They also absorb Airflow 3.3.2
+    # failing a deferred task whose trigger fired before the executor reported the
+    # defer-exit (apache/airflow#67287, #72716).
     members = SiteJobOperator.partial(
         task_id="member",
         command=MEMBER_COMMAND,
-        site="auto",
         poll_interval=0.5,
         retries=2,
         retry_delay=timedelta(seconds=2),
-    ).expand_kwargs(plan_members())
+    ).expand_kwargs(member_kwargs(rows, burst.output))
 
     @task
     def summary(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -24,4 +24,10 @@ def test_ensemble_dag_is_scheduled_by_the_forcing_asset_watcher(dagbag: Any) -> 
     assert watcher.name == "forcing_watcher"
     assert isinstance(watcher.trigger, ForcingFileTrigger)
     assert watcher.trigger.pattern == "*.json"
-    assert set(dag.task_ids) == {"plan_members", "member", "summary"}
+    assert set(dag.task_ids) == {
+        "plan_members",
+        "select_sites",
+        "member_kwargs",
+        "member",
+        "summary",
+    }

@@ -2,19 +2,20 @@
 
 Two runs, because Airflow offers two ways and each hides something the other shows:
 
-* ``dag.test()`` (in-process, triggers inline): the operator -> trigger -> execute_complete
-  contract, XComs, and agreement with gridcore's state DB.
+* ``dag.test()`` (in-process, triggers inline): the burst decided in one transaction by
+  select_sites, each member submitting its own selection, the operator -> trigger ->
+  execute_complete contract, XComs, and agreement with gridcore's state DB.
 * the real scheduler, dag-processor, triggerer and LocalExecutor: a forcing file dropped
   into the watched directory triggers the run through the asset watcher, and the members
-  arrive as a burst. ``dag.test()`` cannot show that: it runs mapped task instances one
-  at a time and each trigger to completion before the next member starts, so every
-  member sees idle sites and the stateful selection never has anything to spread.
+  run concurrently. ``dag.test()`` cannot show that: it runs mapped task instances one
+  at a time and each trigger to completion before the next member starts.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -50,17 +51,33 @@ RESULT_KEYS = {
 }
 
 
-def test_dag_test_runs_every_member_to_completion(dagbag: Any, airflow_env: IntegrationEnv) -> None:
+def test_dag_test_decides_the_burst_at_once_and_runs_every_member(
+    dagbag: Any, airflow_env: IntegrationEnv
+) -> None:
     dag = dagbag.dags[DAG_ID]
-    members = 4
+    members = 6  # x 2 processors = 12 > the 8 processors of the best site (local-a)
+    since = time.time()
     run = dag.test(run_conf={"storm": "manual", "members": members, "runtime_s": 1})
 
     states = task_states(DAG_ID, run.run_id)
     assert run.state == "success", states
+    (burst,) = xcom_values(DAG_ID, run.run_id, "select_sites").values()
     results = xcom_values(DAG_ID, run.run_id, "member")
     assert sorted(results) == list(range(members))
     assert_members_completed(results)
     assert_state_db_agrees(results, f"{DAG_ID}.member")
+    # One selection per member, made by select_sites and submitted by that member ...
+    assert [b["name"] for b in burst] == [f"{DAG_ID}.member.{i}" for i in range(members)]
+    assert [results[i]["selection_id"] for i in range(members)] == [
+        b["selection_id"] for b in burst
+    ]
+    assert [results[i]["site"] for i in range(members)] == [b["site"] for b in burst]
+    # ... all in one decision: the run wrote exactly these rows, at one clock reading.
+    rows = selection_rows_since(since)
+    assert [row["id"] for row in rows] == [b["selection_id"] for b in burst]
+    assert len({row["selected_at"] for row in rows}) == 1
+    assert {row["selected_at"] for row in rows} == {b["selected_at"] for b in burst}
+    assert len({b["site"] for b in burst}) > 1, f"the burst all went to {burst[0]['site']}"
     summary = xcom_values(DAG_ID, run.run_id, "summary")[-1]
     assert [row["site"] for row in summary["members"]] == [
         results[i]["site"] for i in range(members)
@@ -97,10 +114,12 @@ def test_forcing_file_burst_spreads_over_sites(
     sites = {r["site"] for r in results.values()}
     assert len(sites) > 1, f"the burst all went to {sites}"
     assert_state_db_agrees(results, f"{DAG_ID}.member")
-    # Exactly one job per member, even if Airflow failed and retried a member meanwhile.
+    # Exactly one job per member, even if Airflow failed and retried a member meanwhile,
+    # and every one from the burst's single decision.
     assert sorted(selection_names_since(since.timestamp())) == [
         f"{DAG_ID}.member.{i}" for i in range(forcing["members"])
     ]
+    assert len({row["selected_at"] for row in selection_rows_since(since.timestamp())}) == 1
     # The watcher consumed the file: it fired once and cannot fire again.
     assert not (airflow_env.forcing_dir / "alberto.json").exists()
     consumed = list((airflow_env.forcing_dir / "consumed").glob("*alberto.json"))
@@ -122,6 +141,20 @@ def assert_members_completed(results: Mapping[int, Mapping[str, Any]]) -> None:
         assert result["state"] == "completed", (index, result)
         assert result["job_id"], (index, result)
         assert result["queued_s"] is not None and result["queued_s"] >= 0, (index, result)
+
+
+def selection_rows_since(timestamp: float) -> list[dict[str, Any]]:
+    store = open_store()
+    try:
+        with store.begin() as conn:
+            query = (
+                select(selections)
+                .where(selections.c.selected_at >= timestamp)
+                .order_by(selections.c.id)
+            )
+            return [dict(row) for row in conn.execute(query).mappings()]
+    finally:
+        store.dispose()
 
 
 def selection_names_since(timestamp: float) -> list[str]:
