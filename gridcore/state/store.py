@@ -15,7 +15,19 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, event, func, inspect, select
+from sqlalchemy import (
+    ARRAY,
+    Connection,
+    Engine,
+    String,
+    any_,
+    bindparam,
+    create_engine,
+    event,
+    func,
+    inspect,
+    select,
+)
 from sqlalchemy.pool import NullPool
 
 from gridcore.errors import StateError
@@ -88,14 +100,15 @@ class Store:
         sites in another order (releases, expiries) is never the deadlock's victim."""
         if self.is_sqlite or not names:
             return
-        conn.execute(select(func.set_config("lock_timeout", f"{round(wait_s * 1000)}ms", True)))
-        sites = schema.sites
-        conn.execute(
-            select(sites.c.name)
-            .where(sites.c.name.in_(sorted(names)))
-            .order_by(sites.c.name)
-            .with_for_update()
-        )
+        conn.execute(_LOCK_SITES, {"names": sorted(names), "wait": f"{round(wait_s * 1000)}ms"})
+
+    def take_turn(self, conn: Connection, name: str) -> None:
+        """Wait until no other transaction holds the turn ``name``, then hold it to the
+        end of this one (a PostgreSQL transaction-level advisory lock): transactions
+        taking the same turn run their decisions one at a time. SQLite transactions are
+        one at a time anyway (BEGIN IMMEDIATE)."""
+        if not self.is_sqlite:
+            conn.execute(_TAKE_TURN, {"name": name})
 
     def check_migrated(self) -> None:
         tables = set(inspect(self.engine).get_table_names())
@@ -110,6 +123,20 @@ class Store:
         self.engine.dispose()
         if self._autocommit is not None:
             self._autocommit.dispose()
+
+
+_LOCK_SITES = (
+    select(schema.sites.c.name)
+    .where(
+        schema.sites.c.name == any_(bindparam("names", type_=ARRAY(String))),
+        # lock_timeout for the rest of the transaction, in the same round trip: the
+        # filter runs on a row before FOR UPDATE locks it, so before the first wait
+        func.set_config("lock_timeout", bindparam("wait", type_=String), True).is_not(None),
+    )
+    .order_by(schema.sites.c.name)
+    .with_for_update()
+)
+_TAKE_TURN = select(func.pg_advisory_xact_lock(func.hashtext(bindparam("name", type_=String))))
 
 
 def open_store(url: str | None = None, *, upgrade: bool = False, pool: bool = True) -> Store:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import multiprocessing
 import random
+import threading
 import time
 from collections.abc import Iterator
 from types import MappingProxyType
@@ -278,4 +279,43 @@ def test_a_member_no_site_can_run_leaves_nothing_written(store: Store) -> None:
         assert conn.execute(select(func.count()).select_from(selections)).scalar_one() == 0
         assert conn.execute(select(func.count()).select_from(holds)).scalar_one() == 0
         assert conn.execute(select(func.sum(sites.c.claimed + sites.c.queued))).scalar_one() == 0
+    assert_capacity_invariant(store)
+
+
+def test_a_burst_gives_way_to_a_transaction_holding_its_site_and_is_retaken(
+    store: Store,
+) -> None:
+    """Another transaction holds s0's row (as a release of several sites in another
+    order would, waiting on a row the burst locked): the burst waits at most
+    BURST_LOCK_WAIT_S, rolls back and is retaken, and commits once the row is free. It
+    never waits long enough for PostgreSQL's deadlock check to pick the other side."""
+    _grant(store)
+    held, release = threading.Event(), threading.Event()
+
+    def hold_s0() -> None:
+        with store.begin() as conn:
+            conn.execute(select(sites.c.name).where(sites.c.name == "s0").with_for_update())
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold_s0)
+    holder.start()
+    assert held.wait(30)
+    timer = threading.Timer(2.5 * ledger.BURST_LOCK_WAIT_S, release.set)
+    timer.start()
+    try:
+        start = time.monotonic()
+        recorded = ledger.select_and_record_batch(
+            store, ledger.SnapshotReader(GRID), [JobRequest(f"m{i}", 2) for i in range(3)],
+            DEFAULT_PROTOCOL, InsufficientMode.BEST, "t", 1.0, random.Random(0),
+        )  # fmt: skip
+        waited = time.monotonic() - start
+    finally:
+        release.set()
+        timer.cancel()
+        holder.join(30)
+    assert [r.decision.site for r in recorded] == ["s0"] * 3
+    (attempts,) = {r.attempts for r in recorded}
+    assert attempts >= 2, "it gave way (at least once) until the row was free"
+    assert waited >= 2.5 * ledger.BURST_LOCK_WAIT_S - 0.1
     assert_capacity_invariant(store)
