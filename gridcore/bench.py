@@ -480,9 +480,11 @@ def bench_selection(
     pg_url: str | None = None, decisions: int = 2000, per_process: int = 250
 ) -> dict[str, Any]:
     url = pg_url or os.environ.get(PG_ENV) or DEFAULT_PG_URL
+    # SQLite first: a PostgreSQL run's aftermath (its processes exiting, its schema
+    # dropped) would still be loading the machine
     single = bench_sqlite(decisions=decisions)
-    concurrent = bench_postgres(url, per_process=per_process)
     batches = bench_sqlite_batches()
+    concurrent = bench_postgres(url, per_process=per_process)
     concurrent_batches = bench_postgres_batches(url)
     pgbench = bench_pgbench(url)
     tps = pgbench["pgbench_tps"]
