@@ -175,6 +175,16 @@ class SiteSnapshot:
         ``gridcore.engine.capacity.FREE``. May be negative."""
         return self.idle_processors - self.in_flight_processors - self.external_pending_processors
 
+    def add_in_flight(self, processors: int) -> SiteSnapshot:
+        """This snapshot after a decision sent ``processors`` more of ours to the site
+        (a burst decided on one snapshot, :func:`gridcore.policies.selection.select_sites`).
+        Built field by field: ``dataclasses.replace`` cost as much as the estimate."""
+        return SiteSnapshot(
+            self.site, self.total_processors, self.idle_processors, self.slowness,
+            self.in_flight_processors + processors, self.external_pending_processors,
+            self.pending_jobs, self.usable, self.mean_queue_wait_s, self.mean_runtime_s,
+        )  # fmt: skip
+
     def take(self, processors: int) -> SiteSnapshot:
         """This snapshot after a decision took ``processors`` (negative: gave them back,
         as a preemption does): :attr:`free_processors` changes by exactly that much."""
@@ -191,6 +201,11 @@ class JobRequest:
     input_bytes: int = 0
     output_bytes: int = 0
     origin: str = ORIGIN
+
+    @property
+    def shape(self) -> tuple[object, ...]:
+        """Everything but the name: what a policy's estimate for this request reads."""
+        return (self.processors, self.runtime_s, self.input_bytes, self.output_bytes, self.origin)
 
 
 @dataclass(frozen=True)

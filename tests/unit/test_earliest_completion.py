@@ -176,3 +176,19 @@ def test_a_burst_spreads_over_sites_instead_of_piling_on_one() -> None:
         )
     ]
     assert sites == ["a", "a", "b", "b"]
+
+
+def test_adding_in_flight_work_changes_only_that_count() -> None:
+    from dataclasses import replace
+
+    snap = SiteSnapshot("s", 16, 7, 1.3, 2, 3, 4, False, 12.0, 34.0)
+    assert snap.add_in_flight(5) == replace(snap, in_flight_processors=7)
+    assert snap.add_in_flight(5).free_processors == snap.free_processors - 5
+
+
+def test_a_requests_shape_is_every_field_but_its_name() -> None:
+    from dataclasses import astuple, fields
+
+    request = JobRequest("m", 3, 12.5, 7, 9, "elsewhere")
+    assert [f.name for f in fields(JobRequest)][0] == "name"
+    assert request.shape == astuple(request)[1:]
