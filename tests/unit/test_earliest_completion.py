@@ -190,5 +190,5 @@ def test_a_requests_shape_is_every_field_but_its_name() -> None:
     from dataclasses import astuple, fields
 
     request = JobRequest("m", 3, 12.5, 7, 9, "elsewhere")
-    assert [f.name for f in fields(JobRequest)][0] == "name"
+    assert fields(JobRequest)[0].name == "name"
     assert request.shape == astuple(request)[1:]
