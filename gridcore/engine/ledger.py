@@ -316,9 +316,29 @@ def _claim_and_insert(
     stream: str,
     now: float,
 ) -> int | None:
-    ledger = Ledger.CLAIMED if decision.outcome is Outcome.FIT else Ledger.QUEUED
-    conditional = ledger is Ledger.CLAIMED and protocol.counts_in_flight
     params = _selection_params(request, decision, stream, now)
+    if decision.outcome is Outcome.FIT:
+        row_id = _record(store, conn, request, decision, params, Ledger.CLAIMED, conditional=True)
+        if row_id is not None or protocol.counts_in_flight:
+            return row_id
+        # naive/random do not honour in-flight work by definition: a FIT by their view
+        # that the ledger cannot grant will queue at the site, so it is held as queued
+        # (the counters never claim more processors than a site has)
+    return _record(store, conn, request, decision, params, Ledger.QUEUED, conditional=False)
+
+
+def _record(
+    store: Store,
+    conn: Connection,
+    request: JobRequest,
+    decision: SiteSelection,
+    params: dict[str, object],
+    ledger: Ledger,
+    *,
+    conditional: bool,
+) -> int | None:
+    """Move the counter (by the conditional claim, or unconditionally), insert the
+    selection row and its hold; ``None`` when the conditional claim did not fit."""
     if not store.is_sqlite:
         statement = _PG_CLAIM_INSERT if conditional else _PG_ADD_INSERT[ledger]
         bound = {f"b_{key}": value for key, value in params.items()}
@@ -330,8 +350,6 @@ def _claim_and_insert(
         if conn.execute(capacity.CLAIM, counters).rowcount != 1:
             return None
     else:
-        # naive/random do not honour in-flight work by definition; still record it so
-        # stateful selectors sharing the database see it.
         conn.execute(capacity.ADD[ledger], counters)
     return _insert_selection(conn, params, ledger)
 
@@ -425,25 +443,7 @@ def _record_burst(
 ) -> list[int]:
     """Move the counters per site and ledger, then insert every selection row and its
     hold in bulk; raises :class:`_BurstLost` when a conditional claim does not fit."""
-    ledgers = [Ledger.CLAIMED if d.outcome is Outcome.FIT else Ledger.QUEUED for d in decisions]
-    moves: dict[tuple[str, Ledger], int] = {}
-    for request, decision, held in zip(requests, decisions, ledgers, strict=True):
-        key = (str(decision.site), held)
-        moves[key] = moves.get(key, 0) + request.processors
-    claims: list[dict[str, object]] = []
-    adds: dict[Ledger, list[dict[str, object]]] = {held: [] for held in Ledger}
-    for (site, held), processors in moves.items():
-        counters = {"b_site": site, "b_processors": processors, "b_bytes": 0}
-        conditional = held is Ledger.CLAIMED and protocol.counts_in_flight
-        (claims if conditional else adds[held]).append(counters)
-    # Every site row it will change, locked first in name order: two bursts never
-    # deadlock, and a burst gives way to any other lock holder after BURST_LOCK_WAIT_S.
-    store.lock_sites(conn, [site for site, _ in moves], BURST_LOCK_WAIT_S)
-    if claims and conn.execute(capacity.CLAIM, claims).rowcount != len(claims):
-        raise _BurstLost
-    for held, unconditional in adds.items():
-        if unconditional:
-            conn.execute(capacity.ADD[held], unconditional)
+    ledgers = _move_burst_counters(store, conn, requests, decisions, protocol)
     rows = [
         _selection_params(request, decision, stream, now)
         for request, decision in zip(requests, decisions, strict=True)
@@ -455,6 +455,44 @@ def _record_burst(
     if [name for _, name in returned] != [row["name"] for row in rows]:
         raise StateError("the new selections' ids came back out of order")
     return [int(sid) for sid, _ in returned]
+
+
+def _move_burst_counters(
+    store: Store,
+    conn: Connection,
+    requests: Sequence[JobRequest],
+    decisions: Sequence[SiteSelection],
+    protocol: SelectionProtocol,
+) -> list[Ledger]:
+    """The counters moved per site and ledger; the ledger each member is held in."""
+    ledgers = [Ledger.CLAIMED if d.outcome is Outcome.FIT else Ledger.QUEUED for d in decisions]
+    moves: dict[tuple[str, Ledger], int] = {}
+    for request, decision, held in zip(requests, decisions, ledgers, strict=True):
+        key = (str(decision.site), held)
+        moves[key] = moves.get(key, 0) + request.processors
+    claims: list[dict[str, object]] = []
+    queued: list[dict[str, object]] = []
+    for (site, held), processors in moves.items():
+        counters = {"b_site": site, "b_processors": processors, "b_bytes": 0}
+        (claims if held is Ledger.CLAIMED else queued).append(counters)
+    # Every site row it will change, locked first in name order: two bursts never
+    # deadlock, and a burst gives way to any other lock holder after BURST_LOCK_WAIT_S.
+    store.lock_sites(conn, [site for site, _ in moves], BURST_LOCK_WAIT_S)
+    if protocol.counts_in_flight:
+        if claims and conn.execute(capacity.CLAIM, claims).rowcount != len(claims):
+            raise _BurstLost
+    elif claims:
+        # naive/random FITs the ledger cannot grant are held as queued, member by member
+        # in burst order, exactly as one decision at a time (_claim_and_insert)
+        for index, (request, decision) in enumerate(zip(requests, decisions, strict=True)):
+            if ledgers[index] is Ledger.CLAIMED:
+                counters = {"b_site": decision.site, "b_processors": request.processors}
+                if conn.execute(capacity.CLAIM, counters | {"b_bytes": 0}).rowcount != 1:
+                    queued.append(counters | {"b_bytes": 0})
+                    ledgers[index] = Ledger.QUEUED
+    if queued:
+        conn.execute(capacity.ADD[Ledger.QUEUED], queued)
+    return ledgers
 
 
 # A burst's selection rows and holds go to the driver in a few statements of fixed text:

@@ -340,3 +340,38 @@ def test_the_runtime_refuses_a_malformed_member_before_anything_is_written(
     assert rt.select_batch([]) == []
     assert_capacity_invariant(rt.store, no_live_holds=True)
     rt.store.dispose()
+
+
+def _held_ledgers(store: Store) -> list[Ledger]:
+    with store.begin() as conn:
+        rows = conn.execute(select(selections.c.id).order_by(selections.c.id)).scalars().all()
+        held = {h.holder: h.ledger for h in capacity.live_holds(conn, HolderKind.SELECTION)}
+    return [held[str(sid)] for sid in rows]
+
+
+def test_naive_fits_beyond_the_site_are_held_as_queued_one_at_a_time_or_in_a_burst(
+    tmp_path: Path,
+) -> None:
+    """Naive trusts the report (16 idle at a) and calls all six 4-processor members a fit
+    there; the ledger grants the first four (16) and holds the other two as queued, the
+    same whether they come one by one or as one burst, and never claims more than a has."""
+    one_by_one = make_store(tmp_path / "single")
+    reader = ledger.SnapshotReader(GRID)
+    for i in range(6):
+        ledger.select_and_record(
+            one_by_one, reader, JobRequest(f"m{i}", 4), SelectionProtocol.NAIVE,
+            InsufficientMode.BEST, "t", time.time(), random.Random(3),
+        )  # fmt: skip
+    bursting = make_store(tmp_path / "burst")
+    recorded = burst(bursting, [4] * 6, SelectionProtocol.NAIVE)
+    assert {(r.decision.site, r.decision.outcome) for r in recorded} == {("a", Outcome.FIT)}
+    expected = [Ledger.CLAIMED] * 4 + [Ledger.QUEUED] * 2
+    for store in (one_by_one, bursting):
+        assert _held_ledgers(store) == expected
+        with store.begin() as conn:
+            claimed, queued = conn.execute(
+                select(sites.c.claimed, sites.c.queued).where(sites.c.name == "a")
+            ).one()
+        assert (claimed, queued) == (16, 8)
+        assert_capacity_invariant(store)
+        store.dispose()
