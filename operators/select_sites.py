@@ -111,7 +111,10 @@ class SelectSitesOperator(GridcoreOperator):
                 state.set(SELECTIONS_KEY, [record.selection_id for record in records])
             except Exception:
                 for record in records:  # release their processors: nobody will run them
-                    runtime.cancel(record.selection_id)
+                    try:
+                        runtime.cancel(record.selection_id)
+                    except Exception:  # the rest still get released; expiry frees this one
+                        self.log.exception("could not release selection %s", record.selection_id)
                 raise
         per_site: dict[str, int] = {}
         for record in records:

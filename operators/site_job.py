@@ -318,8 +318,8 @@ def _given_selection_id(name: str, value: Any, site: Any) -> int | None:
     """The rendered ``selection_id`` (a template renders it as text) or None."""
     if value is None:
         return None
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value.strip())
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
+        value = int(value.strip())  # isdigit alone also takes "²", which int() refuses
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise AirflowFailException(
             f"{name}: selection_id: must be a positive integer (a selection's id), got {value!r}"

@@ -18,6 +18,7 @@ import logging
 import os
 import random
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -284,6 +285,10 @@ class GridRuntime:
         stream = check_selection_stream(stream)
         if not checked:
             return []
+        repeated = sorted(n for n, k in Counter(r.name for r in checked).items() if k > 1)
+        if repeated:
+            # one selection per member: the burst's rows are matched to their holds by name
+            raise RequestError(f"requests: member names must be unique in a burst: {repeated}")
         self.refresh(max_age_s)
         recorded = ledger.select_and_record_batch(
             self.store, self.snapshots, checked, protocol, mode, stream, self.clock(), self.rng

@@ -335,6 +335,8 @@ def test_the_runtime_refuses_a_malformed_member_before_anything_is_written(
         rt.select_batch([*good, JobRequest("zero", 0)])
     with pytest.raises(RequestError, match="request 'huge': no site can run 64 processors"):
         rt.select_batch([*good, JobRequest("huge", 64)])
+    with pytest.raises(RequestError, match=r"unique in a burst: \['member-1'\]"):
+        rt.select_batch([*good, JobRequest("member-1", 2)])
     with rt.store.begin() as conn:
         assert conn.execute(select(func.count()).select_from(selections)).scalar_one() == 0
     assert rt.select_batch([]) == []

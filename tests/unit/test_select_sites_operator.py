@@ -399,6 +399,11 @@ def test_a_selection_another_task_submitted_is_refused(runtime: GridRuntime) -> 
             id="not-an-id",
         ),
         pytest.param(
+            {"selection_id": "\u00b2"},  # a digit to str.isdigit, not to int()
+            r"selection_id: must be a positive integer \(a selection's id\), got '\u00b2'",
+            id="superscript-digit",
+        ),
+        pytest.param(
             {"selection_id": True},
             r"selection_id: must be a positive integer",
             id="bool",
