@@ -61,4 +61,3 @@ class GridcoreOperator(BaseOperator):
         if deferrable:
             self.defer(trigger=trigger, method_name="execute_complete")
         return self.execute_complete(context, wait_inline(trigger))
-

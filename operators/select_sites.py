@@ -127,9 +127,7 @@ class SelectSitesOperator(GridcoreOperator):
         )
         return records
 
-    def _resume(
-        self, runtime: GridRuntime, state: Any, burst: BurstPlan
-    ) -> list[JobRecord] | None:
+    def _resume(self, runtime: GridRuntime, state: Any, burst: BurstPlan) -> list[JobRecord] | None:
         """The burst an earlier try of this task instance decided, whatever its members
         have done since (each member task follows its own selection). None when there is
         none, or it was made for other members (the upstream list changed)."""

@@ -176,9 +176,7 @@ class SiteJobOperator(GridcoreOperator):
                 given.state,
                 given.message,
             )
-            return self._resume(runtime, state, job) or self._select_and_submit(
-                runtime, state, job
-            )
+            return self._resume(runtime, state, job) or self._select_and_submit(runtime, state, job)
         if prior == selection_id:
             resumed = self._resume(runtime, state, job)
             if resumed is not None:
