@@ -200,6 +200,8 @@ coalloc_components = Table(
     Column("host", String(255), nullable=True),
     Column("port", Integer, nullable=True),
     Column("message", Text, nullable=True),
+    # sha256 of the component's bearer token for the start barrier on the HTTP API
+    Column("token_hash", String(128), nullable=True),
     PrimaryKeyConstraint("job_id", "idx", name="pk_gc_coalloc_components"),
 )
 
@@ -238,4 +240,94 @@ leases = Table(
     # fencing token: grows whenever the lease is taken anew (free, expired, or another's);
     # a holder's writes commit only while the row still has the token it took
     Column("token", Integer, nullable=False, default=0, server_default="0"),
+)
+
+# -- VJM co-reservation (gridcore.engine.coreservation, gridcore.api) -------------------
+# A co-reserved job is one row; its pilots (virtual jobs) are rows of gc_pilots whose
+# ``job_id`` is the job that owns them NOW (a reorganization shifts held pilots to another
+# job by rewriting it). A pilot is also a holder (kind "pilot", holder = str(id)) in the
+# capacity ledger until the site's report counts its processors.
+reservations = Table(
+    "gc_reservations",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(256), nullable=False),
+    Column("command", Text, nullable=False),
+    Column("processors", Integer, nullable=False),
+    Column("vj_size", Integer, nullable=False),  # g: processors per virtual job
+    Column("max_clusters", Integer, nullable=False),  # M
+    Column("lifetime_floor_s", Float, nullable=False),
+    Column("workdir", Text, nullable=True),
+    Column("state", String(16), nullable=False),  # engine.phases.ReservationPhase
+    Column("submitted_at", Float, nullable=False),
+    Column("lifetime_s", Float, nullable=True),  # Eq. 2 of the current selection
+    Column("deadline_at", Float, nullable=True),  # when the lifetime runs out
+    Column("selection", Text, nullable=True),  # JSON: choices, reasons (latest selection)
+    Column("held_at", Float, nullable=True),  # every pilot held (co-allocation time)
+    Column("dispatched_at", Float, nullable=True),
+    Column("finished_at", Float, nullable=True),
+    Column("message", Text, nullable=True),
+    Column("reorganizations", Integer, nullable=False, default=0, server_default="0"),
+    Column("substitutes", Integer, nullable=False, default=0, server_default="0"),
+    Column("handling_errors", Integer, nullable=False, default=0, server_default="0"),
+    Index("ix_gc_reservations_state", "state"),
+)
+
+pilots = Table(
+    "gc_pilots",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", Integer, nullable=False),  # the reservation that owns it now
+    Column("first_job_id", Integer, nullable=False),  # the reservation it was sent for
+    Column("site", String(64), nullable=False),
+    Column("processors", Integer, nullable=False),
+    Column("state", String(16), nullable=False),  # engine.phases.PilotState
+    Column("key", String(128), nullable=False),  # submission key (gridcore.sites.keys)
+    Column("token_hash", String(128), nullable=False),  # sha256 of its bearer token
+    Column("site_job_id", String(64), nullable=True),
+    Column("t_avail", Float, nullable=True),  # Eq. 1 when it was selected
+    Column("submitted_at", Float, nullable=False),
+    Column("registered_at", Float, nullable=True),  # started: holds its processors
+    Column("heartbeat_at", Float, nullable=True),
+    Column("host", String(255), nullable=True),
+    Column("port", Integer, nullable=True),
+    Column("component", Integer, nullable=True),  # its rank in the dispatched command
+    Column("dispatched_at", Float, nullable=True),
+    Column("started_at", Float, nullable=True),  # the real command started in it
+    Column("finished_at", Float, nullable=True),
+    Column("exit_code", Integer, nullable=True),
+    Column("message", Text, nullable=True),
+    Index("ix_gc_pilots_job_state", "job_id", "state"),
+    UniqueConstraint("key", name="uq_gc_pilots_key"),
+)
+
+# Every shift of held pilots between jobs (Sec. 3.3 steps 1-2) and every release of a
+# job's clusters (step 3, lost pilots): a row a person can read.
+reservation_shifts = Table(
+    "gc_reservation_shifts",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at", Float, nullable=False),
+    Column("step", String(32), nullable=False),  # indirect (Eq. 3) | direct (Eq. 4) | ...
+    Column("from_job", Integer, nullable=False),
+    Column("to_job", Integer, nullable=True),  # NULL: released, not shifted
+    Column("site", String(64), nullable=False),
+    Column("pilot_id", Integer, nullable=True),
+    Column("reason", Text, nullable=False),
+)
+
+# Queue-wait history per site for VJM Eq. 1 (gridcore.engine.queue_stats): every job a
+# site showed (others' and our pilots), when it was submitted and when it started.
+queue_waits = Table(
+    "gc_queue_waits",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("site", String(64), nullable=False),
+    Column("site_job_id", String(64), nullable=False),
+    Column("external", Boolean, nullable=False),  # True: not one of ours
+    Column("submitted_at", Float, nullable=False),
+    Column("started_at", Float, nullable=True),  # NULL while it waits
+    Column("seen_at", Float, nullable=False),  # the last observation that showed it
+    UniqueConstraint("site", "site_job_id", name="uq_gc_queue_waits_site_job"),
+    Index("ix_gc_queue_waits_site_started", "site", "started_at"),
 )

@@ -1,0 +1,433 @@
+"""VJM's co-reservation decisions: expected-wait cluster selection, the reservation
+lifetime, deadlock detection and resource reorganization.
+
+Seed: Wei, Ding, Xing, Yuan, Li, "VJM: A Novel Grid Resource Co-Allocation Model for
+Parallel Jobs" (``shared/seeds/vjm-virtual-job-model.md``).
+
+* Eq. 1 (:func:`expected_wait`): ``T_avail(C_i, VJob_j) = T_w(C_i) - T_ffw(C_i)
+  + dt(C_i) * QL(C_i) + dt(C_i) * VJ_seq(C_i, j)``, the expected wait of virtual job ``j``
+  on cluster ``C_i`` from the cluster's queue statistics (:class:`QueueStats`).
+* The cluster selection algorithm, steps (1)-(3) of Sec. 3.2 (:func:`select_clusters`):
+  each virtual job to the cluster with the smallest ``T_avail``; while the candidate set
+  spans more than ``M`` clusters, drop the one with the smallest virtual-job set and
+  redistribute its virtual jobs over the rest.
+* Eq. 2 (:func:`reservation_lifetime`): ``T_life_time(VS(J_a)) = 2 * max T_avail``.
+* Definitions 1 and 2 (:func:`relation`): ``J_a > J_b on C``, ``J_a < J_b on C``,
+  ``J_a = J_b on C``.
+* Sec. 3.3 (:func:`reorganize`): after the lifetime, step 1 the indirect deadlock
+  (Eq. 3, :func:`indirect_deadlock`), step 2 the direct deadlock (Eq. 4,
+  :func:`direct_deadlock`), each shifting ``J_a``'s reserved resources on the clusters
+  ``C_n`` to the earliest-submitted ``J_b`` and seeking substitutes for ``C_n``; else
+  step 3 (:func:`release_slower_half`).
+
+Pure: no I/O, no clock, no randomness. The live engine (``gridcore.engine.coreservation``)
+and the simulator (``gridcore.sim.vjm``) both call these functions.
+
+Where the paper is ambiguous, what we chose:
+
+* Eq. 1 can go negative (``T_ffw > T_w``: the head of the queue has waited longer than
+  the average). A wait is not negative: :func:`expected_wait` returns ``max(0, Eq. 1)``;
+  the printed value is :func:`expected_wait_printed`.
+* Ties in step (1) go to the cluster listed first (callers list clusters in the grid
+  file's order); ties in step (3) drop the cluster whose largest ``T_avail`` is largest
+  (the slower of the two), then the one listed last.
+* The paper does not bound how many virtual jobs of one job a cluster receives. A cluster
+  with fewer processors than its share of the job can never hold them all at once and the
+  job would deadlock itself, so a cluster takes at most ``capacity`` virtual jobs of one
+  job (``floor(processors / g)``); a virtual job that fits nowhere makes the selection
+  infeasible (``Outcome.NO_FIT``) with a reason.
+* Definitions 1 and 2 compare "all the required resources on C": a job is complete on C
+  when every virtual job it has there holds its processors.
+* Eq. 3 and Eq. 4 shift what ``J_a`` holds on ``C_n`` to ``J_b``; ``J_b`` takes only as
+  many held virtual jobs as it still lacks there (it cannot use more), and ``J_a``'s
+  other held virtual jobs on ``C_n`` are released, since ``J_a`` seeks a substitute for
+  all of ``C_n`` ("J_a will not release the resources on the clusters other than such
+  C_n").
+* Step 3's index ranges are printed inconsistently (release ``C_[m/2] .. C_m``, keep
+  ``C_1 .. C_floor(m/2)-1``: for odd ``m`` one cluster is in neither set). We read both
+  bounds with ``k = ceil(m / 2)``: release ``C_k .. C_m``, keep ``C_1 .. C_(k-1)``. The
+  mean waiting time that orders the clusters is that of the virtual jobs there that have
+  not acquired their resources.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gridcore.errors import ConfigError
+from gridcore.model import Outcome
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """What Eq. 1 knows of one cluster (``gridcore.engine.queue_stats`` estimates them).
+
+    ``t_w``: ``T_w(C_i)``, the average waiting time of external jobs (s).
+    ``t_ffw``: ``T_ffw(C_i)``, how long the earliest-submitted external job still waiting
+    has waited (s; 0 with an empty queue).
+    ``ql``: ``QL(C_i)``, the number of external jobs waiting.
+    ``dt``: ``dt(C_i)``, the average interval between two external jobs obtaining
+    resources (s).
+    """
+
+    t_w: float
+    t_ffw: float
+    ql: int
+    dt: float
+
+    def __post_init__(self) -> None:
+        for name in ("t_w", "t_ffw", "dt"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0.0):
+                raise ConfigError(f"QueueStats.{name} must be a finite number >= 0, got {value}")
+        if self.ql < 0:
+            raise ConfigError(f"QueueStats.ql must be >= 0, got {self.ql}")
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """One candidate cluster: its name, its queue statistics, and how many virtual jobs of
+    one job it can hold at once (``floor(processors / g)``; see the module docstring)."""
+
+    name: str
+    stats: QueueStats
+    capacity: int
+
+
+@dataclass(frozen=True)
+class VirtualJobChoice:
+    """Where virtual job ``index`` (0-based ``j - 1``) goes and its Eq. 1 wait there."""
+
+    index: int
+    cluster: str
+    t_avail: float
+
+
+@dataclass(frozen=True)
+class ClusterSelection:
+    """The outcome of the selection algorithm: the candidate set ``C'`` and, per virtual
+    job, its cluster and ``T_avail``; ``reasons`` say why (dropped clusters, infeasible)."""
+
+    outcome: Outcome
+    choices: tuple[VirtualJobChoice, ...]
+    reasons: tuple[str, ...]
+
+    @property
+    def clusters(self) -> dict[str, int]:
+        """``C'`` with the size of each ``VJ(i)``, in order of first use."""
+        counts: dict[str, int] = {}
+        for choice in self.choices:
+            counts[choice.cluster] = counts.get(choice.cluster, 0) + 1
+        return counts
+
+    @property
+    def max_t_avail(self) -> float:
+        return max((c.t_avail for c in self.choices), default=0.0)
+
+
+# -- Eq. 1 and Eq. 2 -----------------------------------------------------------------------
+
+
+def expected_wait_printed(stats: QueueStats, vj_seq: int) -> float:
+    """Eq. 1 as printed: ``T_w - T_ffw + dt * QL + dt * VJ_seq`` (may be negative)."""
+    return stats.t_w - stats.t_ffw + stats.dt * stats.ql + stats.dt * vj_seq
+
+
+def expected_wait(stats: QueueStats, vj_seq: int) -> float:
+    """Eq. 1, ``T_avail(C_i, VJob_j)``, not below 0 (module docstring)."""
+    return max(0.0, expected_wait_printed(stats, vj_seq))
+
+
+def reservation_lifetime(t_avails: Sequence[float], floor_s: float = 0.0) -> float:
+    """Eq. 2: ``T_life_time(VS(J_a)) = 2 * Max{T_avail(vj1), ..., T_avail(vjn)}``, not
+    below ``floor_s`` (an idle grid gives ``T_avail = 0``: without a floor the deadlock
+    check would fire before any pilot could have started)."""
+    if floor_s < 0.0 or not math.isfinite(floor_s):
+        raise ConfigError(f"lifetime floor must be a finite number >= 0, got {floor_s}")
+    return max(floor_s, 2.0 * max(t_avails, default=0.0))
+
+
+# -- the cluster selection algorithm (Sec. 3.2, steps 1-3) ---------------------------------
+
+
+def select_clusters(
+    virtual_jobs: int,
+    clusters: Sequence[ClusterView],
+    max_clusters: int,
+    already: Mapping[str, int] | None = None,
+) -> ClusterSelection:
+    """Steps (1)-(3): distribute ``virtual_jobs`` over ``clusters`` (the available set C),
+    spanning at most ``max_clusters`` (M) clusters.
+
+    ``already``: virtual jobs of this job that stay where they are (a reorganization keeps
+    some clusters and seeks substitutes for the rest): they count in ``VJ_seq`` and in
+    the cluster limit, and are not in the result."""
+    if virtual_jobs < 0:
+        raise ConfigError(f"virtual_jobs must be >= 0, got {virtual_jobs}")
+    if max_clusters < 1:
+        raise ConfigError(f"max clusters M must be >= 1, got {max_clusters}")
+    kept = dict(already or {})
+    order = {c.name: i for i, c in enumerate(clusters)}
+    available = [c for c in clusters if c.capacity - kept.get(c.name, 0) > 0 or c.name in kept]
+    reasons: list[str] = []
+    placed: dict[int, VirtualJobChoice] = {}
+    undecided = list(range(virtual_jobs))
+    while True:
+        missing = _assign(undecided, available, kept, placed)
+        if missing:
+            reasons.append(
+                f"virtual jobs {_span(missing)} fit on no cluster of "
+                f"{[c.name for c in available]} (each holds at most its capacity)"
+            )
+            return ClusterSelection(Outcome.NO_FIT, (), tuple(reasons))
+        spanned = _spanned(placed, kept)
+        if len(spanned) <= max_clusters:
+            break
+        drop = _smallest_set(spanned, placed, kept, order)
+        reasons.append(
+            f"{len(spanned)} clusters > M={max_clusters}: dropped {drop}"
+            f" (smallest virtual-job set, {spanned[drop]})"
+        )
+        undecided = sorted(i for i, c in placed.items() if c.cluster == drop)
+        for i in undecided:
+            del placed[i]
+        available = [c for c in available if c.name != drop]
+        if not available or drop in kept:
+            reasons.append(f"cannot drop {drop}: it holds virtual jobs this job keeps")
+            return ClusterSelection(Outcome.NO_FIT, (), tuple(reasons))
+    choices = tuple(placed[i] for i in sorted(placed))
+    for name, n in _spanned(placed, {}).items():
+        waits = [c.t_avail for c in choices if c.cluster == name]
+        reasons.append(f"{n} virtual jobs on {name}: T_avail {min(waits):.1f}-{max(waits):.1f} s")
+    return ClusterSelection(Outcome.FIT, choices, tuple(reasons))
+
+
+def _assign(
+    undecided: Sequence[int],
+    available: Sequence[ClusterView],
+    kept: Mapping[str, int],
+    placed: dict[int, VirtualJobChoice],
+) -> list[int]:
+    """Step (1) repeated (step 2): each undecided virtual job, in order, to the cluster
+    with the smallest Eq. 1 wait; returns the ones no cluster could take."""
+    seq = {c.name: kept.get(c.name, 0) for c in available}
+    for choice in placed.values():
+        seq[choice.cluster] = seq.get(choice.cluster, 0) + 1
+    missing: list[int] = []
+    for j in undecided:
+        best: VirtualJobChoice | None = None
+        for cluster in available:
+            if seq[cluster.name] >= cluster.capacity:
+                continue
+            wait = expected_wait(cluster.stats, seq[cluster.name])
+            if best is None or wait < best.t_avail:
+                best = VirtualJobChoice(j, cluster.name, wait)
+        if best is None:
+            missing.append(j)
+            continue
+        placed[j] = best
+        seq[best.cluster] += 1
+    return missing
+
+
+def _spanned(placed: Mapping[int, VirtualJobChoice], kept: Mapping[str, int]) -> dict[str, int]:
+    counts = {name: n for name, n in kept.items() if n > 0}
+    for choice in placed.values():
+        counts[choice.cluster] = counts.get(choice.cluster, 0) + 1
+    return counts
+
+
+def _smallest_set(
+    spanned: Mapping[str, int],
+    placed: Mapping[int, VirtualJobChoice],
+    kept: Mapping[str, int],
+    order: Mapping[str, int],
+) -> str:
+    """Step (3): the cluster with the smallest virtual-job set; ties: the slower one (the
+    larger largest T_avail), then the one listed last. Clusters holding kept virtual jobs
+    are dropped only when nothing else can be."""
+
+    def worst_wait(name: str) -> float:
+        return max((c.t_avail for c in placed.values() if c.cluster == name), default=0.0)
+
+    movable = [n for n in spanned if n not in kept] or list(spanned)
+    return min(movable, key=lambda n: (spanned[n], -worst_wait(n), -order.get(n, 0)))
+
+
+def _span(indices: Sequence[int]) -> str:
+    return ", ".join(str(i + 1) for i in indices)
+
+
+# -- Definitions 1 and 2, Eq. 3 and Eq. 4 (Sec. 3.3) ----------------------------------------
+
+
+class Relation(enum.StrEnum):
+    """How two pending jobs stand on one cluster both have virtual jobs on."""
+
+    GREATER = ">"  # Def. 1: J_a holds all it needs on C, J_b does not
+    LESS = "<"  # Def. 1 the other way round
+    EQUAL = "="  # Def. 2: neither holds all it needs on C
+    BOTH_COMPLETE = "complete"  # not a relation of the paper: no competition on C
+
+
+@dataclass(frozen=True)
+class ClusterReservation:
+    """One job's virtual jobs on one cluster: how many it has there and how many hold
+    their processors, and how long those still waiting have waited (s)."""
+
+    required: int
+    held: int
+    waiting_s: tuple[float, ...] = ()
+
+    @property
+    def complete(self) -> bool:
+        return self.held >= self.required
+
+    @property
+    def mean_wait_s(self) -> float:
+        return sum(self.waiting_s) / len(self.waiting_s) if self.waiting_s else 0.0
+
+
+@dataclass(frozen=True)
+class PendingJob:
+    """A pending co-reserved job as the deadlock check sees it (a snapshot)."""
+
+    job_id: int
+    submitted_at: float
+    clusters: Mapping[str, ClusterReservation] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return all(r.complete for r in self.clusters.values())
+
+
+def relation(a: PendingJob, b: PendingJob, cluster: str) -> Relation | None:
+    """Definitions 1 and 2: how ``a`` stands to ``b`` on ``cluster``; None unless both
+    have virtual jobs there."""
+    ra, rb = a.clusters.get(cluster), b.clusters.get(cluster)
+    if ra is None or rb is None or ra.required == 0 or rb.required == 0:
+        return None
+    if ra.complete and rb.complete:
+        return Relation.BOTH_COMPLETE
+    if ra.complete:
+        return Relation.GREATER
+    if rb.complete:
+        return Relation.LESS
+    return Relation.EQUAL
+
+
+@dataclass(frozen=True)
+class Shift:
+    """Move ``pilots`` held virtual jobs of ``from_job`` on ``cluster`` to ``to_job``."""
+
+    from_job: int
+    to_job: int
+    cluster: str
+    pilots: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Reorganization:
+    """What to do with a job whose lifetime ran out: shifts to other jobs, the clusters
+    to release (held virtual jobs not shifted are released; waiting ones cancelled), the
+    clusters kept, and how many virtual jobs need substitute clusters."""
+
+    job_id: int
+    step: str  # "indirect (Eq. 3)" | "direct (Eq. 4)" | "step 3" | "none"
+    shifts: tuple[Shift, ...]
+    release: tuple[str, ...]
+    keep: tuple[str, ...]
+    substitutes: int
+    reasons: tuple[str, ...]
+
+
+def indirect_deadlock(a: PendingJob, others: Sequence[PendingJob]) -> dict[str, PendingJob]:
+    """Eq. 3: ``exists (J_a, J_b, C_m, C_n): J_a < J_b on C_m and J_a > J_b on C_n``.
+    Returns, per such ``C_n``, the ``J_b`` that gets ``J_a``'s resources there: the
+    earliest-submitted one."""
+    found: dict[str, PendingJob] = {}
+    for b in _by_submission(others, a):
+        shared = [c for c in a.clusters if c in b.clusters]
+        if not any(relation(a, b, c) is Relation.LESS for c in shared):
+            continue
+        for c_n in shared:
+            if relation(a, b, c_n) is Relation.GREATER and c_n not in found:
+                found[c_n] = b
+    return found
+
+
+def direct_deadlock(a: PendingJob, others: Sequence[PendingJob]) -> dict[str, PendingJob]:
+    """Eq. 4: ``exists (J_a, J_b, C_n): J_a = J_b on C_n``. Returns, per such ``C_n``,
+    the earliest-submitted ``J_b``."""
+    found: dict[str, PendingJob] = {}
+    for b in _by_submission(others, a):
+        for c_n in a.clusters:
+            if relation(a, b, c_n) is Relation.EQUAL and c_n not in found:
+                found[c_n] = b
+    return found
+
+
+def _by_submission(others: Sequence[PendingJob], a: PendingJob) -> list[PendingJob]:
+    return sorted(
+        (b for b in others if b.job_id != a.job_id and not b.complete),
+        key=lambda b: (b.submitted_at, b.job_id),
+    )
+
+
+def reorganize(a: PendingJob, others: Sequence[PendingJob]) -> Reorganization:
+    """Sec. 3.3's resource reorganization for ``a`` after its lifetime: step 1 (Eq. 3),
+    else step 2 (Eq. 4), else step 3 (:func:`release_slower_half`)."""
+    for step, found in (
+        ("indirect (Eq. 3)", indirect_deadlock(a, others)),
+        ("direct (Eq. 4)", direct_deadlock(a, others)),
+    ):
+        if found:
+            return _shift_to_others(a, step, found)
+    return release_slower_half(a)
+
+
+def _shift_to_others(a: PendingJob, step: str, found: Mapping[str, PendingJob]) -> Reorganization:
+    shifts: list[Shift] = []
+    reasons: list[str] = []
+    for c_n, b in found.items():
+        mine, theirs = a.clusters[c_n], b.clusters[c_n]
+        give = min(mine.held, theirs.required - theirs.held)
+        rel = relation(a, b, c_n)
+        why = (
+            f"{step}: job {a.job_id} {rel} job {b.job_id} on {c_n}"
+            f" ({mine.held}/{mine.required} vs {theirs.held}/{theirs.required} held)"
+        )
+        if give > 0:
+            shifts.append(Shift(a.job_id, b.job_id, c_n, give, why))
+        reasons.append(f"{why}: {give} held virtual jobs to job {b.job_id}, substitute for {c_n}")
+    release = tuple(found)
+    keep = tuple(c for c in a.clusters if c not in found)
+    substitutes = sum(a.clusters[c].required for c in release)
+    return Reorganization(a.job_id, step, tuple(shifts), release, keep, substitutes, tuple(reasons))
+
+
+def release_slower_half(a: PendingJob) -> Reorganization:
+    """Step 3: split ``C'`` into complete and incomplete clusters; sort the incomplete
+    ones ascending by the mean wait of their not-yet-acquired virtual jobs; with
+    ``k = ceil(m / 2)`` release ``C_k .. C_m`` and keep ``C_1 .. C_(k-1)`` and the
+    complete ones (module docstring on the printed ranges)."""
+    incomplete = sorted(
+        (c for c, r in a.clusters.items() if not r.complete),
+        key=lambda c: (a.clusters[c].mean_wait_s, c),
+    )
+    if not incomplete:
+        return Reorganization(a.job_id, "none", (), (), tuple(a.clusters), 0, ("complete",))
+    k = math.ceil(len(incomplete) / 2)
+    release = tuple(incomplete[k - 1 :])
+    keep = tuple(c for c in a.clusters if c not in release)
+    waits = ", ".join(f"{c} {a.clusters[c].mean_wait_s:.0f} s" for c in incomplete)
+    reasons = (
+        f"step 3: no deadlock with another VJM job; incomplete clusters by mean wait"
+        f" [{waits}]: release {list(release)}, keep {list(keep)}",
+    )
+    substitutes = sum(a.clusters[c].required for c in release)
+    return Reorganization(a.job_id, "step 3", (), release, keep, substitutes, reasons)
