@@ -8,8 +8,13 @@ Eq. 1 needs four numbers per cluster (:class:`gridcore.policies.coreservation.Qu
   (external jobs and our own pilots alike: a pilot is an external job to the cluster);
 * ``T_ffw``: how long the earliest-submitted job still waiting has waited;
 * ``QL``: how many jobs are waiting (other users' and ours not yet started);
-* ``dt``: the mean interval between consecutive starts of those last jobs:
-  ``(last start - first start) / (n - 1)``.
+* ``dt``: the mean interval between consecutive starts of those last jobs, counting only
+  the intervals in which the later job was already waiting when the earlier one started
+  (its submit <= that start): Eq. 1 multiplies ``dt`` by a queue position, so it is the
+  interval at which a backlogged queue starts jobs, not the gap between arrivals. When no
+  such pair was seen (no two jobs ever waited together), ``(last start - first start) /
+  (n - 1)`` over those jobs: the cluster started each before the next arrived, so the
+  arrival gap bounds the interval from above.
 
 Cold start (the paper gives none): with no start seen, ``T_w`` is :data:`COLD_WAIT_S`
 and ``dt`` is :data:`COLD_INTERVAL_S`; with one start, ``dt`` is ``T_w`` (one sample of
@@ -23,6 +28,7 @@ simulator (``gridcore.sim.vjm``).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -64,11 +70,23 @@ def estimate_queue_stats(
     else:
         t_w = cold_wait_s
     if len(recent) >= 2:
-        first, last = recent[0].started_at or 0.0, recent[-1].started_at or 0.0
-        dt = (last - first) / (len(recent) - 1)
+        dt = _start_interval(recent)
     elif recent:
         dt = t_w
     else:
         dt = cold_interval_s
     t_ffw = max(0.0, now - min(waiting)) if waiting else 0.0
     return QueueStats(t_w=t_w, t_ffw=t_ffw, ql=len(waiting), dt=max(0.0, dt))
+
+
+def _start_interval(recent: list[QueueRecord]) -> float:
+    """``dt`` of two or more started records sorted by start (module docstring)."""
+    backlogged = [
+        (later.started_at or 0.0) - (earlier.started_at or 0.0)
+        for earlier, later in itertools.pairwise(recent)
+        if later.submitted_at <= (earlier.started_at or 0.0)
+    ]
+    if backlogged:
+        return sum(backlogged) / len(backlogged)
+    first, last = recent[0].started_at or 0.0, recent[-1].started_at or 0.0
+    return (last - first) / (len(recent) - 1)

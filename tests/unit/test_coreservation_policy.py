@@ -1,0 +1,456 @@
+"""VJM's pure co-reservation policy (seed ``vjm-virtual-job-model.md`` Sec. 3.2-3.3) and
+the queue-statistics estimators Eq. 1 reads, as tables built from the paper's
+definitions, one scenario per row."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import pytest
+
+from gridcore.errors import ConfigError
+from gridcore.model import Outcome
+from gridcore.policies.coreservation import (
+    ClusterReservation,
+    ClusterView,
+    PendingJob,
+    QueueStats,
+    Relation,
+    direct_deadlock,
+    expected_wait,
+    expected_wait_printed,
+    indirect_deadlock,
+    relation,
+    release_slower_half,
+    reorganize,
+    reservation_lifetime,
+    select_clusters,
+)
+from gridcore.policies.queue_stats import (
+    COLD_INTERVAL_S,
+    COLD_WAIT_S,
+    QueueRecord,
+    estimate_queue_stats,
+)
+
+
+def stats(t_w: float, dt: float = 0.0, ql: int = 0, t_ffw: float = 0.0) -> QueueStats:
+    return QueueStats(t_w=t_w, t_ffw=t_ffw, ql=ql, dt=dt)
+
+
+def view(name: str, t_w: float, dt: float = 0.0, capacity: int = 16) -> ClusterView:
+    return ClusterView(name, stats(t_w, dt), capacity)
+
+
+def job(
+    job_id: int,
+    submitted_at: float,
+    **clusters: tuple[int, int] | tuple[int, int, tuple[float, ...]],
+) -> PendingJob:
+    """``A=(required, held)`` or ``A=(required, held, waiting_s)`` per cluster."""
+    reservations = {
+        name: ClusterReservation(spec[0], spec[1], spec[2] if len(spec) == 3 else ())
+        for name, spec in clusters.items()
+    }
+    return PendingJob(job_id, submitted_at, reservations)
+
+
+# -- Eq. 1 -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("scenario", "queue", "vj_seq", "printed", "clamped"),
+    [
+        ("idle cluster, first virtual job: the mean wait", stats(30.0), 0, 30.0, 30.0),
+        ("each earlier virtual job there adds dt", stats(5.0, dt=10.0), 3, 35.0, 35.0),
+        ("jobs waiting add dt each", stats(5.0, dt=2.0, ql=4), 1, 15.0, 15.0),
+        (
+            "the head waited longer than the mean: printed negative, clamped to 0",
+            stats(10.0, dt=5.0, ql=2, t_ffw=30.0),
+            1,
+            -5.0,
+            0.0,
+        ),
+        (
+            "the head's wait is subtracted",
+            stats(40.0, dt=1.0, ql=3, t_ffw=25.0),
+            2,
+            20.0,
+            20.0,
+        ),
+    ],
+)
+def test_eq1_expected_wait(
+    scenario: str, queue: QueueStats, vj_seq: int, printed: float, clamped: float
+) -> None:
+    assert expected_wait_printed(queue, vj_seq) == pytest.approx(printed), scenario
+    assert expected_wait(queue, vj_seq) == pytest.approx(clamped), scenario
+
+
+@pytest.mark.parametrize("bad", [{"t_w": -1.0}, {"dt": math.nan}, {"t_ffw": math.inf}, {"ql": -1}])
+def test_queue_stats_refuse_impossible_values(bad: Mapping[str, float]) -> None:
+    values = {"t_w": 1.0, "t_ffw": 0.0, "ql": 0, "dt": 1.0} | dict(bad)
+    with pytest.raises(ConfigError):
+        QueueStats(**values)  # type: ignore[arg-type]
+
+
+# -- the cluster selection algorithm, steps 1-3 ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("scenario", "vjs", "clusters", "m", "expected", "t_avails"),
+    [
+        (
+            "A 60 s, B 10 s, idle, 10 VJs, M=2: all on B",
+            10,
+            [view("A", 30.0), view("B", 5.0)],
+            2,
+            {"B": 10},
+            [5.0] * 10,
+        ),
+        (
+            "A 60 s, B 120 s, idle, 10 VJs, M=2: all on A",
+            10,
+            [view("A", 30.0), view("B", 60.0)],
+            2,
+            {"A": 10},
+            [30.0] * 10,
+        ),
+        (
+            "equal waits: ties go to the cluster listed first",
+            4,
+            [view("A", 10.0), view("B", 10.0)],
+            2,
+            {"A": 4},
+            [10.0] * 4,
+        ),
+        (
+            "B fast but dt 10 s per virtual job: A takes the rest once B passes 30 s",
+            10,
+            [view("A", 30.0), view("B", 5.0, dt=10.0)],
+            2,
+            {"B": 3, "A": 7},
+            [5.0, 15.0, 25.0] + [30.0] * 7,
+        ),
+        (
+            "the fast cluster holds 6: the other 4 spill over to the next best",
+            10,
+            [view("A", 30.0), view("B", 5.0, capacity=6)],
+            2,
+            {"B": 6, "A": 4},
+            [5.0] * 6 + [30.0] * 4,
+        ),
+        (
+            "3 clusters > M=2: the smallest VJ set (C, 1) is dropped and redistributed",
+            6,
+            [view("A", 0.0, dt=1.0), view("B", 0.5, dt=1.0), view("C", 1.2, dt=1.0)],
+            2,
+            {"A": 3, "B": 3},
+            [0.0, 0.5, 1.0, 2.5, 1.5, 2.0],
+        ),
+        (
+            "3 clusters, M=1: drops until one cluster holds all",
+            6,
+            [view("A", 0.0, dt=1.0), view("B", 0.5, dt=1.0), view("C", 1.2, dt=1.0)],
+            1,
+            {"A": 6},
+            [0.0, 3.0, 1.0, 4.0, 5.0, 2.0],
+        ),
+        ("no virtual jobs: nothing to place", 0, [view("A", 1.0)], 2, {}, []),
+    ],
+)
+def test_select_clusters(
+    scenario: str,
+    vjs: int,
+    clusters: list[ClusterView],
+    m: int,
+    expected: dict[str, int],
+    t_avails: list[float],
+) -> None:
+    selection = select_clusters(vjs, clusters, m)
+    assert selection.outcome is Outcome.FIT, scenario
+    assert selection.clusters == expected, scenario
+    assert [c.t_avail for c in selection.choices] == pytest.approx(t_avails), scenario
+    assert [c.index for c in selection.choices] == list(range(vjs))
+    assert len(selection.clusters) <= m
+
+
+def test_step3_drop_is_named_in_the_reasons() -> None:
+    selection = select_clusters(
+        6, [view("A", 0.0, dt=1.0), view("B", 0.5, dt=1.0), view("C", 1.2, dt=1.0)], 2
+    )
+    assert any("3 clusters > M=2: dropped C" in r for r in selection.reasons)
+
+
+def test_step3_tie_on_set_size_drops_the_slower_cluster() -> None:
+    # One virtual job each after step 2; all sets tie at 1: C's T_avail (2 s) is the
+    # largest, so C goes, and its virtual job to A (10 s, A listed first at 10 vs 11).
+    clusters = [view("A", 0.0, dt=10.0), view("B", 1.0, dt=10.0), view("C", 2.0, dt=10.0)]
+    selection = select_clusters(3, clusters, 2)
+    assert any("dropped C" in r for r in selection.reasons)
+    assert selection.clusters == {"A": 2, "B": 1}
+
+
+@pytest.mark.parametrize(
+    ("scenario", "vjs", "clusters", "m"),
+    [
+        (
+            "capacity limit: A 4 + B 3 < 9 once C (2) is dropped: NO_FIT",
+            9,
+            [view("A", 0.0, capacity=4), view("B", 0.0, capacity=3), view("C", 100.0)],
+            2,
+        ),
+        ("more virtual jobs than every cluster holds", 5, [view("A", 0.0, capacity=4)], 2),
+        ("no cluster at all", 1, [], 2),
+    ],
+)
+def test_select_clusters_no_fit(
+    scenario: str, vjs: int, clusters: list[ClusterView], m: int
+) -> None:
+    selection = select_clusters(vjs, clusters, m)
+    assert selection.outcome is Outcome.NO_FIT, scenario
+    assert selection.choices == ()
+    assert selection.reasons, scenario
+
+
+def test_already_kept_virtual_jobs_count_in_vj_seq_and_capacity() -> None:
+    # A keeps 3 (dt 2 s: the next is its 4th at 6 s), capacity 5: two more fit there.
+    clusters = [view("A", 0.0, dt=2.0, capacity=5), view("B", 7.0, dt=1.0)]
+    selection = select_clusters(4, clusters, 2, already={"A": 3})
+    assert [(c.cluster, c.t_avail) for c in selection.choices] == [
+        ("A", 6.0),
+        ("B", 7.0),
+        ("A", 8.0),  # ties with B's 8 s: A is listed first
+        ("B", 8.0),  # A is full (3 kept + 2)
+    ]
+
+
+def test_already_kept_clusters_count_against_m() -> None:
+    # A is kept: with M=1 the substitutes must go to A, even though B is faster.
+    clusters = [view("A", 10.0), view("B", 0.0)]
+    assert select_clusters(2, clusters, 1, already={"A": 1}).clusters == {"A": 2}
+
+
+@pytest.mark.parametrize(("vjs", "m"), [(-1, 2), (1, 0)])
+def test_select_clusters_refuses_bad_arguments(vjs: int, m: int) -> None:
+    with pytest.raises(ConfigError):
+        select_clusters(vjs, [view("A", 0.0)], m)
+
+
+# -- Eq. 2 ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("scenario", "t_avails", "floor", "lifetime"),
+    [
+        ("twice the largest T_avail", [5.0, 12.0, 7.0], 0.0, 24.0),
+        ("an idle grid gives 0: the floor holds", [0.0, 0.0], 60.0, 60.0),
+        ("above the floor, Eq. 2 wins", [50.0], 60.0, 100.0),
+        ("no virtual jobs: the floor", [], 30.0, 30.0),
+    ],
+)
+def test_eq2_reservation_lifetime(
+    scenario: str, t_avails: list[float], floor: float, lifetime: float
+) -> None:
+    assert reservation_lifetime(t_avails, floor) == pytest.approx(lifetime), scenario
+
+
+@pytest.mark.parametrize("floor", [-1.0, math.inf, math.nan])
+def test_eq2_refuses_a_bad_floor(floor: float) -> None:
+    with pytest.raises(ConfigError):
+        reservation_lifetime([1.0], floor)
+
+
+# -- Definitions 1 and 2 ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("scenario", "a", "b", "expected"),
+    [
+        ("Def. 1: J_a holds all on C, J_b not: J_a > J_b", (2, 2), (2, 1), Relation.GREATER),
+        ("Def. 1: J_b holds all on C, J_a not: J_a < J_b", (3, 0), (1, 1), Relation.LESS),
+        ("Def. 2: neither holds all on C: J_a = J_b", (2, 1), (3, 2), Relation.EQUAL),
+        ("Def. 2: neither holds anything: J_a = J_b", (2, 0), (2, 0), Relation.EQUAL),
+        ("both complete: no competition", (2, 2), (1, 1), Relation.BOTH_COMPLETE),
+    ],
+)
+def test_definitions_1_and_2(
+    scenario: str, a: tuple[int, int], b: tuple[int, int], expected: Relation
+) -> None:
+    ja, jb = job(1, 0.0, C=a), job(2, 1.0, C=b)
+    assert relation(ja, jb, "C") is expected, scenario
+    mirrored = {Relation.GREATER: Relation.LESS, Relation.LESS: Relation.GREATER}
+    assert relation(jb, ja, "C") is mirrored.get(expected, expected), scenario
+
+
+def test_no_relation_unless_both_have_virtual_jobs_on_the_cluster() -> None:
+    assert relation(job(1, 0.0, C=(2, 1)), job(2, 0.0, D=(2, 1)), "C") is None
+    assert relation(job(1, 0.0, C=(2, 1)), job(2, 0.0, C=(0, 0)), "C") is None
+
+
+# -- Eq. 3 and Eq. 4, and the reorganization ------------------------------------------------
+
+
+def test_eq3_indirect_deadlock_shifts_j_a_on_c_n_to_j_b() -> None:
+    # J_a complete on Cn, not on Cm; J_b complete on Cm, not on Cn:
+    # J_a < J_b on Cm and J_a > J_b on Cn.
+    a = job(1, 0.0, Cm=(4, 1, (30.0,) * 3), Cn=(3, 3))
+    b = job(2, 5.0, Cm=(2, 2), Cn=(5, 3, (20.0, 20.0)))
+    assert indirect_deadlock(a, [b]) == {"Cn": b}
+    plan = reorganize(a, [b])
+    assert plan.step == "indirect (Eq. 3)"
+    # J_b lacks 2 on Cn: it takes 2 of J_a's 3; J_a's third is released with Cn.
+    assert [(s.from_job, s.to_job, s.cluster, s.pilots) for s in plan.shifts] == [(1, 2, "Cn", 2)]
+    assert plan.release == ("Cn",)
+    assert plan.keep == ("Cm",)
+    assert plan.substitutes == 3
+    assert "job 1 > job 2 on Cn" in plan.reasons[0]
+
+
+def test_eq3_needs_both_clusters_of_the_pair() -> None:
+    # J_a > J_b on Cn but nowhere J_a < J_b: no indirect deadlock (Eq. 4 may still hold).
+    a = job(1, 0.0, Cm=(4, 1), Cn=(3, 3))
+    b = job(2, 5.0, Cm=(2, 1), Cn=(5, 3))
+    assert indirect_deadlock(a, [b]) == {}
+    assert direct_deadlock(a, [b]) == {"Cm": b}
+
+
+def test_eq4_direct_deadlock_shifts_what_j_a_holds_on_c_n() -> None:
+    # Both incomplete on C: J_a = J_b on C; J_a also holds all it needs on D.
+    a = job(1, 0.0, C=(6, 4, (40.0, 40.0)), D=(2, 2))
+    b = job(2, 3.0, C=(6, 5, (10.0,)))
+    assert direct_deadlock(a, [b]) == {"C": b}
+    plan = reorganize(a, [b])
+    assert plan.step == "direct (Eq. 4)"
+    assert [(s.to_job, s.cluster, s.pilots) for s in plan.shifts] == [(2, "C", 1)]
+    assert plan.release == ("C",)
+    assert plan.keep == ("D",)
+    assert plan.substitutes == 6
+
+
+def test_eq4_with_nothing_held_there_shifts_nothing_but_still_reselects() -> None:
+    a = job(1, 0.0, C=(3, 0, (9.0,) * 3), D=(1, 1))
+    b = job(2, 1.0, C=(3, 1, (9.0,) * 2))
+    plan = reorganize(a, [b])
+    assert plan.step == "direct (Eq. 4)"
+    assert plan.shifts == ()
+    assert plan.release == ("C",)
+    assert plan.substitutes == 3
+
+
+def test_the_earliest_submitted_j_b_is_chosen() -> None:
+    a = job(1, 0.0, C=(4, 2))
+    late, early = job(7, 20.0, C=(4, 1)), job(9, 10.0, C=(4, 1))
+    assert direct_deadlock(a, [late, early]) == {"C": early}
+    assert reorganize(a, [late, early]).shifts[0].to_job == 9
+
+
+def test_complete_jobs_and_j_a_itself_are_not_candidates() -> None:
+    a = job(1, 0.0, C=(4, 2))
+    done = job(2, 0.0, C=(2, 2))
+    assert direct_deadlock(a, [a, done]) == {}
+    assert indirect_deadlock(a, [a, done]) == {}
+
+
+def test_indirect_is_checked_before_direct() -> None:
+    # With J_b: J_a > J_b on Cn and J_a < J_b on Cm (Eq. 3); with J_c: J_a = J_c on Cm.
+    a = job(1, 0.0, Cm=(2, 1), Cn=(2, 2))
+    b = job(2, 9.0, Cm=(1, 1), Cn=(2, 0))
+    c = job(3, 1.0, Cm=(2, 1))
+    assert reorganize(a, [b, c]).step == "indirect (Eq. 3)"
+
+
+def test_no_deadlock_with_another_vjm_job_goes_to_step_3() -> None:
+    a = job(1, 0.0, A=(2, 1, (50.0,)), B=(2, 0, (10.0, 10.0)))
+    other = job(2, 0.0, D=(2, 0))
+    assert reorganize(a, [other]).step == "step 3"
+
+
+@pytest.mark.parametrize(
+    ("m", "release", "keep"),
+    [
+        # Incomplete clusters C1 (fastest) .. Cm; k = ceil(m / 2): release C_k .. C_m.
+        (1, ["C1"], []),
+        (2, ["C1", "C2"], []),
+        (3, ["C2", "C3"], ["C1"]),
+        (4, ["C2", "C3", "C4"], ["C1"]),
+        (5, ["C3", "C4", "C5"], ["C1", "C2"]),
+    ],
+)
+def test_step3_releases_the_slower_half(m: int, release: list[str], keep: list[str]) -> None:
+    # Listed slowest first so the sort by mean wait is what orders them; one complete
+    # cluster is always kept.
+    clusters: dict[str, tuple[int, int] | tuple[int, int, tuple[float, ...]]] = {
+        f"C{i}": (3, 1, (10.0 * i, 10.0 * i + 4)) for i in range(m, 0, -1)
+    }
+    clusters["Done"] = (2, 2)
+    plan = release_slower_half(job(1, 0.0, **clusters))
+    assert plan.step == "step 3"
+    assert plan.shifts == ()
+    assert list(plan.release) == release
+    assert sorted(plan.keep) == sorted([*keep, "Done"])
+    assert plan.substitutes == 3 * len(release)
+
+
+def test_step3_on_a_complete_job_releases_nothing() -> None:
+    plan = release_slower_half(job(1, 0.0, A=(2, 2)))
+    assert (plan.step, plan.release, plan.substitutes) == ("none", (), 0)
+
+
+def test_mean_wait_of_the_virtual_jobs_not_yet_held() -> None:
+    assert ClusterReservation(4, 1, (10.0, 20.0, 30.0)).mean_wait_s == pytest.approx(20.0)
+    assert ClusterReservation(1, 1).mean_wait_s == 0.0
+
+
+# -- queue statistics for Eq. 1 ---------------------------------------------------------------
+
+
+def test_cold_start_no_record() -> None:
+    assert estimate_queue_stats([], now=100.0) == QueueStats(
+        t_w=COLD_WAIT_S, t_ffw=0.0, ql=0, dt=COLD_INTERVAL_S
+    )
+
+
+def test_cold_start_one_start_dt_is_the_wait() -> None:
+    est = estimate_queue_stats([QueueRecord(10.0, 25.0)], now=100.0)
+    assert (est.t_w, est.dt, est.ql) == (15.0, 15.0, 0)
+
+
+def test_waiting_jobs_give_ql_and_the_head_s_wait() -> None:
+    records = [QueueRecord(0.0, 10.0), QueueRecord(40.0), QueueRecord(55.0)]
+    est = estimate_queue_stats(records, now=100.0)
+    assert (est.t_w, est.t_ffw, est.ql) == (10.0, 60.0, 2)
+
+
+def test_window_keeps_the_last_starts() -> None:
+    old = [QueueRecord(float(i), float(i) + 100.0) for i in range(10)]  # waited 100 s
+    new = [QueueRecord(1000.0 + i, 1000.0 + i + 4.0) for i in range(5)]  # waited 4 s
+    est = estimate_queue_stats(old + new, now=2000.0, window=5)
+    assert est.t_w == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize(
+    ("scenario", "records", "dt"),
+    [
+        (
+            "a backlog started every 10 s: dt 10",
+            [QueueRecord(0.0, 10.0), QueueRecord(0.0, 20.0), QueueRecord(0.0, 30.0)],
+            10.0,
+        ),
+        (
+            "batches started together on an idle cluster, an hour apart: dt 0, not the gap",
+            [QueueRecord(0.0, 10.0)] * 3 + [QueueRecord(3600.0, 3610.0)] * 3,
+            0.0,
+        ),
+        (
+            "never two waiting together: the arrival gap bounds it",
+            [QueueRecord(0.0, 5.0), QueueRecord(100.0, 105.0), QueueRecord(300.0, 305.0)],
+            150.0,
+        ),
+    ],
+)
+def test_dt_is_the_interval_of_a_backlogged_queue(
+    scenario: str, records: list[QueueRecord], dt: float
+) -> None:
+    assert estimate_queue_stats(records, now=5000.0).dt == pytest.approx(dt), scenario
