@@ -116,6 +116,10 @@ class ObservedJob:
     state: JobState
     # the submission key the job carries (gridcore.sites.keys), None for others' jobs
     key: str | None = None
+    # epoch seconds as the site reports them (None: not reported, or not started yet);
+    # the queue-wait history of VJM Eq. 1 is built from them (gridcore.engine.queue_stats)
+    submitted_at: float | None = None
+    started_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -418,3 +422,25 @@ class HolderKind(enum.StrEnum):
     PILOT = "pilot"  # holder: the pilot id
     VOLUME = "volume"  # holder: "logical_name@site" (engine.capacity.volume_holder)
     PROBE = "probe"  # holder: "site:<unique>"
+
+
+@dataclass(frozen=True)
+class CoReservationRequest:
+    """A parallel job co-reserved through pilots (VJM): ``processors`` in all, in
+    virtual jobs of ``vj_size`` processors (g), over at most ``max_clusters`` clusters
+    (M); ``lifetime_floor_s`` bounds Eq. 2's lifetime from below; ``sites`` limits the
+    candidate clusters (None: every site of the grid). Checked by
+    ``gridcore.validation.check_coreservation_request``."""
+
+    name: str
+    command: str
+    processors: int
+    vj_size: int = 1
+    max_clusters: int = 4
+    lifetime_floor_s: float = 60.0
+    workdir: str | None = None
+    sites: tuple[str, ...] | None = None
+
+    @property
+    def virtual_jobs(self) -> int:
+        return self.processors // self.vj_size

@@ -56,6 +56,7 @@ from gridcore.model import (
     ORIGIN,
     CoAllocationRequest,
     Component,
+    CoReservationRequest,
     CredentialRef,
     FileDelivery,
     FlexibleOptions,
@@ -645,6 +646,53 @@ def check_coallocation_submission(
         sites=sites,
     )
     return checked.request.request(), checked.command, checked.quota
+
+
+class _CoReservationRequest(_Model):
+    name: JobName
+    command: Command
+    processors: Count
+    vj_size: Count = 1
+    max_clusters: Count = 4
+    lifetime_floor_s: NonNegative = 60.0
+    workdir: WorkDir | None = None
+    sites: tuple[SiteName, ...] | None = None
+
+    @model_validator(mode="after")
+    def _shape(self, info: ValidationInfo) -> _CoReservationRequest:
+        if self.processors % self.vj_size:
+            raise _refused(
+                f"processors {self.processors} is not a multiple of vj_size {self.vj_size}",
+                "processors",
+            )
+        known = _known(info)
+        for i, site in enumerate(self.sites or ()):
+            if known is not None and site not in known:
+                raise _refused(
+                    f"unknown site {site!r} (known: {', '.join(sorted(known))})", "sites", i
+                )
+        if self.sites is not None and not self.sites:
+            raise _refused("must name at least one site (or be left out)", "sites")
+        return self
+
+    def request(self) -> CoReservationRequest:
+        return CoReservationRequest(
+            self.name,
+            self.command,
+            self.processors,
+            self.vj_size,
+            self.max_clusters,
+            float(self.lifetime_floor_s),
+            self.workdir,
+            self.sites,
+        )
+
+
+def check_coreservation_request(
+    request: CoReservationRequest | Mapping[str, Any], sites: Collection[str] | None = None
+) -> CoReservationRequest:
+    """A VJM co-reservation request (``gridcore.engine.coreservation``)."""
+    return _validated(_CoReservationRequest, request, RequestError, sites=sites).request()
 
 
 def check_choice(kind: type[_E], value: Any, field: str) -> _E:

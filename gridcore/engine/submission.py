@@ -26,11 +26,11 @@ from sqlalchemy import Connection, and_, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from gridcore.engine import capacity
-from gridcore.engine.phases import ComponentState
+from gridcore.engine.phases import ComponentState, PilotState
 from gridcore.model import HolderKind, JobState, JobSubmission, ObservedJob
 from gridcore.sites.base import SiteAdapter
 from gridcore.sites.keys import KeyHolder, install_prefix, parse_key
-from gridcore.state.schema import coalloc_components, meta, selections, sites
+from gridcore.state.schema import coalloc_components, meta, pilots, selections, sites
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,29 @@ def _judge(
         return judge_selection_job(conn, holder.ids[0], site, job_id, now)
     if holder.kind is HolderKind.COMPONENT:
         return judge_component_job(conn, holder.ids, site, job_id)
+    if holder.kind is HolderKind.PILOT:
+        return judge_pilot_job(conn, holder.ids[0], site, job_id)
     return judge_probe_job(conn, holder, site, job_id)
+
+
+def judge_pilot_job(conn: Connection, pilot_id: int, site: str, job_id: str) -> Verdict:
+    """A pilot's job is ours while the pilot is not finished; a pilot whose submission
+    was not recorded (its submitter died) adopts it."""
+    row = conn.execute(
+        select(pilots.c.site, pilots.c.state, pilots.c.site_job_id).where(
+            pilots.c.id == pilot_id
+        )
+    ).one_or_none()
+    if row is None or row.site != site or PilotState(row.state).finished:
+        return Verdict.ORPHAN
+    if row.site_job_id is not None:
+        return Verdict.KEEP if row.site_job_id == job_id else Verdict.ORPHAN
+    done = conn.execute(
+        update(pilots)
+        .where(and_(pilots.c.id == pilot_id, pilots.c.site_job_id.is_(None)))
+        .values(site_job_id=job_id)
+    )
+    return Verdict.ADOPTED if done.rowcount == 1 else Verdict.KEEP
 
 
 def judge_selection_job(

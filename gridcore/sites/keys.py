@@ -7,6 +7,7 @@ it again, and a refresh can tell our jobs whose holder is gone (orphans) from th
 * a selection:                 ``gc-<install>-s<selection id>``
 * a co-allocation component:   ``gc-<install>-c<job id>-<epoch>-<component index>``
 * a health probe:              ``gc-<install>-p<site>-<token>`` (the probe's hex token)
+* a pilot (VJM virtual job):   ``gc-<install>-v<pilot id>``
 
 ``<install>`` is the state database's install id (12 hex digits, ``gc_meta``): many
 state databases (test schemas, several deployments) submit to the same clusters, and a
@@ -29,13 +30,15 @@ _INSTALL = re.compile(r"[0-9a-f]{12}")
 _SELECTION = re.compile(r"s(\d+)")
 _COMPONENT = re.compile(r"c(\d+)-(\d+)-(\d+)")
 _PROBE = re.compile(r"p([A-Za-z0-9_-]+)-([0-9a-f]+)")
+_PILOT = re.compile(r"v(\d+)")
 _SAFE = re.compile(r"[A-Za-z0-9_-]+")
 
 
 @dataclass(frozen=True)
 class KeyHolder:
-    """What a key names: a selection, a component or a probe (the kinds of holder that
-    submit a site job). ``ids`` are (selection,) or (job, epoch, index); a probe has
+    """What a key names: a selection, a component, a pilot or a probe (the kinds of
+    holder that submit a site job). ``ids`` are (selection,), (job, epoch, index) or
+    (pilot,); a probe has
     ``site`` and ``token`` instead."""
 
     install: str
@@ -68,6 +71,10 @@ def probe_key(install: str, site: str, token: str) -> str:
     return f"{install_prefix(install)}p{site}-{token}"
 
 
+def pilot_key(install: str, pilot_id: int) -> str:
+    return f"{install_prefix(install)}v{pilot_id}"
+
+
 def is_valid_key(key: str) -> bool:
     """Whether ``key`` can name a site job (and a directory): safe characters only."""
     return len(key) <= KEY_MAX_LENGTH and _SAFE.fullmatch(key) is not None
@@ -87,4 +94,6 @@ def parse_key(key: str) -> KeyHolder | None:
         return KeyHolder(install, HolderKind.COMPONENT, ids)
     if match := _PROBE.fullmatch(rest):
         return KeyHolder(install, HolderKind.PROBE, site=match[1], token=match[2])
+    if match := _PILOT.fullmatch(rest):
+        return KeyHolder(install, HolderKind.PILOT, (int(match[1]),))
     return None
