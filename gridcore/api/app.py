@@ -1,0 +1,244 @@
+"""The VJ center as a FastAPI app: pilots (VJM Sec. 3.1) and KOALA's start barrier.
+
+Routes (relative, so the app also mounts under a prefix in Airflow's api-server)::
+
+    GET  /api/v1/health
+    POST /api/v1/pilots/{id}/register        {"host", "port", "processors"}
+    POST /api/v1/pilots/{id}/heartbeat
+    GET  /api/v1/pilots/{id}/work?wait=S     long poll, S <= 30 (default 10)
+    POST /api/v1/pilots/{id}/started
+    POST /api/v1/pilots/{id}/result          {"exit_code", "message"}
+    POST /api/v1/components/{job}/{epoch}/{idx}/register   {"host", "port"}
+    GET  /api/v1/components/{job}/{epoch}/{idx}/peers?wait=S
+    POST /api/v1/components/{job}/{epoch}/{idx}/released
+
+Every pilot and component route takes ``Authorization: Bearer <token>``: a missing or
+unknown token gets 401, another pilot's or component's token 403, and the refusal comes
+before the request does anything. The decisions are in :mod:`gridcore.engine.pilot_pool`
+and :mod:`gridcore.engine.barrier_pool`; database calls run in worker threads, so a long
+poll never blocks the event loop. Answers are the pools' TypedDicts, sent as they are
+(``response_model=None``: no second validation of what the pool just built).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Annotated, TypeVar
+
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Path, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import text
+
+from gridcore.api.auth import bearer_token, refused
+from gridcore.engine import barrier_pool, pilot_pool
+from gridcore.engine.barrier_pool import BarrierAnswer, BarrierState
+from gridcore.engine.pilot_pool import HEARTBEAT_S, MESSAGE_CHARS, Action, Answer, TokenRefused
+from gridcore.state.store import Store
+
+log = logging.getLogger(__name__)
+
+PREFIX = "/api/v1"
+POLL_S = 0.02  # how often a long poll looks at the database again
+DEFAULT_WAIT_S = 10.0
+MAX_WAIT_S = 30.0
+T = TypeVar("T")
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PilotRegistration(_Body):
+    host: str = Field(min_length=1, max_length=255)
+    port: int = Field(ge=1, le=65535)
+    processors: int = Field(ge=1)
+
+
+class PilotResult(_Body):
+    exit_code: int = Field(ge=-(2**31), lt=2**31)
+    message: str = Field(default="", max_length=MESSAGE_CHARS)
+
+
+class ComponentRegistration(_Body):
+    host: str = Field(min_length=1, max_length=255)
+    port: int = Field(ge=1, le=65535)
+
+
+Id = Annotated[int, Path(ge=0, lt=2**31)]
+Authorization = Annotated[str | None, Header()]
+Wait = Annotated[float, Query(ge=0.0, description=f"seconds, at most {MAX_WAIT_S:g}")]
+
+
+@dataclass(frozen=True)
+class Center:
+    """What the routes of one app share (kept on ``app.state``, never in a global)."""
+
+    store: Store
+    heartbeat_s: float
+    clock: Callable[[], float]
+
+
+def create_app(
+    store: Store,
+    *,
+    heartbeat_s: float = HEARTBEAT_S,
+    clock: Callable[[], float] = time.time,
+) -> FastAPI:
+    """The center's app on ``store``; ``heartbeat_s`` is the interval pilots are told."""
+    app = FastAPI(title="gridcore VJ center", version="1")
+    app.state.center = Center(store, heartbeat_s, clock)
+    app.add_exception_handler(TokenRefused, refused)
+    app.include_router(_pilot_routes(), prefix=PREFIX)
+    app.include_router(_component_routes(), prefix=PREFIX)
+    app.add_api_route(f"{PREFIX}/health", _health, methods=["GET"])
+    return app
+
+
+def _center(request: Request) -> Center:
+    center = request.app.state.center
+    if not isinstance(center, Center):
+        raise TypeError("app.state.center is not a Center: build the app with create_app")
+    return center
+
+
+CenterDep = Annotated[Center, Depends(_center)]
+
+
+async def _pilot(center: CenterDep, pilot_id: Id, authorization: Authorization = None) -> int:
+    """The pilot of the path, once the request's token is shown to be its own."""
+    token = bearer_token(authorization)
+    await asyncio.to_thread(pilot_pool.check_token, center.store, pilot_id, token)
+    return pilot_id
+
+
+async def _component(
+    center: CenterDep, job_id: Id, epoch: Id, idx: Id, authorization: Authorization = None
+) -> tuple[int, int, int]:
+    """The component of the path, once the request's token is shown to be its own."""
+    token = bearer_token(authorization)
+    check = barrier_pool.check_component_token
+    await asyncio.to_thread(check, center.store, job_id, epoch, idx, token)
+    return job_id, epoch, idx
+
+
+Pilot = Annotated[int, Depends(_pilot)]
+Component = Annotated[tuple[int, int, int], Depends(_component)]
+
+
+async def _health(center: CenterDep) -> dict[str, str]:
+    try:
+        await asyncio.to_thread(_ping, center.store)
+    except Exception as exc:  # any database failure: unhealthy, said in one line
+        raise HTTPException(503, f"state database: {type(exc).__name__}") from exc
+    return {"status": "ok"}
+
+
+def _pilot_routes() -> APIRouter:
+    router = APIRouter(prefix="/pilots/{pilot_id}", tags=["pilots"])
+
+    @router.post("/register", response_model=None)
+    async def register(center: CenterDep, pilot_id: Pilot, body: PilotRegistration) -> Answer:
+        answer = await asyncio.to_thread(
+            pilot_pool.register,
+            center.store,
+            pilot_id,
+            body.host,
+            body.port,
+            body.processors,
+            center.clock(),
+            heartbeat_s=center.heartbeat_s,
+        )
+        log.info("pilot %d registered from %s:%d: %s", pilot_id, body.host, body.port, answer)
+        return answer
+
+    @router.post("/heartbeat", response_model=None)
+    async def heartbeat(center: CenterDep, pilot_id: Pilot) -> Answer:
+        return await asyncio.to_thread(pilot_pool.heartbeat, center.store, pilot_id, center.clock())
+
+    @router.get("/work", response_model=None)
+    async def work(
+        center: CenterDep, pilot_id: Pilot, request: Request, wait: Wait = DEFAULT_WAIT_S
+    ) -> pilot_pool.Work:
+        return await _long_poll(
+            request,
+            wait,
+            lambda: asyncio.to_thread(pilot_pool.work, center.store, pilot_id),
+            lambda answer: answer["action"] == Action.WAIT.value,
+        )
+
+    @router.post("/started", response_model=None)
+    async def started(center: CenterDep, pilot_id: Pilot) -> Answer:
+        return await asyncio.to_thread(pilot_pool.started, center.store, pilot_id, center.clock())
+
+    @router.post("/result", response_model=None)
+    async def result(center: CenterDep, pilot_id: Pilot, body: PilotResult) -> Answer:
+        answer = await asyncio.to_thread(
+            pilot_pool.result, center.store, pilot_id, body.exit_code, body.message, center.clock()
+        )
+        log.info("pilot %d result: exit %d (%s)", pilot_id, body.exit_code, answer["state"])
+        return answer
+
+    return router
+
+
+def _component_routes() -> APIRouter:
+    router = APIRouter(prefix="/components/{job_id}/{epoch}/{idx}", tags=["barrier"])
+
+    @router.post("/register", response_model=None)
+    async def register(
+        center: CenterDep, key: Component, body: ComponentRegistration
+    ) -> dict[str, str]:
+        state = await asyncio.to_thread(
+            barrier_pool.register_component,
+            center.store,
+            *key,
+            body.host,
+            body.port,
+            center.clock(),
+        )
+        return {"state": state.value}
+
+    @router.get("/peers", response_model=None)
+    async def peers(
+        center: CenterDep, key: Component, request: Request, wait: Wait = DEFAULT_WAIT_S
+    ) -> BarrierAnswer:
+        return await _long_poll(
+            request,
+            wait,
+            lambda: asyncio.to_thread(barrier_pool.component_peers, center.store, *key),
+            lambda answer: answer["state"] == BarrierState.WAIT.value,
+        )
+
+    @router.post("/released", response_model=None)
+    async def released(center: CenterDep, key: Component) -> dict[str, str]:
+        release = barrier_pool.release_component
+        state = await asyncio.to_thread(release, center.store, *key, center.clock())
+        return {"state": state.value}
+
+    return router
+
+
+async def _long_poll(
+    request: Request,
+    wait: float,
+    ask: Callable[[], Awaitable[T]],
+    waiting: Callable[[T], bool],
+) -> T:
+    """Ask every :data:`POLL_S` until the answer is no longer "wait", ``wait`` seconds
+    pass (at most :data:`MAX_WAIT_S`) or the client hangs up; the last answer."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + min(wait, MAX_WAIT_S)
+    while True:
+        answer = await ask()
+        if not waiting(answer) or loop.time() >= deadline or await request.is_disconnected():
+            return answer
+        await asyncio.sleep(POLL_S)
+
+
+def _ping(store: Store) -> None:
+    with store.engine.connect() as conn:
+        conn.execute(text("SELECT 1"))
