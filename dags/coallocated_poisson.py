@@ -23,10 +23,7 @@ solve (bit-identical by construction) and fails above ``MAX_ABS_DIFF``.
 from __future__ import annotations
 
 import json
-import re
-import shlex
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -34,28 +31,8 @@ from typing import Any
 from airflow.sdk import Param, dag, task
 from airflow.sdk.exceptions import AirflowFailException
 
-from gridcore.state.store import state_dir
+from gridcore.apps.launch import MAX_ABS_DIFF, component_command, output_dir, strips_difference
 from operators.coallocate import CoAllocateOperator
-
-MAX_ABS_DIFF = 1e-8
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
-
-
-def output_dir(run_id: str) -> Path:
-    """Where the components of one run write their strips: under ``$GRIDCORE_HOME``,
-    which every site of the grid must see (local sites and same-host Slurm do)."""
-    return state_dir() / "poisson" / f"poisson-{_UNSAFE.sub('_', run_id)}"
-
-
-def component_command(n: int, iterations: int, sizes: Sequence[int], out_dir: Path) -> str:
-    """The command every component runs after the barrier. The interpreter by absolute
-    path: Slurm jobs get PATH only. ``$GRIDCORE_COMPONENT`` is set by the barrier."""
-    return (
-        f"{shlex.quote(sys.executable)} -m gridcore.apps.poisson"
-        f" --n {int(n)} --iterations {int(iterations)}"
-        f" --sizes {','.join(str(int(s)) for s in sizes)}"
-        f' --out {shlex.quote(str(out_dir))}/strip-"$GRIDCORE_COMPONENT".npy'
-    )
 
 
 @dag(
@@ -107,7 +84,7 @@ def coallocated_poisson() -> None:
     @task
     def check(out_dir: str, result: Mapping[str, Any], **context: Any) -> dict[str, Any]:
         p = context["params"]
-        difference = strips_difference(Path(out_dir), len(result["sites"]), p)
+        difference = strips_difference(Path(out_dir), len(result["sites"]), p["n"], p["iterations"])
         summary = {
             "max_abs_diff": difference,
             "barrier_skew_s": result["barrier_skew_s"],
@@ -122,17 +99,6 @@ def coallocated_poisson() -> None:
         return summary
 
     check(planned["out_dir"], solve.output)
-
-
-def strips_difference(out_dir: Path, count: int, params: Mapping[str, Any]) -> float:
-    """Largest difference between the components' strips, reassembled, and the serial
-    solve."""
-    import numpy as np  # only the check needs it, not DAG parsing
-
-    from gridcore.apps.poisson import max_abs_difference_from_serial
-
-    strips = [np.load(out_dir / f"strip-{i}.npy", allow_pickle=False) for i in range(count)]
-    return max_abs_difference_from_serial(strips, params["n"], params["iterations"])
 
 
 coallocated_poisson()
