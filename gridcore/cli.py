@@ -136,6 +136,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--per-process", type=int, default=250)
     p.set_defaults(handler=_bench)
 
+    p = sub.add_parser(
+        "serve", help="the VJ center's HTTP API for pilots and barrier components (token auth)"
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8790, help="port to listen on")
+    p.add_argument(
+        "--db", help="state DB URL (default $GRIDCORE_DB_URL or SQLite in $GRIDCORE_HOME)"
+    )
+    p.set_defaults(handler=_serve)
+
     p = sub.add_parser("db", help="state database maintenance")
     p.add_argument("action", choices=["upgrade"])
     common(p, grid=False)
@@ -273,6 +283,20 @@ def _plot(
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     plot(result, path)
     result["plot"] = path
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from gridcore.api.server import serve
+    from gridcore.state.store import open_store
+
+    store = open_store(args.db, upgrade=True)
+    url = store.engine.url.render_as_string(hide_password=True)
+    log.info("gridcore serve: state database %s, listening on %s:%d", url, args.host, args.port)
+    try:
+        serve(store, args.host, args.port)
+    finally:
+        store.dispose()
+    return 0
 
 
 def _db(args: argparse.Namespace) -> int:
