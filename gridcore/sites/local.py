@@ -72,7 +72,12 @@ class LocalSite:
         with self.store.begin() as conn:
             rows = conn.execute(
                 select(
-                    local_jobs.c.id, local_jobs.c.processors, local_jobs.c.state, local_jobs.c.key
+                    local_jobs.c.id,
+                    local_jobs.c.processors,
+                    local_jobs.c.state,
+                    local_jobs.c.key,
+                    local_jobs.c.submitted_at,
+                    local_jobs.c.started_at,
                 ).where(
                     and_(
                         local_jobs.c.site == self.spec.name,
@@ -80,7 +85,17 @@ class LocalSite:
                     )
                 )
             ).all()
-        jobs = tuple(ObservedJob(str(r.id), r.processors, JobState(r.state), r.key) for r in rows)
+        jobs = tuple(
+            ObservedJob(
+                str(r.id),
+                r.processors,
+                JobState(r.state),
+                r.key,
+                submitted_at=r.submitted_at,
+                started_at=r.started_at,
+            )
+            for r in rows
+        )
         busy = sum(j.processors for j in jobs if j.state is JobState.RUNNING)
         return SiteObservation(
             self.spec.name, self.spec.processors, self.spec.processors - busy, jobs, now

@@ -16,6 +16,8 @@ Facts about slurmrestd 22.05 this adapter relies on (checked against a real clus
 * ``exit_code`` is the raw wait(2) status (``exit 3`` reports 768), not the exit status.
 * ``end_time`` of a running job is its projected end (start + time limit), so it only
   counts as a finish time once the job is in a finished state.
+* ``start_time`` of a pending job is 0 or a forecast; a job cancelled while pending gets
+  ``start_time = end_time =`` the cancel time and empty ``nodes`` (it never started).
 
 Submission keys (:mod:`gridcore.sites.keys`) travel in the job's ``comment`` (the name
 stays the user's): v0.0.38 accepts ``comment`` at submission and returns it in
@@ -212,6 +214,21 @@ def _epoch(value: Any) -> float | None:
     return float(number) if number else None
 
 
+def _observed_start(job: Json, state: JobState) -> float | None:
+    """When the job got its processors, or None if it has not (yet, or ever).
+
+    A pending job's ``start_time`` is 0 or the scheduler's forecast, not a start. A job
+    cancelled while pending is reported with ``start_time == end_time ==`` the cancel
+    time and no ``nodes``: it never started, so it must not count as a wait that ended.
+    A job cancelled while running keeps its ``nodes`` and real ``start_time``.
+    """
+    if state is JobState.PENDING:
+        return None
+    if state.finished and not job.get("nodes") and not job.get("batch_host"):
+        return None
+    return _epoch(job.get("start_time"))
+
+
 def _node_usable(node: Json) -> bool:
     words = _tokens(node.get("state")) | _tokens(node.get("state_flags"))
     return not words & _UNUSABLE_NODE_STATES
@@ -388,11 +405,14 @@ class SlurmSite:
     @staticmethod
     def _observed_job(job: Json) -> ObservedJob:
         comment = job.get("comment")
+        state = map_job_state(_state_name(job.get("job_state")))
         return ObservedJob(
             job_id=str(job.get("job_id")),
             processors=_int(job, "cpus"),
-            state=map_job_state(_state_name(job.get("job_state"))),
+            state=state,
             key=comment if isinstance(comment, str) and comment else None,
+            submitted_at=_epoch(job.get("submit_time")),
+            started_at=_observed_start(job, state),
         )
 
     @staticmethod

@@ -404,6 +404,46 @@ def test_observe_reads_jobs_then_nodes(session: requests.Session) -> None:
     assert [j.job_id for j in obs.pending()] == ["1001"]
 
 
+def test_observe_reads_submit_and_start_times(session: requests.Session) -> None:
+    # Shapes slurmrestd 22.05 answered on the test grid: a pending job's start_time is 0
+    # (or the backfill forecast); a job cancelled while pending gets start_time = end_time
+    # = the cancel time and no nodes; one cancelled while running keeps both.
+    jobs = [
+        {"job_id": 3000, "job_state": "COMPLETED", "submit_time": 1795444053,
+         "start_time": 1795444054, "end_time": 1795444084, "nodes": "gamma-n1"},
+        {"job_id": 3001, "job_state": "RUNNING", "submit_time": 1795444054,
+         "start_time": 1795444084, "end_time": 1826980084, "nodes": "gamma-n1"},
+        {"job_id": 3002, "job_state": "CANCELLED", "submit_time": 1795444054,
+         "start_time": 1795444062, "end_time": 1795444062, "nodes": "", "batch_host": ""},
+        {"job_id": 3003, "job_state": "PENDING", "submit_time": 1795444055,
+         "start_time": 0, "end_time": 0, "nodes": ""},
+        {"job_id": 3004, "job_state": "PENDING", "submit_time": 1795444056,
+         "start_time": 1795449999, "end_time": 1795459999, "nodes": ""},
+        {"job_id": 3005, "job_state": "CANCELLED", "submit_time": 1795444082,
+         "start_time": 1795444083, "end_time": 1795444089, "nodes": "gamma-n1",
+         "batch_host": "gamma-n1"},
+        {"job_id": 3006, "job_state": ["RUNNING"],
+         "submit_time": {"set": True, "infinite": False, "number": 1795444090},
+         "start_time": {"set": True, "infinite": False, "number": 1795444091}},
+        {"job_id": 3007, "job_state": "PENDING"},
+    ]  # fmt: skip
+    replies: dict[tuple[str, str], Reply] = {
+        ("GET", "/jobs"): (200, body(jobs=jobs)),
+        ("GET", "/nodes"): (200, body(nodes=[node("gamma-n1", 4, 4, "allocated")])),
+    }
+    site, _ = make_site(session, replies)
+    assert [(j.job_id, j.submitted_at, j.started_at) for j in site.observe().jobs] == [
+        ("3000", 1795444053.0, 1795444054.0),
+        ("3001", 1795444054.0, 1795444084.0),
+        ("3002", 1795444054.0, None),
+        ("3003", 1795444055.0, None),
+        ("3004", 1795444056.0, None),
+        ("3005", 1795444082.0, 1795444083.0),
+        ("3006", 1795444090.0, 1795444091.0),
+        ("3007", None, None),
+    ]
+
+
 def test_status_while_running_hides_projected_end(session: requests.Session) -> None:
     job = {
         "job_id": 3000,
