@@ -27,7 +27,7 @@ from sqlalchemy import and_, select, update
 
 from gridcore import credentials
 from gridcore.config import GRID_ENV, default_grid, load_grid
-from gridcore.engine import capacity, health, ledger, submission
+from gridcore.engine import capacity, health, ledger, queue_stats, submission
 from gridcore.errors import GridError, RequestError, SiteError, StateError
 from gridcore.model import (
     GridSpec,
@@ -196,6 +196,7 @@ class GridRuntime:
         with self.store.begin() as conn:
             # our own jobs (not others' pending work): the site jobs of live holds
             ledger.store_observation(conn, obs)
+            queue_stats.record_observation(conn, obs)  # VJM Eq. 1's queue-wait history
         self._cancel_orphans(site, obs.jobs)
         return None
 
