@@ -16,11 +16,13 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
+from gridcore.engine.coreservation import CoReserveEngine
 from gridcore.engine.koala import KoalaEngine
 from gridcore.engine.runtime import GridRuntime
 from gridcore.staging import ReplicaCatalog
 from sensors.connections import (
     GridLocation,
+    close_coreserve,
     close_koala,
     connection_token,
     install_connection_resolver,
@@ -87,6 +89,20 @@ class GridcoreHook(BaseHook):
             yield engine
         finally:
             close_koala(engine)
+
+    @contextmanager
+    def coreserve_engine(self, *, upgrade: bool = False) -> Iterator[CoReserveEngine]:
+        """A VJM co-reservation engine (its scan lease is given up on exit); its pilots
+        call the configured VJ center, else one embedded in this process."""
+        engine = self.location.open_coreserve(upgrade=upgrade)
+        try:
+            yield engine
+        finally:
+            close_coreserve(engine)
+
+    def center_is_embedded(self) -> bool:
+        """No VJ center configured: pilots call a center inside this process."""
+        return self.location.configured_center()[0] is None
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:

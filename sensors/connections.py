@@ -12,10 +12,19 @@ then a ``gridcore`` Airflow connection, then ``$GRIDCORE_GRID`` / ``$GRIDCORE_DB
 database as host/port/login/password/schema (PostgreSQL; the password stays in Airflow's
 connections or secrets backend, never in a DAG or a trigger's stored arguments) or as
 ``extra.db_url``, and the grid description as ``extra.grid_file``.
+
+The VJ center (the HTTP API pilots talk to, ``gridcore serve``): ``extra.center_url``,
+else ``$GRIDCORE_CENTER_URL``; ``extra.site_center_urls`` / ``$GRIDCORE_SITE_CENTER_URLS``
+(JSON ``{"site": "url"}``) name another address for the pilots of one site (a cluster
+that reaches this host by another interface). Without any, :func:`embedded_center`
+starts one inside this process (the embedded default: local sites, one process).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,11 +33,14 @@ from airflow.sdk.exceptions import AirflowNotFoundException
 from sqlalchemy.engine import URL
 
 from gridcore import credentials
+from gridcore.api.server import RunningCenter, start_in_thread
+from gridcore.engine.coreservation import CoReserveEngine
 from gridcore.engine.koala import LEASE_SCANS, KoalaEngine
 from gridcore.engine.runtime import GridRuntime
 from gridcore.errors import CredentialError
 from gridcore.policies.claiming import KoalaParams
 from gridcore.staging import ReplicaCatalog
+from gridcore.state.store import Store, open_store
 
 DEFAULT_DB_DRIVER = "postgresql+psycopg"
 # Not a correctness parameter (the lease is fenced and renewed while a scan runs, see
@@ -36,6 +48,8 @@ DEFAULT_DB_DRIVER = "postgresql+psycopg"
 # the others from scanning. A holder that stops waiting releases it at once
 # (close_koala); a floor keeps renewals rare for short scan intervals.
 MIN_LEASE_S = 60.0
+CENTER_ENV = "GRIDCORE_CENTER_URL"
+SITE_CENTERS_ENV = "GRIDCORE_SITE_CENTER_URLS"
 
 
 def connection_token(conn_id: str) -> str:
@@ -63,6 +77,8 @@ class GridLocation:
     grid_file: str | None = None
     db_url: str | None = None
     conn_id: str | None = None
+    center_url: str | None = None
+    site_center_urls: str | None = None  # JSON {"site": "url"}
 
     def resolved(self) -> GridLocation:
         """Explicit fields, completed from the ``gridcore`` connection if one is named."""
@@ -70,10 +86,38 @@ class GridLocation:
             return self
         conn = _connection(self.conn_id)
         extra: dict[str, Any] = conn.extra_dejson or {}
+        sites = extra.get("site_center_urls")
         return GridLocation(
             grid_file=self.grid_file or _text(extra.get("grid_file")),
             db_url=self.db_url or _text(extra.get("db_url")) or _db_url(conn, extra),
+            center_url=self.center_url or _text(extra.get("center_url")),
+            site_center_urls=self.site_center_urls
+            or (json.dumps(sites) if isinstance(sites, dict) else None),
         )
+
+    def configured_center(self) -> tuple[str | None, dict[str, str]]:
+        """The VJ center URL and per-site URLs configured (connection, then env)."""
+        where = self.resolved()
+        url = where.center_url or _text(os.environ.get(CENTER_ENV))
+        raw = where.site_center_urls or os.environ.get(SITE_CENTERS_ENV) or "{}"
+        try:
+            sites = json.loads(raw)
+        except ValueError:
+            raise CredentialError(f"site center URLs are not JSON: {raw[:60]!r}") from None
+        if not isinstance(sites, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in sites.items()
+        ):
+            raise CredentialError('site center URLs must be a JSON object {"site": "url"}')
+        return url, sites
+
+    def open_coreserve(self, *, upgrade: bool) -> CoReserveEngine:
+        """A VJM co-reservation engine whose pilots call the configured center, else a
+        center embedded in this process (:func:`embedded_center`)."""
+        runtime = self.open_runtime(upgrade=upgrade)
+        url, sites = self.configured_center()
+        if url is None:
+            url = embedded_center(runtime.store).url
+        return CoReserveEngine(runtime, url, site_center_urls=sites)
 
     def open_runtime(self, *, upgrade: bool) -> GridRuntime:
         """A :class:`GridRuntime` on this location. Without ``upgrade`` the state DB must
@@ -102,6 +146,31 @@ def close_koala(engine: KoalaEngine) -> None:
         engine.release_lease()
     finally:
         engine.store.dispose()
+
+
+def close_coreserve(engine: CoReserveEngine) -> None:
+    try:
+        engine.release_lease()
+    finally:
+        engine.store.dispose()
+
+
+_EMBEDDED: dict[str, RunningCenter] = {}
+_EMBEDDED_LOCK = threading.Lock()
+
+
+def embedded_center(store: Store) -> RunningCenter:
+    """A VJ center serving ``store``'s database from a thread of this process, on
+    127.0.0.1 (one per database, for the process's life). Only for the embedded default:
+    pilots on local sites reach it; it lives as long as this process, so a job whose
+    center is embedded is waited on in this process (the operator does not defer)."""
+    key = store.engine.url.render_as_string(hide_password=False)
+    with _EMBEDDED_LOCK:
+        center = _EMBEDDED.get(key)
+        if center is None:
+            center = start_in_thread(open_store(key, upgrade=False))
+            _EMBEDDED[key] = center
+        return center
 
 
 def _connection(conn_id: str) -> Any:

@@ -1,0 +1,1129 @@
+"""VJM co-reservation live: pilots that hold processors on several clusters until all
+have started, then the real program in all of them at once (seed: VJM, Sec. 3).
+
+A job (``gc_reservations``) is split into ``n = processors / g`` virtual jobs; the
+cluster selection algorithm (:func:`gridcore.policies.coreservation.select_clusters`,
+Eq. 1 over each site's queue statistics, :mod:`gridcore.engine.queue_stats`) gives each a
+cluster, and each becomes a pilot: a row of ``gc_pilots`` (with a submission key and the
+hash of its bearer token), a holder in the capacity ledger (kind ``pilot``, claimed when
+the site has room, queued otherwise, released when the site's report counts it), and a
+site job running :mod:`gridcore.pilot` (built by :mod:`gridcore.engine.pilot_command`).
+A started pilot registers with the VJ center (:mod:`gridcore.api`); the registration that
+makes every pilot of its job held dispatches the real command to all of them in the same
+transaction (:func:`gridcore.engine.pilot_pool.dispatch_if_ready`).
+
+The engine has no daemon: whoever waits on a job (the Airflow trigger, the CLI) runs
+:meth:`CoReserveEngine.scan`, one at a time under the fenced lease ``vjm-scan``:
+
+1. observe the sites (``GridRuntime.refresh``: the report releases pilot holds it counts,
+   the queue-wait history grows);
+2. follow every pilot: a site job that ended before its pilot was dispatched, or a pilot
+   whose heartbeats stopped, is *lost* (its job gets a substitute); a dispatched pilot
+   that dies fails its job (the program lost a rank);
+3. dispatch any job whose pilots all hold (a backstop to the registration's dispatch);
+4. after a job's lifetime (Eq. 2) runs out: resource reorganization (Sec. 3.3,
+   :func:`gridcore.policies.coreservation.reorganize`) against every pending job: held
+   pilots shift to another job (one transaction, a ``gc_reservation_shifts`` row per
+   pilot), released clusters' pilots let go;
+5. substitutes: every job with fewer live pilots than virtual jobs gets the missing ones
+   selected again (``already`` = the pilots it keeps; released clusters avoided while
+   others can take them), submitted, and a new lifetime;
+6. a finished job lets every pilot it still has go.
+
+Exactly once: a pilot's site job carries ``gc-<install>-v<pilot>``; a submitter that
+died before recording the site's job id is adopted by the next refresh (orphan judging in
+:mod:`gridcore.engine.submission`), and a pilot still ``submitting`` after
+:data:`SUBMIT_DEADLINE_S` is looked up by key, then resubmitted with a fresh token.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection, RowMapping, and_, insert, select, update
+
+from gridcore.engine import capacity, health, lease, pilot_pool, queue_stats, submission
+from gridcore.engine.lease import LeaseLost
+from gridcore.engine.phases import (
+    FINISHED_RESERVATION,
+    LIVE_PILOT,
+    WAITING_PILOT,
+    PilotState,
+    ReservationPhase,
+)
+from gridcore.engine.pilot_command import pilot_command
+from gridcore.engine.runtime import GridRuntime
+from gridcore.errors import GridError, RequestError, StateError, UnknownJob
+from gridcore.model import (
+    CoReservationRequest,
+    HolderKind,
+    JobState,
+    JobSubmission,
+    Outcome,
+)
+from gridcore.policies.coreservation import (
+    ClusterReservation,
+    ClusterSelection,
+    ClusterView,
+    PendingJob,
+    QueueStats,
+    Reorganization,
+    reorganize,
+    reservation_lifetime,
+    select_clusters,
+)
+from gridcore.sites.keys import pilot_key
+from gridcore.state.schema import pilots, reservation_shifts, reservations
+from gridcore.validation import check_coreservation_request
+
+log = logging.getLogger(__name__)
+
+SCAN_LEASE = "vjm-scan"
+SUBMIT_DEADLINE_S = 60.0
+TOKEN_ENV = "GRIDCORE_PILOT_TOKEN"
+PROCESSORS_ENV = "GRIDCORE_PILOT_PROCESSORS"
+MAX_HANDLING_ERRORS = 3
+# A dispatched pilot's result comes over HTTP; its site job may be seen ended first.
+RESULT_GRACE_S = 15.0
+
+
+@dataclass(frozen=True)
+class CoReserveParams:
+    """``heartbeat_timeout_s``: a held or dispatched pilot silent this long is lost (the
+    pilot heartbeats every few seconds, :mod:`gridcore.engine.pilot_pool`); also how long
+    a pilot the site shows running may take to register. ``lease_s``: the scan lease.
+    ``python``: the interpreter that runs the pilot program at the sites."""
+
+    heartbeat_timeout_s: float = 30.0
+    lease_s: float = 60.0
+    python: str = "python3"
+    # False: no reorganization after the lifetime (the experiments' "no_reorganize")
+    reorganize: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("heartbeat_timeout_s", "lease_s"):
+            if not getattr(self, name) > 0:
+                raise RequestError(f"CoReserveParams.{name} must be > 0")
+
+
+@dataclass(frozen=True)
+class PilotRecord:
+    id: int
+    job_id: int
+    first_job_id: int
+    site: str
+    state: PilotState
+    site_job_id: str | None
+    t_avail: float | None
+    submitted_at: float
+    registered_at: float | None
+    component: int | None
+    dispatched_at: float | None
+    started_at: float | None
+    finished_at: float | None
+    exit_code: int | None
+    message: str | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "job_id": self.job_id,
+            "first_job_id": self.first_job_id,
+            "site": self.site,
+            "state": self.state.value,
+            "site_job_id": self.site_job_id,
+            "t_avail_s": self.t_avail,
+            "submitted_at": self.submitted_at,
+            "registered_at": self.registered_at,
+            "component": self.component,
+            "started_at": self.started_at,
+            "exit_code": self.exit_code,
+            "message": self.message,
+        }
+
+
+@dataclass(frozen=True)
+class ReservationRecord:
+    """A co-reserved job as stored, with the pilots it owns now."""
+
+    job_id: int
+    name: str
+    state: ReservationPhase
+    processors: int
+    vj_size: int
+    max_clusters: int
+    submitted_at: float
+    lifetime_s: float | None
+    held_at: float | None
+    dispatched_at: float | None
+    finished_at: float | None
+    message: str | None
+    reorganizations: int
+    substitutes: int
+    shifts_received: int
+    shifts_given: int
+    selection: Mapping[str, Any]
+    pilots: tuple[PilotRecord, ...] = ()
+
+    @property
+    def finished(self) -> bool:
+        return self.state.finished
+
+    @property
+    def clusters(self) -> dict[str, int]:
+        """Pilots per cluster among the ones doing (or that did) its work."""
+        counts: dict[str, int] = {}
+        for p in self.pilots:
+            if p.state not in (PilotState.LOST, PilotState.RELEASED):
+                counts[p.site] = counts.get(p.site, 0) + 1
+        return counts
+
+    @property
+    def coallocation_s(self) -> float | None:
+        """Submission to every pilot holding (the paper's co-allocation time)."""
+        return None if self.held_at is None else self.held_at - self.submitted_at
+
+    @property
+    def dispatch_skew_s(self) -> float | None:
+        """Between the first and the last start of the real command in its pilots."""
+        starts = [p.started_at for p in self.pilots if p.started_at is not None]
+        return max(starts) - min(starts) if len(starts) >= 2 else None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "name": self.name,
+            "state": self.state.value,
+            "message": self.message,
+            "processors": self.processors,
+            "vj_size": self.vj_size,
+            "max_clusters": self.max_clusters,
+            "clusters": self.clusters,
+            "t_avail_s": [c["t_avail_s"] for c in self.selection.get("choices", [])],
+            "lifetime_s": self.lifetime_s,
+            "coallocation_s": self.coallocation_s,
+            "dispatch_skew_s": self.dispatch_skew_s,
+            "shifts_received": self.shifts_received,
+            "shifts_given": self.shifts_given,
+            "substitutes": self.substitutes,
+            "reorganizations": self.reorganizations,
+            "pilots": [p.as_json() for p in self.pilots],
+        }
+
+
+@dataclass
+class ScanReport:
+    skipped: bool = False
+    lease_lost: bool = False
+    dispatched: list[int] = field(default_factory=list)
+    lost: list[int] = field(default_factory=list)
+    substituted: list[int] = field(default_factory=list)
+    reorganized: list[int] = field(default_factory=list)
+    finished: list[int] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _NewPilot:
+    id: int
+    job_id: int
+    site: str
+    processors: int
+    key: str
+    token: str
+    name: str
+    workdir: str | None
+
+
+class CoReserveEngine:
+    """Applies VJM's policies to live sites; every step resumes from the state DB."""
+
+    def __init__(
+        self,
+        runtime: GridRuntime,
+        center_url: str,
+        params: CoReserveParams | None = None,
+        holder: str | None = None,
+        *,
+        site_center_urls: Mapping[str, str] | None = None,
+    ) -> None:
+        """``center_url``: the VJ center's URL as pilots reach it; ``site_center_urls``:
+        another URL for the pilots of a site that reaches it by another address."""
+        self.runtime = runtime
+        self.store = runtime.store
+        self.grid = runtime.grid
+        self.center_url = center_url
+        self.site_center_urls = dict(site_center_urls or {})
+        self.params = params or CoReserveParams()
+        self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        self.lease = lease.Lease(
+            self.store, SCAN_LEASE, self.holder, self.params.lease_s, runtime.clock
+        )
+        self._grant: lease.Grant | None = None
+
+    # -- submission ----------------------------------------------------------------------
+
+    def submit(self, request: CoReservationRequest | Mapping[str, Any]) -> int:
+        """Check ``request``, select its clusters, write the job and its pilots, submit the
+        pilots; returns the job id. Raises RequestError, writing nothing, for a malformed
+        request or one no cluster set can ever hold."""
+        checked = check_coreservation_request(request, self.grid.site_names)
+        self._check_feasible(checked)
+        now = self.runtime.clock()
+        with self.store.begin() as conn:
+            job_id = _insert_reservation(conn, checked, now)
+            made = self._select_and_record(conn, job_id, checked, checked.virtual_jobs, {}, (), now)
+        if made is None:
+            with self.store.begin() as conn:
+                self._end_job(
+                    conn, job_id, ReservationPhase.FAILED, "no usable cluster can hold it", now
+                )
+            return job_id
+        self._submit_pilots(made)
+        return job_id
+
+    def _check_feasible(self, request: CoReservationRequest) -> None:
+        idle = QueueStats(0.0, 0.0, 0, 0.0)
+        views = [
+            ClusterView(s, idle, self.grid.site(s).processors // request.vj_size)
+            for s in self._candidates(request)
+        ]
+        trial = select_clusters(request.virtual_jobs, views, request.max_clusters)
+        if trial.outcome is not Outcome.FIT:
+            raise RequestError(
+                f"request {request.name!r} ({request.virtual_jobs} virtual jobs of "
+                f"{request.vj_size} processors, at most {request.max_clusters} clusters) "
+                "cannot be held even by the idle grid: " + "; ".join(trial.reasons)
+            )
+
+    def _candidates(self, request: CoReservationRequest) -> list[str]:
+        names = self.grid.site_names
+        return [s for s in names if request.sites is None or s in request.sites]
+
+    def _select_and_record(
+        self,
+        conn: Connection,
+        job_id: int,
+        request: CoReservationRequest,
+        missing: int,
+        already: Mapping[str, int],
+        avoid: Sequence[str],
+        now: float,
+    ) -> list[_NewPilot] | None:
+        """Select clusters for ``missing`` virtual jobs (Sec. 3.2), write their pilots
+        and holds, and set the job's lifetime (Eq. 2); None when nothing can hold them."""
+        selection = self._select(conn, request, missing, already, avoid, now)
+        if selection.outcome is not Outcome.FIT:
+            _set_selection(conn, job_id, selection, None, now)
+            return None
+        made = [
+            _new_pilot(conn, job_id, request, choice.cluster, choice.t_avail, now)
+            for choice in selection.choices
+        ]
+        waiting = [
+            t
+            for t in conn.execute(
+                select(pilots.c.t_avail).where(
+                    and_(pilots.c.job_id == job_id, pilots.c.state.in_(WAITING_PILOT))
+                )
+            ).scalars()
+            if t is not None
+        ]
+        lifetime = reservation_lifetime(waiting, request.lifetime_floor_s)
+        _set_selection(conn, job_id, selection, lifetime, now)
+        return made
+
+    def _select(
+        self,
+        conn: Connection,
+        request: CoReservationRequest,
+        missing: int,
+        already: Mapping[str, int],
+        avoid: Sequence[str],
+        now: float,
+    ) -> ClusterSelection:
+        usable = {h.site for h in health.read_health(conn).values() if h.usable}
+        names = [s for s in self._candidates(request) if s in usable or s in already]
+        stats = queue_stats.queue_stats(conn, names, now)
+        g = request.vj_size
+        views = [ClusterView(s, stats[s], self.grid.site(s).processors // g) for s in names]
+        preferred = [v for v in views if v.name not in avoid or v.name in already]
+        selection = select_clusters(missing, preferred, request.max_clusters, already)
+        if selection.outcome is Outcome.FIT or len(preferred) == len(views):
+            return selection
+        return select_clusters(missing, views, request.max_clusters, already)
+
+    def _submit_pilots(self, made: Sequence[_NewPilot]) -> None:
+        """Submit to the sites in parallel (one thread per site, each site's pilots in
+        order): a job's pilots queue at every cluster at about the same moment, and the
+        submission overhead is the slowest site's, not the sum."""
+        by_site: dict[str, list[_NewPilot]] = defaultdict(list)
+        for pilot in made:
+            by_site[pilot.site].append(pilot)
+        if len(by_site) <= 1:
+            for pilot in made:
+                self._submit_pilot(pilot)
+            return
+        with ThreadPoolExecutor(len(by_site), thread_name_prefix="vjm-submit") as pool:
+            for done in [pool.submit(self._submit_in_order, ps) for ps in by_site.values()]:
+                done.result()
+
+    def _submit_in_order(self, made: Sequence[_NewPilot]) -> None:
+        for pilot in made:
+            self._submit_pilot(pilot)
+
+    def _submit_pilot(self, pilot: _NewPilot) -> None:
+        job = JobSubmission(
+            name=f"{pilot.name}-vj{pilot.id}"[:256],
+            command=pilot_command(
+                self.site_center_urls.get(pilot.site, self.center_url),
+                pilot.id,
+                self.params.python,
+            ),
+            processors=pilot.processors,
+            workdir=None,
+            env={TOKEN_ENV: pilot.token, PROCESSORS_ENV: str(pilot.processors)},
+            key=pilot.key,
+        )
+        try:
+            site_job_id, _ = submission.submit_once(self.runtime.adapter(pilot.site), job)
+        except GridError as exc:
+            now = self.runtime.clock()
+            with self.store.begin() as conn:
+                health.record_failure(conn, pilot.site, str(exc))
+                _lose(conn, pilot.id, f"submission to {pilot.site} failed: {exc}", now)
+            return
+        with self.store.begin() as conn:
+            _record_site_job(conn, pilot.id, site_job_id)
+
+    # -- the scan ------------------------------------------------------------------------
+
+    def scan(self, now: float | None = None) -> ScanReport:
+        """One pass of the module docstring's steps, or a skipped one while another
+        engine holds the scan lease."""
+        now = self.runtime.clock() if now is None else now
+        grant = self.lease.take(now)
+        if grant is None:
+            return ScanReport(skipped=True, reasons=[f"lease {SCAN_LEASE} held by another"])
+        report = ScanReport()
+        self._grant = grant
+        try:
+            with self.lease.kept(grant):
+                self._steps(now, report)
+        except LeaseLost as lost:
+            report.lease_lost = True
+            report.reasons.append(str(lost))
+        finally:
+            self._grant = None
+        return report
+
+    def release_lease(self) -> None:
+        self.lease.release()
+
+    def _steps(self, now: float, report: ScanReport) -> None:
+        self.runtime.refresh()
+        self._resubmit_stale(now)
+        self._follow(now, report)
+        self._dispatch(now, report)
+        if self.params.reorganize:
+            self._reorganize(now, report)
+        self._substitute(now, report)
+        self._finish(now, report)
+
+    @contextmanager
+    def _tx(self) -> Iterator[Connection]:
+        """A transition's transaction: fenced by the scan lease during a scan."""
+        if self._grant is None:
+            with self.store.begin() as conn:
+                yield conn
+            return
+        with self.lease.transaction(self._grant) as conn:
+            yield conn
+
+    @contextmanager
+    def _handling(self, job_id: int, report: ScanReport) -> Iterator[None]:
+        """An unexpected error while handling one job rolls its transaction back and counts
+        against the job, which fails after MAX_HANDLING_ERRORS; the scan goes on with the
+        other jobs. A lost lease stops the scan."""
+        try:
+            yield
+        except LeaseLost:
+            raise
+        except Exception as exc:
+            log.error("co-reserved job %s: error while handling it", job_id, exc_info=exc)
+            message = f"{type(exc).__name__}: {exc}"[:2000]
+            report.reasons.append(f"job {job_id}: {message}")
+            with self.store.begin() as conn:
+                conn.execute(
+                    update(reservations)
+                    .where(reservations.c.id == job_id)
+                    .values(handling_errors=reservations.c.handling_errors + 1)
+                )
+                errors = conn.execute(
+                    select(reservations.c.handling_errors).where(reservations.c.id == job_id)
+                ).scalar_one()
+                if errors >= MAX_HANDLING_ERRORS:
+                    self._end_job(
+                        conn,
+                        job_id,
+                        ReservationPhase.FAILED,
+                        f"failed after {errors} errors while handling it; last: {message}",
+                        self.runtime.clock(),
+                    )
+
+    def _resubmit_stale(self, now: float) -> None:
+        """Pilots still ``submitting`` long after they were written: their submitter
+        died. The site may have the job (adopt it by key), else submit it anew."""
+        with self.store.begin() as conn:
+            stale = (
+                conn.execute(
+                    select(pilots, reservations.c.name, reservations.c.workdir)
+                    .join(reservations, reservations.c.id == pilots.c.job_id)
+                    .where(
+                        and_(
+                            pilots.c.state == PilotState.SUBMITTING.value,
+                            pilots.c.site_job_id.is_(None),
+                            pilots.c.submitted_at < now - SUBMIT_DEADLINE_S,
+                        )
+                    )
+                )
+                .mappings()
+                .all()
+            )
+        for row in stale:
+            try:
+                found = self.runtime.adapter(row["site"]).find(row["key"])
+            except GridError as exc:
+                log.warning("pilot %s: looking its key up failed: %s", row["id"], exc)
+                continue
+            if found is not None:
+                with self._tx() as conn:
+                    _record_site_job(conn, row["id"], found)
+                continue
+            token, digest = pilot_pool.new_token()
+            with self._tx() as conn:
+                done = conn.execute(
+                    update(pilots)
+                    .where(and_(pilots.c.id == row["id"], pilots.c.site_job_id.is_(None)))
+                    .values(token_hash=digest, submitted_at=now)
+                )
+            if done.rowcount == 1:
+                self._submit_pilot(
+                    _NewPilot(
+                        row["id"],
+                        row["job_id"],
+                        row["site"],
+                        row["processors"],
+                        row["key"],
+                        token,
+                        row["name"],
+                        row["workdir"],
+                    )
+                )
+
+    def _follow(self, now: float, report: ScanReport) -> None:
+        with self.store.begin() as conn:
+            rows = (
+                conn.execute(
+                    select(pilots).where(
+                        and_(
+                            pilots.c.state.in_((*WAITING_PILOT, *LIVE_PILOT)),
+                            pilots.c.site_job_id.is_not(None),
+                        )
+                    )
+                )
+                .mappings()
+                .all()
+            )
+        for row in rows:
+            verdict = self._judge_pilot(row, now)
+            if verdict is None:
+                continue
+            state, message = verdict
+            with self._tx() as conn:
+                if state is PilotState.LOST and _lose(conn, row["id"], message, now):
+                    report.lost.append(row["id"])
+                elif state is PilotState.FAILED:
+                    _fail_dispatched(conn, row["id"], message, now)
+            self._cancel_site_job(row["site"], row["site_job_id"], message)
+
+    def _judge_pilot(self, row: RowMapping, now: float) -> tuple[PilotState, str] | None:
+        """What became of a pilot: None (carry on), or its new state and why."""
+        state = PilotState(row["state"])
+        try:
+            status = self.runtime.adapter(row["site"]).status(row["site_job_id"])
+            site_state, ended = status.state, status.finished_at
+        except UnknownJob:
+            site_state, ended = JobState.FAILED, None
+        except GridError as exc:
+            log.warning("pilot %s: status at %s failed: %s", row["id"], row["site"], exc)
+            return None
+        timeout = self.params.heartbeat_timeout_s
+        where = f"pilot {row['id']} at {row['site']} (site job {row['site_job_id']})"
+        if state is PilotState.DISPATCHED:
+            silent = row["heartbeat_at"] is not None and now - row["heartbeat_at"] > timeout
+            gone = site_state.finished and (ended is None or now - ended > RESULT_GRACE_S)
+            if silent or gone:
+                why = "stopped heartbeating" if silent else f"site job {site_state.value}"
+                return PilotState.FAILED, f"{where} died running its command: {why}"
+            return None
+        if site_state.finished:
+            return PilotState.LOST, f"{where}: its site job ended ({site_state.value})"
+        if state is PilotState.HELD and now - (row["heartbeat_at"] or 0.0) > timeout:
+            return PilotState.LOST, f"{where}: no heartbeat for {timeout:g} s"
+        started = status.started_at if site_state is JobState.RUNNING else None
+        if state in WAITING_PILOT and started is not None and now - started > timeout:
+            return PilotState.LOST, f"{where}: running {now - started:.0f} s, never registered"
+        return None
+
+    def _dispatch(self, now: float, report: ScanReport) -> None:
+        for job_id in _job_ids(self.store, ReservationPhase.RESERVING):
+            with self._tx() as conn:
+                if pilot_pool.dispatch_if_ready(conn, job_id, now):
+                    report.dispatched.append(job_id)
+
+    def _reorganize(self, now: float, report: ScanReport) -> None:
+        """Sec. 3.3 for every job whose lifetime ran out, earliest-submitted first."""
+        with self.store.begin() as conn:
+            expired = (
+                conn.execute(
+                    select(reservations.c.id)
+                    .where(
+                        and_(
+                            reservations.c.state == ReservationPhase.RESERVING.value,
+                            reservations.c.deadline_at.is_not(None),
+                            reservations.c.deadline_at <= now,
+                        )
+                    )
+                    .order_by(reservations.c.submitted_at, reservations.c.id)
+                )
+                .scalars()
+                .all()
+            )
+        for job_id in expired:
+            with self._handling(job_id, report):
+                self._reorganize_one(job_id, now, report)
+
+    def _reorganize_one(self, job_id: int, now: float, report: ScanReport) -> None:
+        with self._tx() as conn:
+            pending = _pending_jobs(conn, now)
+            mine = next((p for p in pending if p.job_id == job_id), None)
+            if mine is None:
+                return
+            decision = reorganize(mine, [p for p in pending if p.job_id != job_id])
+            cancels = _apply_reorganization(conn, decision, now)
+            for shift in decision.shifts:
+                pilot_pool.dispatch_if_ready(conn, shift.to_job, now)
+        report.reorganized.append(job_id)
+        report.reasons.extend(decision.reasons)
+        for site, site_job_id in cancels:
+            self._cancel_site_job(site, site_job_id, f"reorganization of job {job_id}")
+
+    def _substitute(self, now: float, report: ScanReport) -> None:
+        for job_id in _job_ids(self.store, ReservationPhase.RESERVING):
+            with self._handling(job_id, report):
+                with self._tx() as conn:
+                    made = self._substitutes_for(conn, job_id, now)
+                if made:
+                    report.substituted.append(job_id)
+                    self._submit_pilots(made)
+
+    def _substitutes_for(self, conn: Connection, job_id: int, now: float) -> list[_NewPilot]:
+        row = conn.execute(select(reservations).where(reservations.c.id == job_id)).mappings().one()
+        if row["state"] != ReservationPhase.RESERVING.value:
+            return []
+        request = _request_of(row)
+        live = (
+            conn.execute(
+                select(pilots.c.site).where(
+                    and_(
+                        pilots.c.job_id == job_id,
+                        pilots.c.state.in_((*WAITING_PILOT, PilotState.HELD.value)),
+                    )
+                )
+            )
+            .scalars()
+            .all()
+        )
+        missing = request.virtual_jobs - len(live)
+        if missing <= 0:
+            return []
+        already: dict[str, int] = defaultdict(int)
+        for site in live:
+            already[site] += 1
+        avoid = json.loads(row["selection"] or "{}").get("avoid", [])
+        made = self._select_and_record(conn, job_id, request, missing, already, avoid, now)
+        if made is None:
+            return []  # nothing can take them now; the next scan tries again
+        conn.execute(
+            update(reservations)
+            .where(reservations.c.id == job_id)
+            .values(substitutes=reservations.c.substitutes + len(made))
+        )
+        return made
+
+    def _finish(self, now: float, report: ScanReport) -> None:
+        """Finished jobs let every pilot they still have go."""
+        with self.store.begin() as conn:
+            rows = conn.execute(
+                select(pilots.c.id, pilots.c.site, pilots.c.site_job_id)
+                .join(reservations, reservations.c.id == pilots.c.job_id)
+                .where(
+                    and_(
+                        reservations.c.state.in_([p.value for p in FINISHED_RESERVATION]),
+                        pilots.c.state.in_((*WAITING_PILOT, *LIVE_PILOT)),
+                    )
+                )
+            ).all()
+        for pilot_id, site, site_job_id in rows:
+            with self._tx() as conn:
+                _release_pilot(conn, pilot_id, "its job ended", now)
+            if site_job_id is not None:
+                self._cancel_site_job(site, site_job_id, "its job ended")
+            report.finished.append(pilot_id)
+
+    def _cancel_site_job(self, site: str, site_job_id: str | None, why: str) -> None:
+        if site_job_id is None:
+            return
+        try:
+            self.runtime.adapter(site).cancel(site_job_id)
+        except GridError as exc:
+            log.warning(
+                "site %s: cancelling pilot job %s (%s) failed: %s", site, site_job_id, why, exc
+            )
+
+    # -- status and cancel ----------------------------------------------------------------
+
+    def status(self, job_id: int) -> ReservationRecord:
+        with self.store.begin() as conn:
+            return _record(conn, job_id)
+
+    def cancel(self, job_id: int) -> ReservationRecord:
+        """Cancel the job and release every pilot (their site jobs are cancelled; a held
+        pilot's program also hears "exit" on its next heartbeat)."""
+        now = self.runtime.clock()
+        with self.store.begin() as conn:
+            self._end_job(conn, job_id, ReservationPhase.CANCELLED, "cancelled", now)
+            rows = conn.execute(
+                select(pilots.c.id, pilots.c.site, pilots.c.site_job_id).where(
+                    and_(
+                        pilots.c.job_id == job_id,
+                        pilots.c.state.in_((*WAITING_PILOT, *LIVE_PILOT)),
+                    )
+                )
+            ).all()
+            for pilot_id, _site, _job in rows:
+                _release_pilot(conn, pilot_id, "its job was cancelled", now)
+        for _pilot, site, site_job_id in rows:
+            self._cancel_site_job(site, site_job_id, "job cancelled")
+        return self.status(job_id)
+
+    def _end_job(
+        self, conn: Connection, job_id: int, phase: ReservationPhase, message: str, now: float
+    ) -> bool:
+        done = conn.execute(
+            update(reservations)
+            .where(
+                and_(
+                    reservations.c.id == job_id,
+                    reservations.c.state.in_(
+                        (ReservationPhase.RESERVING.value, ReservationPhase.DISPATCHED.value)
+                    ),
+                )
+            )
+            .values(state=phase.value, message=message, finished_at=now)
+        )
+        return done.rowcount == 1
+
+
+# -- rows ------------------------------------------------------------------------------------
+
+
+def _insert_reservation(conn: Connection, request: CoReservationRequest, now: float) -> int:
+    key = conn.execute(
+        insert(reservations).values(
+            name=request.name,
+            command=request.command,
+            processors=request.processors,
+            vj_size=request.vj_size,
+            max_clusters=request.max_clusters,
+            lifetime_floor_s=request.lifetime_floor_s,
+            workdir=request.workdir,
+            state=ReservationPhase.RESERVING.value,
+            submitted_at=now,
+            reorganizations=0,
+            substitutes=0,
+            handling_errors=0,
+            selection=json.dumps({"sites": list(request.sites) if request.sites else None}),
+        )
+    ).inserted_primary_key
+    if key is None:
+        raise StateError("the database returned no id for the new reservation")
+    return int(key[0])
+
+
+def _request_of(row: RowMapping) -> CoReservationRequest:
+    sites = json.loads(row["selection"] or "{}").get("sites")
+    return CoReservationRequest(
+        row["name"],
+        row["command"],
+        row["processors"],
+        row["vj_size"],
+        row["max_clusters"],
+        row["lifetime_floor_s"],
+        row["workdir"],
+        tuple(sites) if sites else None,
+    )
+
+
+def _set_selection(
+    conn: Connection, job_id: int, selection: ClusterSelection, lifetime: float | None, now: float
+) -> None:
+    old = conn.execute(
+        select(reservations.c.selection).where(reservations.c.id == job_id)
+    ).scalar_one()
+    stored = json.loads(old or "{}")
+    stored["choices"] = stored.get("choices", []) + [
+        {"cluster": c.cluster, "t_avail_s": c.t_avail} for c in selection.choices
+    ]
+    stored["reasons"] = list(selection.reasons)
+    values: dict[str, Any] = {"selection": json.dumps(stored)}
+    if lifetime is not None:
+        values |= {"lifetime_s": lifetime, "deadline_at": now + lifetime}
+    conn.execute(update(reservations).where(reservations.c.id == job_id).values(values))
+
+
+def _new_pilot(
+    conn: Connection,
+    job_id: int,
+    request: CoReservationRequest,
+    site: str,
+    t_avail: float,
+    now: float,
+) -> _NewPilot:
+    """A pilot row (its key names its id, so it is written in two statements of one
+    transaction) and its hold in the capacity ledger."""
+    token, digest = pilot_pool.new_token()
+    placeholder = f"new-{uuid.uuid4().hex}"
+    key_row = conn.execute(
+        insert(pilots).values(
+            job_id=job_id,
+            first_job_id=job_id,
+            site=site,
+            processors=request.vj_size,
+            state=PilotState.SUBMITTING.value,
+            key=placeholder,
+            token_hash=digest,
+            t_avail=t_avail,
+            submitted_at=now,
+        )
+    ).inserted_primary_key
+    if key_row is None:
+        raise StateError("the database returned no id for the new pilot")
+    pilot_id = int(key_row[0])
+    key = pilot_key(submission.install_id(conn), pilot_id)
+    conn.execute(update(pilots).where(pilots.c.id == pilot_id).values(key=key))
+    capacity.claim(
+        conn, HolderKind.PILOT, str(pilot_id), site, request.vj_size, queue_if_full=True, now=now
+    )
+    return _NewPilot(
+        pilot_id, job_id, site, request.vj_size, key, token, request.name, request.workdir
+    )
+
+
+def _record_site_job(conn: Connection, pilot_id: int, site_job_id: str) -> None:
+    """The site has the pilot: name its job (a registration may have come first)."""
+    conn.execute(
+        update(pilots)
+        .where(and_(pilots.c.id == pilot_id, pilots.c.site_job_id.is_(None)))
+        .values(site_job_id=site_job_id)
+    )
+    conn.execute(
+        update(pilots)
+        .where(and_(pilots.c.id == pilot_id, pilots.c.state == PilotState.SUBMITTING.value))
+        .values(state=PilotState.PENDING.value)
+    )
+    row = capacity.hold(conn, HolderKind.PILOT, str(pilot_id))
+    if row is not None and row.ledger is not None:
+        capacity.set_site_job(conn, HolderKind.PILOT, str(pilot_id), site_job_id)
+
+
+def _lose(conn: Connection, pilot_id: int, message: str, now: float) -> bool:
+    """A waiting or held pilot is lost: its job needs a substitute."""
+    done = conn.execute(
+        update(pilots)
+        .where(
+            and_(
+                pilots.c.id == pilot_id,
+                pilots.c.state.in_((*WAITING_PILOT, PilotState.HELD.value)),
+            )
+        )
+        .values(state=PilotState.LOST.value, message=message, finished_at=now)
+    )
+    capacity.release(conn, HolderKind.PILOT, str(pilot_id), now)
+    if done.rowcount == 1:
+        log.warning("%s", message)
+    return done.rowcount == 1
+
+
+def _release_pilot(conn: Connection, pilot_id: int, message: str, now: float) -> bool:
+    done = conn.execute(
+        update(pilots)
+        .where(and_(pilots.c.id == pilot_id, pilots.c.state.in_((*WAITING_PILOT, *LIVE_PILOT))))
+        .values(state=PilotState.RELEASED.value, message=message, finished_at=now)
+    )
+    capacity.release(conn, HolderKind.PILOT, str(pilot_id), now)
+    return done.rowcount == 1
+
+
+def _fail_dispatched(conn: Connection, pilot_id: int, message: str, now: float) -> None:
+    """A dispatched pilot died: the program lost a rank, so its job fails."""
+    row = conn.execute(
+        update(pilots)
+        .where(and_(pilots.c.id == pilot_id, pilots.c.state == PilotState.DISPATCHED.value))
+        .values(state=PilotState.FAILED.value, message=message, finished_at=now)
+        .returning(pilots.c.job_id)
+    ).scalar_one_or_none()
+    capacity.release(conn, HolderKind.PILOT, str(pilot_id), now)
+    if row is None:
+        return
+    conn.execute(
+        update(reservations)
+        .where(
+            and_(
+                reservations.c.id == row,
+                reservations.c.state == ReservationPhase.DISPATCHED.value,
+            )
+        )
+        .values(state=ReservationPhase.FAILED.value, message=message, finished_at=now)
+    )
+
+
+def _job_ids(store: Any, phase: ReservationPhase) -> list[int]:
+    with store.begin() as conn:
+        return list(
+            conn.execute(
+                select(reservations.c.id)
+                .where(reservations.c.state == phase.value)
+                .order_by(reservations.c.submitted_at, reservations.c.id)
+            ).scalars()
+        )
+
+
+def _pending_jobs(conn: Connection, now: float) -> list[PendingJob]:
+    """Every pending (reserving) job as Definitions 1-2 see it: per cluster, its live
+    pilots (required), the held ones, and how long the others have waited."""
+    rows = conn.execute(
+        select(
+            reservations.c.id,
+            reservations.c.submitted_at,
+            pilots.c.site,
+            pilots.c.state,
+            pilots.c.submitted_at.label("pilot_submitted"),
+        )
+        .join(pilots, pilots.c.job_id == reservations.c.id)
+        .where(
+            and_(
+                reservations.c.state == ReservationPhase.RESERVING.value,
+                pilots.c.state.in_((*WAITING_PILOT, PilotState.HELD.value)),
+            )
+        )
+    ).all()
+    submitted: dict[int, float] = {}
+    per: dict[int, dict[str, list[float | None]]] = defaultdict(lambda: defaultdict(list))
+    for job_id, job_submitted, site, state, pilot_submitted in rows:
+        submitted[job_id] = job_submitted
+        per[job_id][site].append(None if state == PilotState.HELD.value else now - pilot_submitted)
+    return [
+        PendingJob(
+            job_id,
+            submitted[job_id],
+            {
+                site: ClusterReservation(
+                    len(waits),
+                    sum(w is None for w in waits),
+                    tuple(w for w in waits if w is not None),
+                )
+                for site, waits in clusters.items()
+            },
+        )
+        for job_id, clusters in per.items()
+    ]
+
+
+def _apply_reorganization(
+    conn: Connection, decision: Reorganization, now: float
+) -> list[tuple[str, str]]:
+    """Shift, then release, in the caller's (fenced) transaction; each moved or released
+    pilot is a ``gc_reservation_shifts`` row. Returns the site jobs to cancel."""
+    cancels: list[tuple[str, str]] = []
+    a = decision.job_id
+    for shift in decision.shifts:
+        moved = (
+            conn.execute(
+                select(pilots.c.id)
+                .where(
+                    and_(
+                        pilots.c.job_id == a,
+                        pilots.c.site == shift.cluster,
+                        pilots.c.state == PilotState.HELD.value,
+                    )
+                )
+                .order_by(pilots.c.id)
+                .limit(shift.pilots)
+            )
+            .scalars()
+            .all()
+        )
+        for pilot_id in moved:
+            conn.execute(update(pilots).where(pilots.c.id == pilot_id).values(job_id=shift.to_job))
+            _shift_row(
+                conn, now, decision.step, a, shift.to_job, shift.cluster, pilot_id, shift.reason
+            )
+        # The beneficiary now holds what it waited for there: its surplus waiting pilots
+        # on that cluster (the newest first) go.
+        surplus = conn.execute(
+            select(pilots.c.id, pilots.c.site_job_id)
+            .where(
+                and_(
+                    pilots.c.job_id == shift.to_job,
+                    pilots.c.site == shift.cluster,
+                    pilots.c.state.in_(WAITING_PILOT),
+                )
+            )
+            .order_by(pilots.c.submitted_at.desc(), pilots.c.id.desc())
+            .limit(len(moved))
+        ).all()
+        for pilot_id, site_job_id in surplus:
+            why = f"job {shift.to_job} received {len(moved)} held pilots on {shift.cluster}"
+            _release_pilot(conn, pilot_id, why, now)
+            _shift_row(conn, now, "surplus", shift.to_job, None, shift.cluster, pilot_id, why)
+            if site_job_id is not None:
+                cancels.append((shift.cluster, site_job_id))
+    for cluster in decision.release:
+        rows = conn.execute(
+            select(pilots.c.id, pilots.c.site_job_id).where(
+                and_(
+                    pilots.c.job_id == a,
+                    pilots.c.site == cluster,
+                    pilots.c.state.in_((*WAITING_PILOT, PilotState.HELD.value)),
+                )
+            )
+        ).all()
+        why = "; ".join(decision.reasons)
+        for pilot_id, site_job_id in rows:
+            _release_pilot(conn, pilot_id, f"{decision.step}: released {cluster}", now)
+            _shift_row(conn, now, decision.step, a, None, cluster, pilot_id, why)
+            if site_job_id is not None:
+                cancels.append((cluster, site_job_id))
+    selection = json.loads(
+        conn.execute(select(reservations.c.selection).where(reservations.c.id == a)).scalar_one()
+        or "{}"
+    )
+    selection["avoid"] = list(decision.release)
+    conn.execute(
+        update(reservations)
+        .where(reservations.c.id == a)
+        .values(
+            reorganizations=reservations.c.reorganizations + 1,
+            deadline_at=None,
+            selection=json.dumps(selection),
+        )
+    )
+    return cancels
+
+
+def _shift_row(
+    conn: Connection,
+    now: float,
+    step: str,
+    from_job: int,
+    to_job: int | None,
+    site: str,
+    pilot_id: int,
+    reason: str,
+) -> None:
+    conn.execute(
+        insert(reservation_shifts).values(
+            at=now,
+            step=step,
+            from_job=from_job,
+            to_job=to_job,
+            site=site,
+            pilot_id=pilot_id,
+            reason=reason,
+        )
+    )
+
+
+def _record(conn: Connection, job_id: int) -> ReservationRecord:
+    row = (
+        conn.execute(select(reservations).where(reservations.c.id == job_id))
+        .mappings()
+        .one_or_none()
+    )
+    if row is None:
+        raise RequestError(f"no co-reserved job {job_id}")
+    owned = (
+        conn.execute(select(pilots).where(pilots.c.job_id == job_id).order_by(pilots.c.id))
+        .mappings()
+        .all()
+    )
+    shifts = conn.execute(
+        select(reservation_shifts.c.from_job, reservation_shifts.c.to_job).where(
+            and_(
+                reservation_shifts.c.to_job.is_not(None),
+                (reservation_shifts.c.from_job == job_id) | (reservation_shifts.c.to_job == job_id),
+            )
+        )
+    ).all()
+    return ReservationRecord(
+        job_id=row["id"],
+        name=row["name"],
+        state=ReservationPhase(row["state"]),
+        processors=row["processors"],
+        vj_size=row["vj_size"],
+        max_clusters=row["max_clusters"],
+        submitted_at=row["submitted_at"],
+        lifetime_s=row["lifetime_s"],
+        held_at=row["held_at"],
+        dispatched_at=row["dispatched_at"],
+        finished_at=row["finished_at"],
+        message=row["message"],
+        reorganizations=row["reorganizations"],
+        substitutes=row["substitutes"],
+        shifts_received=sum(1 for _f, t in shifts if t == job_id),
+        shifts_given=sum(1 for f, _t in shifts if f == job_id),
+        selection=json.loads(row["selection"] or "{}"),
+        pilots=tuple(_pilot_record(p) for p in owned),
+    )
+
+
+def _pilot_record(row: RowMapping) -> PilotRecord:
+    return PilotRecord(
+        id=row["id"],
+        job_id=row["job_id"],
+        first_job_id=row["first_job_id"],
+        site=row["site"],
+        state=PilotState(row["state"]),
+        site_job_id=row["site_job_id"],
+        t_avail=row["t_avail"],
+        submitted_at=row["submitted_at"],
+        registered_at=row["registered_at"],
+        component=row["component"],
+        dispatched_at=row["dispatched_at"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        exit_code=row["exit_code"],
+        message=row["message"],
+    )

@@ -1,0 +1,203 @@
+"""Run one parallel program through pilots that co-reserve processors on several clusters
+(VJM: virtual jobs that hold their processors until all have started).
+
+The operator is thin: validate into a :class:`~gridcore.model.CoReservationRequest`,
+``CoReserveEngine.submit`` (cluster selection by Eq. 1, pilots submitted) through
+:class:`~operators.hooks.GridcoreHook`, then wait with
+:class:`~sensors.coreserve_trigger.CoReservationTrigger`, which drives the VJM scans
+(dispatch, lost pilots, reorganization after the lifetime) until the job ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import Context
+
+from gridcore.engine.coreservation import CoReserveEngine, ReservationRecord
+from gridcore.errors import GridError, StateError
+from gridcore.model import CoReservationRequest
+from gridcore.validation import check_coreservation_request
+from operators.base import GridcoreOperator
+from operators.site_job import job_name, map_index, state_store, translated
+from sensors.coreserve_trigger import CoReservationTrigger
+
+JOB_KEY = "gridcore_coreserved_job_id"  # in the task state store, shared by all tries
+_RESULT_KEYS = (
+    "job_id",
+    "name",
+    "state",
+    "clusters",
+    "t_avail_s",
+    "lifetime_s",
+    "coallocation_s",
+    "dispatch_skew_s",
+    "shifts_received",
+    "shifts_given",
+    "substitutes",
+    "reorganizations",
+)
+
+
+class CoReserveOperator(GridcoreOperator):
+    """Run ``command`` on ``processors`` processors co-reserved by pilots (VJM).
+
+    ``processors / vj_size`` pilots (virtual jobs of ``vj_size`` processors) go to the
+    clusters with the smallest expected wait (VJM Eq. 1), over at most ``max_clusters``
+    clusters; each holds its processors once its site starts it; when all hold, every
+    pilot starts ``command`` at once with ``GRIDCORE_COMPONENT`` (its rank),
+    ``GRIDCORE_COMPONENTS``, ``GRIDCORE_PEERS`` (a JSON file of every rank's host and
+    port) and ``GRIDCORE_LISTEN_FD`` (its data port, listening): the same interface as
+    :class:`~operators.coallocate.CoAllocateOperator`'s barrier. A job not started
+    within its lifetime (Eq. 2, at least ``lifetime_floor_s``) is reorganized (held
+    pilots shift between deadlocked jobs; slow clusters are released and substituted).
+
+    :param command: shell command every rank runs (templated).
+    :param processors: processors in all.
+    :param vj_size: processors per pilot (g); ``processors`` is a multiple of it.
+    :param max_clusters: at most this many clusters (M).
+    :param lifetime_floor_s: the lifetime never below this (Eq. 2 is 0 on an idle grid).
+    :param sites: candidate clusters (default: every site of the grid).
+    :param workdir: where the ranks run (default: each pilot's job directory).
+    :param poll_interval: seconds between VJM scans while waiting.
+    :param deferrable: wait in the triggerer. Without a configured VJ center (connection
+        ``extra.center_url`` or ``$GRIDCORE_CENTER_URL``) the center runs inside this
+        worker and the operator waits here instead.
+
+    Returns (XCom): ``job_id``, ``state``, ``clusters`` (pilots per cluster),
+    ``t_avail_s`` (Eq. 1 per virtual job, substitutes included), ``lifetime_s``,
+    ``coallocation_s`` (submission to all held), ``dispatch_skew_s``,
+    ``shifts_received``, ``shifts_given``, ``substitutes``, ``reorganizations``,
+    ``site_job_ids`` and ``sites`` per rank.
+    """
+
+    template_fields: Sequence[str] = ("command", "processors", "vj_size", "max_clusters", "sites")
+    ui_color = "#d9ead3"
+
+    def __init__(
+        self,
+        *,
+        command: str,
+        processors: int,
+        vj_size: int = 1,
+        max_clusters: int = 4,
+        lifetime_floor_s: float = 60.0,
+        sites: list[str] | None = None,
+        workdir: str | None = None,
+        poll_interval: float = 1.0,
+        deferrable: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.command = command
+        self.processors = processors
+        self.vj_size = vj_size
+        self.max_clusters = max_clusters
+        self.lifetime_floor_s = lifetime_floor_s
+        self.sites = sites
+        self.workdir = workdir
+        self.poll_interval = poll_interval
+        self.deferrable = deferrable
+        self._job_id: int | None = None
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        request = self.plan_request(context)
+        state = state_store(context)
+        hook = self.hook()
+        with translated(request.name), hook.coreserve_engine(upgrade=True) as engine:
+            record = self._resume(engine, state)
+            if record is None:
+                self._job_id = self._submit(engine, state, request)
+            else:
+                self._job_id = record.job_id
+        if record is not None and record.finished:
+            return self.execute_complete(context, dict(CoReservationTrigger.event_for(record)))
+        trigger = CoReservationTrigger(
+            self._job_id, poll_interval=self.poll_interval, **self.location()
+        )
+        embedded = hook.center_is_embedded()
+        if embedded and self.deferrable:
+            self.log.info("no VJ center configured: it runs in this worker, which waits")
+        result: dict[str, Any] = self.wait_for(
+            context, trigger, deferrable=self.deferrable and not embedded
+        )
+        return result
+
+    def _submit(self, engine: CoReserveEngine, state: Any, request: CoReservationRequest) -> int:
+        job_id = engine.submit(request)
+        if state is not None:
+            try:
+                state.set(JOB_KEY, job_id)
+            except Exception:
+                engine.cancel(job_id)
+                raise
+        record = engine.status(job_id)
+        self.log.info(
+            "co-reserved job %s: %s (%s processors in %s pilots) on %s, lifetime %.0f s",
+            job_id,
+            request.name,
+            request.processors,
+            request.virtual_jobs,
+            record.clusters,
+            record.lifetime_s or 0.0,
+        )
+        return job_id
+
+    def _resume(self, engine: CoReserveEngine, state: Any) -> ReservationRecord | None:
+        prior = state.get(JOB_KEY) if state is not None else None
+        if isinstance(prior, bool) or not isinstance(prior, int):
+            return None
+        try:
+            record = engine.status(prior)
+        except (StateError, GridError):
+            return None
+        if record.finished and record.state != "completed":
+            self.log.info("co-reserved job %s of an earlier try %s; afresh", prior, record.state)
+            return None
+        self.log.info("resuming co-reserved job %s (%s)", prior, record.state)
+        return record
+
+    def execute_complete(self, context: Context, event: Any = None) -> dict[str, Any]:
+        record = CoReservationTrigger.completed_record(event)
+        return result_of(record)
+
+    def on_kill(self) -> None:
+        if self._job_id is None:
+            return
+        try:
+            with self.hook().coreserve_engine() as engine:
+                record = engine.cancel(self._job_id)
+            self.log.info("cancelled co-reserved job %s: %s", record.job_id, record.state)
+        except GridError as exc:
+            self.log.warning("could not cancel co-reserved job %s: %s", self._job_id, exc)
+
+    def plan_request(self, context: Context) -> CoReservationRequest:
+        """Validate the rendered arguments through gridcore's request model;
+        AirflowFailException naming the field otherwise. Touches nothing."""
+        name = job_name(self.dag_id, self.task_id, map_index(context))
+        with translated(name):
+            return check_coreservation_request(
+                {
+                    "name": name,
+                    "command": self.command,
+                    "processors": self.processors,
+                    "vj_size": self.vj_size,
+                    "max_clusters": self.max_clusters,
+                    "lifetime_floor_s": self.lifetime_floor_s,
+                    "sites": self.sites,
+                    "workdir": self.workdir,
+                }
+            )
+
+
+def result_of(record: dict[str, Any]) -> dict[str, Any]:
+    """The XCom of a completed job from its record (``ReservationRecord.as_json``)."""
+    result = {key: record.get(key) for key in _RESULT_KEYS}
+    ranks = sorted(
+        (p for p in record.get("pilots") or [] if p.get("component") is not None),
+        key=lambda p: p["component"],
+    )
+    result["sites"] = [p["site"] for p in ranks]
+    result["site_job_ids"] = [p["site_job_id"] for p in ranks]
+    return result
