@@ -8,7 +8,8 @@
   pilot submission + pilot start and registration + dispatch. The paper measured 1.67 s
   (Sec. 4.1, Fig. 2). The local sites start a job at once, so there is no queue wait in
   it; what remains of the site is starting a process, which ``python_start_p50_s``
-  measures in the same run (``python3 -c pass``) for the ratio ``overhead_to_python_start``.
+  measures in the same run (the pilots' interpreter as they run it, ``-I -S -c pass``)
+  for the ratio ``overhead_to_python_start``.
 * ``dispatch_skew_p50_s``: per job, between the first and the last pilot starting the
   real command (each pilot's report of its start).
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import random
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Mapping
@@ -118,7 +120,7 @@ def _python_start_p50_s(repeats: int = 10) -> float:
     samples = []
     for _ in range(repeats):
         start = time.perf_counter()
-        subprocess.run(["python3", "-c", "pass"], check=True)
+        subprocess.run([sys.executable, "-I", "-S", "-c", "pass"], check=True)
         samples.append(time.perf_counter() - start)
     return statistics.median(samples)
 

@@ -42,6 +42,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
@@ -70,6 +71,7 @@ from gridcore.model import (
     JobState,
     JobSubmission,
     Outcome,
+    SiteKind,
 )
 from gridcore.policies.coreservation import (
     ClusterReservation,
@@ -102,11 +104,12 @@ class CoReserveParams:
     """``heartbeat_timeout_s``: a held or dispatched pilot silent this long is lost (the
     pilot heartbeats every few seconds, :mod:`gridcore.engine.pilot_pool`); also how long
     a pilot the site shows running may take to register. ``lease_s``: the scan lease.
-    ``python``: the interpreter that runs the pilot program at the sites."""
+    ``python``: the interpreter that runs the pilot program at the sites (None: this
+    process's own for local sites, which are this host, and ``python3`` elsewhere)."""
 
     heartbeat_timeout_s: float = 30.0
     lease_s: float = 60.0
-    python: str = "python3"
+    python: str | None = None
     # False: no reorganization after the lifetime (the experiments' "no_reorganize")
     reorganize: bool = True
 
@@ -382,13 +385,18 @@ class CoReserveEngine:
         for pilot in made:
             self._submit_pilot(pilot)
 
+    def _python(self, site: str) -> str:
+        if self.params.python is not None:
+            return self.params.python
+        return sys.executable if self.grid.site(site).kind is SiteKind.LOCAL else "python3"
+
     def _submit_pilot(self, pilot: _NewPilot) -> None:
         job = JobSubmission(
             name=f"{pilot.name}-vj{pilot.id}"[:256],
             command=pilot_command(
                 self.site_center_urls.get(pilot.site, self.center_url),
                 pilot.id,
-                self.params.python,
+                self._python(pilot.site),
             ),
             processors=pilot.processors,
             workdir=None,

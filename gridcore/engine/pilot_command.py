@@ -36,7 +36,18 @@ def pilot_command(
     addresses, and the address of the route to the center)."""
     if urllib.parse.urlsplit(center_url).scheme not in ("http", "https"):
         raise RequestError(f"pilot center URL must be http(s), not {center_url!r}")
-    argv = [python, "-", "--center", center_url.rstrip("/"), "--pilot", str(int(pilot_id))]
+    # -I -S: the pilot is stdlib only; no site-packages, .pth files or PYTHON* variables
+    # of the site to load (or to be changed by): it starts in milliseconds, not tenths.
+    argv = [
+        python,
+        "-I",
+        "-S",
+        "-",
+        "--center",
+        center_url.rstrip("/"),
+        "--pilot",
+        str(int(pilot_id)),
+    ]
     if bind is not None:
         argv += ["--bind", bind]
     if advertise is not None:
