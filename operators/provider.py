@@ -28,6 +28,7 @@ def get_provider_info() -> dict[str, Any]:
                     "operators.select_sites",
                     "operators.stage_files",
                     "operators.coallocate",
+                    "operators.coreserve",
                 ],
             }
         ],
@@ -35,7 +36,11 @@ def get_provider_info() -> dict[str, Any]:
         "triggers": [
             {
                 "integration-name": _INTEGRATION,
-                "python-modules": ["sensors.triggers", "sensors.coalloc_trigger"],
+                "python-modules": [
+                    "sensors.triggers",
+                    "sensors.coalloc_trigger",
+                    "sensors.coreserve_trigger",
+                ],
             }
         ],
         "hooks": [{"integration-name": _INTEGRATION, "python-modules": ["operators.hooks"]}],
