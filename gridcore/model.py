@@ -429,7 +429,8 @@ class CoReservationRequest:
     """A parallel job co-reserved through pilots (VJM): ``processors`` in all, in
     virtual jobs of ``vj_size`` processors (g), over at most ``max_clusters`` clusters
     (M); ``lifetime_floor_s`` bounds Eq. 2's lifetime from below; ``sites`` limits the
-    candidate clusters (None: every site of the grid). Checked by
+    candidate clusters (None: every site of the grid); ``machine_file`` pins how many
+    virtual jobs go to which site (MPICH-G2's static file) instead. Checked by
     ``gridcore.validation.check_coreservation_request``."""
 
     name: str
@@ -440,6 +441,8 @@ class CoReservationRequest:
     lifetime_floor_s: float = 60.0
     workdir: str | None = None
     sites: tuple[str, ...] | None = None
+    # a static machine file: (site, virtual jobs) pinned instead of selected (Eq. 1)
+    machine_file: tuple[tuple[str, int], ...] | None = None
 
     @property
     def virtual_jobs(self) -> int:

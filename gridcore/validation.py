@@ -28,6 +28,7 @@ bool, float or string); byte counts 0..2**63-1; floats finite.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import posixpath
 import re
@@ -657,6 +658,7 @@ class _CoReservationRequest(_Model):
     lifetime_floor_s: NonNegative = 60.0
     workdir: WorkDir | None = None
     sites: tuple[SiteName, ...] | None = None
+    machine_file: dict[SiteName, Count] | None = None
 
     @model_validator(mode="after")
     def _shape(self, info: ValidationInfo) -> _CoReservationRequest:
@@ -673,7 +675,26 @@ class _CoReservationRequest(_Model):
                 )
         if self.sites is not None and not self.sites:
             raise _refused("must name at least one site (or be left out)", "sites")
+        self._check_machine_file(known)
         return self
+
+    def _check_machine_file(self, known: frozenset[str] | None) -> None:
+        pinned = self.machine_file
+        if pinned is None:
+            return
+        wanted = self.processors // self.vj_size
+        if sum(pinned.values()) != wanted:
+            raise _refused(
+                f"virtual jobs sum to {sum(pinned.values())}, not processors / vj_size = {wanted}",
+                "machine_file",
+            )
+        for site in pinned:
+            if known is not None and site not in known:
+                raise _refused(
+                    f"unknown site {site!r} (known: {', '.join(sorted(known))})",
+                    "machine_file",
+                    site,
+                )
 
     def request(self) -> CoReservationRequest:
         return CoReservationRequest(
@@ -685,6 +706,7 @@ class _CoReservationRequest(_Model):
             float(self.lifetime_floor_s),
             self.workdir,
             self.sites,
+            None if self.machine_file is None else tuple(self.machine_file.items()),
         )
 
 
@@ -692,6 +714,12 @@ def check_coreservation_request(
     request: CoReservationRequest | Mapping[str, Any], sites: Collection[str] | None = None
 ) -> CoReservationRequest:
     """A VJM co-reservation request (``gridcore.engine.coreservation``)."""
+    if isinstance(request, CoReservationRequest):
+        pinned = request.machine_file
+        request = {
+            **{f.name: getattr(request, f.name) for f in dataclasses.fields(request)},
+            "machine_file": None if pinned is None else dict(pinned),
+        }
     return _validated(_CoReservationRequest, request, RequestError, sites=sites).request()
 
 

@@ -59,6 +59,8 @@ class CoReserveOperator(GridcoreOperator):
     :param max_clusters: at most this many clusters (M).
     :param lifetime_floor_s: the lifetime never below this (Eq. 2 is 0 on an idle grid).
     :param sites: candidate clusters (default: every site of the grid).
+    :param machine_file: ``{site: pilots}`` pinned instead of selected (a static
+        machine file, like MPICH-G2's); its pilots must sum to ``processors / vj_size``.
     :param workdir: where the ranks run (default: each pilot's job directory).
     :param poll_interval: seconds between VJM scans while waiting.
     :param deferrable: wait in the triggerer. Without a configured VJ center (connection
@@ -72,7 +74,14 @@ class CoReserveOperator(GridcoreOperator):
     ``site_job_ids`` and ``sites`` per rank.
     """
 
-    template_fields: Sequence[str] = ("command", "processors", "vj_size", "max_clusters", "sites")
+    template_fields: Sequence[str] = (
+        "command",
+        "processors",
+        "vj_size",
+        "max_clusters",
+        "sites",
+        "machine_file",
+    )
     ui_color = "#d9ead3"
 
     def __init__(
@@ -84,6 +93,7 @@ class CoReserveOperator(GridcoreOperator):
         max_clusters: int = 4,
         lifetime_floor_s: float = 60.0,
         sites: list[str] | None = None,
+        machine_file: dict[str, int] | None = None,
         workdir: str | None = None,
         poll_interval: float = 1.0,
         deferrable: bool = True,
@@ -96,6 +106,7 @@ class CoReserveOperator(GridcoreOperator):
         self.max_clusters = max_clusters
         self.lifetime_floor_s = lifetime_floor_s
         self.sites = sites
+        self.machine_file = machine_file
         self.workdir = workdir
         self.poll_interval = poll_interval
         self.deferrable = deferrable
@@ -186,6 +197,7 @@ class CoReserveOperator(GridcoreOperator):
                     "max_clusters": self.max_clusters,
                     "lifetime_floor_s": self.lifetime_floor_s,
                     "sites": self.sites,
+                    "machine_file": self.machine_file,
                     "workdir": self.workdir,
                 }
             )

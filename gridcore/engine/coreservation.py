@@ -83,6 +83,7 @@ from gridcore.policies.coreservation import (
     reorganize,
     reservation_lifetime,
     select_clusters,
+    static_selection,
 )
 from gridcore.sites.keys import pilot_key
 from gridcore.state.schema import pilots, reservation_shifts, reservations
@@ -301,7 +302,14 @@ class CoReserveEngine:
             ClusterView(s, idle, self.grid.site(s).processors // request.vj_size)
             for s in self._candidates(request)
         ]
-        trial = select_clusters(request.virtual_jobs, views, request.max_clusters)
+        if request.machine_file is not None:
+            views = [
+                ClusterView(s, idle, self.grid.site(s).processors // request.vj_size)
+                for s, _n in request.machine_file
+            ]
+            trial = static_selection(dict(request.machine_file), views)
+        else:
+            trial = select_clusters(request.virtual_jobs, views, request.max_clusters)
         if trial.outcome is not Outcome.FIT:
             raise RequestError(
                 f"request {request.name!r} ({request.virtual_jobs} virtual jobs of "
@@ -360,6 +368,8 @@ class CoReserveEngine:
         stats = queue_stats.queue_stats(conn, names, now)
         g = request.vj_size
         views = [ClusterView(s, stats[s], self.grid.site(s).processors // g) for s in names]
+        if request.machine_file is not None:
+            return static_selection(dict(request.machine_file), views, already)
         preferred = [v for v in views if v.name not in avoid or v.name in already]
         selection = select_clusters(missing, preferred, request.max_clusters, already)
         if selection.outcome is Outcome.FIT or len(preferred) == len(views):
@@ -772,7 +782,14 @@ def _insert_reservation(conn: Connection, request: CoReservationRequest, now: fl
             reorganizations=0,
             substitutes=0,
             handling_errors=0,
-            selection=json.dumps({"sites": list(request.sites) if request.sites else None}),
+            selection=json.dumps(
+                {
+                    "sites": list(request.sites) if request.sites else None,
+                    "machine_file": None
+                    if request.machine_file is None
+                    else [list(pair) for pair in request.machine_file],
+                }
+            ),
         )
     ).inserted_primary_key
     if key is None:
@@ -781,7 +798,9 @@ def _insert_reservation(conn: Connection, request: CoReservationRequest, now: fl
 
 
 def _request_of(row: RowMapping) -> CoReservationRequest:
-    sites = json.loads(row["selection"] or "{}").get("sites")
+    stored = json.loads(row["selection"] or "{}")
+    sites = stored.get("sites")
+    pinned = stored.get("machine_file")
     return CoReservationRequest(
         row["name"],
         row["command"],
@@ -791,6 +810,7 @@ def _request_of(row: RowMapping) -> CoReservationRequest:
         row["lifetime_floor_s"],
         row["workdir"],
         tuple(sites) if sites else None,
+        None if pinned is None else tuple((str(s), int(n)) for s, n in pinned),
     )
 
 

@@ -268,6 +268,48 @@ def _span(indices: Sequence[int]) -> str:
     return ", ".join(str(i + 1) for i in indices)
 
 
+def static_selection(
+    counts: Mapping[str, int],
+    clusters: Sequence[ClusterView],
+    already: Mapping[str, int] | None = None,
+) -> ClusterSelection:
+    """A static machine file (MPICH-G2's, Sec. 1): ``counts`` virtual jobs per cluster as
+    given, not chosen; each still gets its Eq. 1 wait (for the lifetime, Eq. 2). The
+    baseline of Fig. 3 (round-robin over the file) and a user's pinned distribution.
+    ``already``: virtual jobs of the job that stay; only the rest are returned."""
+    kept = dict(already or {})
+    views = {c.name: c for c in clusters}
+    choices: list[VirtualJobChoice] = []
+    for name, count in counts.items():
+        view = views.get(name)
+        if view is None or count > view.capacity:
+            why = "unknown or unusable" if view is None else f"holds at most {view.capacity}"
+            return ClusterSelection(
+                Outcome.NO_FIT, (), (f"machine file: {count} virtual jobs on {name}: {why}",)
+            )
+        for seq in range(kept.get(name, 0), count):
+            choices.append(VirtualJobChoice(len(choices), name, expected_wait(view.stats, seq)))
+    listed = ", ".join(f"{n} x{c}" for n, c in counts.items())
+    return ClusterSelection(Outcome.FIT, tuple(choices), (f"static machine file: {listed}",))
+
+
+def round_robin_counts(virtual_jobs: int, clusters: Sequence[ClusterView]) -> dict[str, int]:
+    """MPICH-G2's round-robin over the machine file (Sec. 1, Fig. 3's baseline): one
+    virtual job to each cluster in file order, again and again, skipping full ones."""
+    counts = {c.name: 0 for c in clusters}
+    left = virtual_jobs
+    while left > 0:
+        progressed = False
+        for c in clusters:
+            if left > 0 and counts[c.name] < c.capacity:
+                counts[c.name] += 1
+                left -= 1
+                progressed = True
+        if not progressed:
+            raise ConfigError(f"{virtual_jobs} virtual jobs exceed the machine file's clusters")
+    return {n: k for n, k in counts.items() if k > 0}
+
+
 # -- Definitions 1 and 2, Eq. 3 and Eq. 4 (Sec. 3.3) ----------------------------------------
 
 

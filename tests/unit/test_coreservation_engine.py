@@ -332,3 +332,32 @@ def _wait_local_jobs_ended(engine: CoReserveEngine, timeout: float = 30.0) -> No
             return
         time.sleep(0.2)
     raise AssertionError(f"local jobs still live: {live}")
+
+
+def test_a_static_machine_file_pins_the_pilots_where_it_says(
+    grid: tuple[GridRuntime, RunningCenter],
+) -> None:
+    engine = engine_of(grid)
+    with pytest.raises(RequestError, match="machine_file: virtual jobs sum to 3"):
+        engine.submit(
+            {
+                "name": "bad",
+                "command": "true",
+                "processors": 4,
+                "machine_file": {"local-a": 2, "local-b": 1},
+            }
+        )
+    with pytest.raises(RequestError, match="machine_file.local-z: unknown site"):
+        engine.submit(
+            {"name": "bad", "command": "true", "processors": 1, "machine_file": {"local-z": 1}}
+        )
+    with pytest.raises(RequestError, match="local-b: holds at most 4"):
+        engine.submit(
+            {"name": "big", "command": "true", "processors": 5, "machine_file": {"local-b": 5}}
+        )
+    job_id = engine.submit(
+        CoReservationRequest("pinned", "true", 4, machine_file=(("local-b", 1), ("local-c", 3)))
+    )
+    record = scan_until(engine, job_id, ReservationPhase.COMPLETED)
+    assert record.clusters == {"local-b": 1, "local-c": 3}
+    assert record.selection["reasons"] == ["static machine file: local-b x1, local-c x3"]
