@@ -347,7 +347,7 @@ def test_a_static_machine_file_pins_the_pilots_where_it_says(
                 "machine_file": {"local-a": 2, "local-b": 1},
             }
         )
-    with pytest.raises(RequestError, match="machine_file.local-z: unknown site"):
+    with pytest.raises(RequestError, match=r"machine_file\.local-z: unknown site"):
         engine.submit(
             {"name": "bad", "command": "true", "processors": 1, "machine_file": {"local-z": 1}}
         )
