@@ -4,6 +4,32 @@ Layout (see ``DEFAULT_LAYOUT``): ``alpha`` = one 16-CPU node, ``beta`` = two 8-C
 (two slurmd processes), ``gamma`` = one 4-CPU node. Each cluster has its own slurm.conf,
 ports, JWT key, slurmrestd and job id range; one munged serves all three.
 
+Network (``network=``, default from ``$GRIDCORE_SLURM_NETWORK``, else ``"loopback"``):
+
+* ``"netns"``: each cluster runs in a network namespace of its own (``ip netns``), joined
+  to the host by a veth pair on a private /24 ``10.213.X.0/24`` (X chosen free per run):
+  the host side is ``10.213.X.1`` (``SlurmCluster.host_address``, where jobs of that
+  cluster reach the host), the namespace side ``10.213.X.2`` (``SlurmCluster.address``,
+  where its slurmctld, slurmd and slurmrestd listen). slurmctld, slurmd and slurmrestd
+  are started inside it (``nsenter --net=/run/netns/NAME``, the namespace ``ip netns``
+  made), so the jobs run in the namespace too. The
+  namespaces route to each other through the host (forwarding enabled on the grid's
+  own host-side veths only; no default route, so jobs reach nothing else). munged stays
+  on the host: its unix socket is on the shared filesystem. Needs root and iproute2.
+* ``"loopback"``: the earlier layout, everything on 127.0.0.1 of the host.
+* ``"auto"``: ``"netns"`` when it can be set up, else ``"loopback"`` with a warning.
+
+Namespace and interface names carry a random per-run tag; each namespace is recorded in
+``/run/gridcore-slurmgrid/<netns>.json`` (owner PID and start time) BEFORE it is made, so
+a later start removes namespaces whose owner died (a killed run) and never another live
+run's. ``stop`` removes the grid's namespaces after its daemons.
+
+Scheduling (``ClusterLayout.sched_interval_s``, changed live by
+:func:`set_scheduler_interval`): ``None`` is the fast default (``sched/backfill``, jobs
+start within about a second); ``N`` seconds makes the cluster start jobs only on N-second
+ticks (``sched/builtin`` with ``defer,sched_interval=N,batch_sched_delay=N``). See
+``docs/slurm-test-grid.md`` for what was measured.
+
 Every daemon's PID file is recorded in ``<dir>/daemons.json`` BEFORE the daemon starts, so
 ``stop`` can always find what a (possibly half-finished) ``start`` launched. Daemons are
 stopped only through those PID files, never by process name.
@@ -17,6 +43,9 @@ Command line (from the repository root)::
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
+import ipaddress
 import json
 import os
 import random
@@ -28,7 +57,8 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +89,15 @@ _JWT_PLUGIN_GLOB = "/usr/lib/*/slurm-wlm/auth_jwt.so"
 _PORT_SCAN = (20000, 30000)
 _START_TIMEOUT_S = 30.0
 _STOP_TIMEOUT_S = 10.0
+NETWORK_ENV = "GRIDCORE_SLURM_NETWORK"
+NETWORKS = ("netns", "loopback", "auto")
+NETNS_FILE = "netns.json"
+NETNS_PREFIX = "gcsg-"
+# Owner records of every namespace any grid on this host made (stale-leftover cleanup).
+NETNS_RUN_DIR = Path("/run/gridcore-slurmgrid")
+# Each cluster gets 10.213.X.0/24 (X = 1..254, the first not in use on this host).
+SUBNET_BASE = "10.213"
+LOOPBACK = "127.0.0.1"
 
 
 class SlurmGridError(GridError):
@@ -74,6 +113,8 @@ class ClusterLayout:
     first_job_id: int
     origin_bandwidth_mbps: float
     slowness: float = 1.0
+    # None: the fast default; N: jobs start only on N-second scheduler ticks.
+    sched_interval_s: int | None = None
 
     @property
     def node_names(self) -> tuple[str, ...]:
@@ -100,10 +141,22 @@ class SlurmCluster:
     nodes: tuple[str, ...]
     storage_dir: Path
     first_job_id: int
+    # Where its daemons listen (the namespace side of its veth, or 127.0.0.1).
+    address: str = LOOPBACK
+    # Where its jobs reach the host (the host side of its veth, or 127.0.0.1): bind a
+    # server the jobs must reach to this address (or 0.0.0.0) and hand them this address.
+    host_address: str = LOOPBACK
+    # Its network namespace (None in the loopback layout).
+    netns: str | None = None
 
     def cli_env(self) -> dict[str, str]:
-        """Environment for Slurm CLI tools (squeue, scontrol) aimed at this cluster."""
+        """Environment for Slurm CLI tools (squeue, scontrol) aimed at this cluster.
+        They run on the host and reach slurmctld at ``address`` (the conf names it)."""
         return {**os.environ, "SLURM_CONF": str(self.conf), "PATH": _SEARCH_PATH}
+
+    def exec_argv(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` wrapped to run inside the cluster's network namespace (as its jobs do)."""
+        return _in_netns(self.netns, argv)
 
 
 @dataclass
@@ -116,12 +169,19 @@ class SlurmGrid:
     env: dict[str, str] = field(repr=False)
     # slurmrestd runs in the foreground as our child; kept to reap it on stop.
     children: list[subprocess.Popen[bytes]] = field(default_factory=list, repr=False)
+    # "netns" or "loopback": the layout actually started.
+    network: str = "loopback"
 
-    def cluster(self, name: str) -> SlurmCluster:
-        for cluster in self.clusters:
-            if cluster.name == name:
-                return cluster
-        raise SlurmGridError(f"no cluster {name!r} in grid {self.dir}")
+    def cluster(self, key: str | int) -> SlurmCluster:
+        """A cluster by name, or by its position in the layout (0, 1, 2)."""
+        if isinstance(key, int):
+            if 0 <= key < len(self.clusters):
+                return self.clusters[key]
+        else:
+            for cluster in self.clusters:
+                if cluster.name == key:
+                    return cluster
+        raise SlurmGridError(f"no cluster {key!r} in grid {self.dir}")
 
 
 @dataclass(frozen=True)
@@ -129,6 +189,26 @@ class _Ports:
     ctld: int
     slurmd: tuple[int, ...]
     rest: int
+
+
+@dataclass(frozen=True)
+class _Net:
+    """One cluster's namespace and veth pair; ``subnet`` is X of 10.213.X.0/24."""
+
+    netns: str | None
+    host_if: str | None
+    subnet: int | None
+
+    @property
+    def address(self) -> str:
+        return LOOPBACK if self.subnet is None else f"{SUBNET_BASE}.{self.subnet}.2"
+
+    @property
+    def host_address(self) -> str:
+        return LOOPBACK if self.subnet is None else f"{SUBNET_BASE}.{self.subnet}.1"
+
+
+_LOOPBACK_NET = _Net(None, None, None)
 
 
 # --------------------------------------------------------------------------- checks
@@ -214,6 +294,236 @@ def _read_manifest(base_dir: Path) -> list[dict[str, str]]:
     return loaded
 
 
+# --------------------------------------------------------------------------- network
+
+
+def _in_netns(netns: str | None, argv: Sequence[str]) -> list[str]:
+    """``argv`` run in the network namespace ``netns`` (and nothing else changed).
+
+    Not ``ip netns exec``: it also enters a new mount namespace with /sys remounted for
+    the netns, which hides /sys/fs/cgroup, and slurmd 22.05 then refuses to start ("No
+    filesystem mounted on /sys/fs/cgroup"). nsenter joins only the network namespace and
+    execs the command itself (no fork), so a Popen's pid is the daemon's.
+    """
+    if not netns:
+        return list(argv)
+    return [_nsenter(), f"--net=/run/netns/{netns}", "--", *argv]
+
+
+def _nsenter() -> str:
+    found = shutil.which("nsenter", path=_SEARCH_PATH)
+    if found is None:
+        raise SlurmGridError("`nsenter` (util-linux) not found: apt-get install -y util-linux")
+    return found
+
+
+def _ip() -> str:
+    found = shutil.which("ip", path=_SEARCH_PATH)
+    if found is None:
+        raise SlurmGridError("`ip` (iproute2) not found: apt-get install -y iproute2")
+    return found
+
+
+def _ip_run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([_ip(), *args], capture_output=True, text=True, timeout=20)
+    if check and done.returncode != 0:
+        raise SlurmGridError(f"`ip {' '.join(args)}` failed: {done.stderr.strip()}")
+    return done
+
+
+def netns_unavailable_reason() -> str | None:
+    """Why the namespaced layout cannot be used here, or None if it can."""
+    if os.geteuid() != 0:
+        return "network namespaces need root (ip netns add)"
+    if shutil.which("ip", path=_SEARCH_PATH) is None:
+        return "`ip` (iproute2) is not installed"
+    if shutil.which("nsenter", path=_SEARCH_PATH) is None:
+        return "`nsenter` (util-linux) is not installed"
+    done = subprocess.run(
+        [_ip(), "netns", "list"], capture_output=True, text=True, timeout=20, check=False
+    )
+    if done.returncode != 0:
+        return f"`ip netns list` failed: {done.stderr.strip()}"
+    return None
+
+
+def _proc_start_time(pid: int) -> str | None:
+    try:
+        stat_text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Field 22 (starttime); fields after the command name's ')' start at field 3.
+    return stat_text.rsplit(")", 1)[1].split()[19]
+
+
+@contextlib.contextmanager
+def _netns_lock() -> Iterator[None]:
+    """Serialises subnet choice, namespace creation and stale cleanup between runs."""
+    NETNS_RUN_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
+    with (NETNS_RUN_DIR / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _netns_names() -> list[str]:
+    out = _ip_run("netns", "list").stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def _record_path(netns: str) -> Path:
+    return NETNS_RUN_DIR / f"{netns}.json"
+
+
+def _owner_alive(record: dict[str, Any]) -> bool:
+    pid = record.get("owner_pid")
+    if pid is None:  # started from the command line: lives until `stop`
+        return True
+    return _alive(int(pid)) and _proc_start_time(int(pid)) == record.get("owner_start")
+
+
+def _remove_netns(netns: str, host_if: str | None) -> None:
+    """Kill what still runs in ``netns`` (our own daemons' or jobs' leftovers, by PID),
+    delete it and its veth pair, and drop its owner record."""
+    if netns in _netns_names():
+        done = _ip_run("netns", "pids", netns, check=False)
+        pids = [int(p) for p in done.stdout.split() if p.isdigit() and int(p) != os.getpid()]
+        _signal_all(pids, signal.SIGTERM)
+        _signal_all(_wait_gone(pids, _STOP_TIMEOUT_S), signal.SIGKILL)
+        _wait_gone(pids, _STOP_TIMEOUT_S)
+        _ip_run("netns", "delete", netns, check=False)
+    # Deleting the namespace destroys its veth end and so the pair; make sure.
+    if host_if and _ip_run("link", "show", host_if, check=False).returncode == 0:
+        _ip_run("link", "delete", host_if, check=False)
+    _record_path(netns).unlink(missing_ok=True)
+
+
+def cleanup_stale_netns() -> list[str]:
+    """Remove grid namespaces whose owner process is gone (a killed run), with that
+    run's daemons; returns their names. A namespace of a live run (or of a grid started
+    from the command line) is kept."""
+    stale: list[tuple[str, dict[str, Any]]] = []
+    # Decided under the lock: a record is written before its namespace is made, so a
+    # namespace being made by another run is never taken for a stray one.
+    with _netns_lock():
+        names = set(_netns_names())
+        records = {p.stem: p for p in NETNS_RUN_DIR.glob(f"{NETNS_PREFIX}*.json")}
+        for netns in sorted(names | set(records)):
+            if not netns.startswith(NETNS_PREFIX):
+                continue
+            try:
+                record: dict[str, Any] = json.loads(records[netns].read_text())
+            except (KeyError, OSError, ValueError):
+                record = {}
+            if not (record and _owner_alive(record)):
+                stale.append((netns, record))
+    # Stopping takes seconds; once stale, a namespace stays stale, so no lock is needed.
+    for netns, record in stale:
+        grid_dir = record.get("dir")
+        if grid_dir and Path(grid_dir, MANIFEST).exists():
+            stop_grid_dir(Path(grid_dir), remove_netns=False)
+        _remove_netns(netns, record.get("host_if"))
+    return [netns for netns, _ in stale]
+
+
+def _used_subnets() -> set[int]:
+    """X of every 10.213.X.0/24 this host already uses (addresses, routes, records)."""
+    used: set[int] = set()
+    text = _ip_run("-4", "-o", "addr", "show").stdout + _ip_run("-4", "route", "show").stdout
+    for record in NETNS_RUN_DIR.glob("*.json"):
+        with contextlib.suppress(OSError, ValueError):
+            subnet = json.loads(record.read_text()).get("subnet")
+            if subnet is not None:
+                used.add(int(subnet))
+    for word in text.split():
+        with contextlib.suppress(ValueError):
+            net = ipaddress.ip_network(word, strict=False)
+            for x in range(1, 255):
+                if net.overlaps(ipaddress.ip_network(f"{SUBNET_BASE}.{x}.0/24")):
+                    used.add(x)
+    return used
+
+
+def _make_networks(base_dir: Path, names: Sequence[str], persistent: bool) -> list[_Net]:
+    """One namespace + veth pair per cluster, recorded (owner record and the grid's
+    ``netns.json``) before it is made, so every exit path can remove it."""
+    tag = secrets.token_hex(3)
+    nets: list[_Net] = []
+    with _netns_lock():
+        free = [x for x in range(1, 255) if x not in _used_subnets()]
+        if len(free) < len(names):
+            raise SlurmGridError(f"no free {SUBNET_BASE}.X.0/24 subnets left for the grid")
+        owner: dict[str, Any] = {"owner_pid": None, "owner_start": None}
+        if not persistent:
+            owner = {"owner_pid": os.getpid(), "owner_start": _proc_start_time(os.getpid())}
+        for index, (name, subnet) in enumerate(zip(names, free, strict=False)):
+            # Interface names: 15 characters at most.
+            net = _Net(f"{NETNS_PREFIX}{tag}-{name}", f"gs{tag}h{index}", subnet)
+            nets.append(net)
+            record = {**owner, "dir": str(base_dir), "host_if": net.host_if, "subnet": subnet}
+            _record_path(str(net.netns)).write_text(json.dumps(record))
+            (base_dir / NETNS_FILE).write_text(
+                json.dumps([{"netns": n.netns, "host_if": n.host_if} for n in nets])
+            )
+            _create_network(net, f"gs{tag}n{index}")
+    for net in nets:  # every namespace reaches the others through the host
+        for other in nets:
+            if other is not net:
+                _ip_run(
+                    "-n", str(net.netns), "route", "add",
+                    f"{SUBNET_BASE}.{other.subnet}.0/24", "via", net.host_address,
+                )  # fmt: skip
+    return nets
+
+
+def _create_network(net: _Net, ns_if: str) -> None:
+    netns, host_if = str(net.netns), str(net.host_if)
+    _ip_run("netns", "add", netns)
+    _ip_run("-n", netns, "link", "set", "lo", "up")
+    _ip_run("link", "add", host_if, "type", "veth", "peer", "name", ns_if, "netns", netns)
+    _ip_run("addr", "add", f"{net.host_address}/24", "dev", host_if)
+    _ip_run("link", "set", host_if, "up")
+    _ip_run("-n", netns, "addr", "add", f"{net.address}/24", "dev", ns_if)
+    _ip_run("-n", netns, "link", "set", ns_if, "up")
+    # Forward only what arrives on this grid's own veths (the global switch stays off):
+    # that is how one cluster's jobs reach another cluster's namespace.
+    Path(f"/proc/sys/net/ipv4/conf/{host_if}/forwarding").write_text("1\n")
+
+
+def _remove_grid_networks(base_dir: Path) -> None:
+    path = base_dir / NETNS_FILE
+    try:
+        entries: list[dict[str, str]] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    for entry in entries:
+        _remove_netns(entry["netns"], entry.get("host_if"))
+    path.unlink(missing_ok=True)
+
+
+def _choose_network(network: str | None) -> str:
+    """The layout to start for ``network`` (None: ``$GRIDCORE_SLURM_NETWORK``, else
+    "loopback")."""
+    wanted = network or os.environ.get(NETWORK_ENV) or "loopback"
+    if wanted not in NETWORKS:
+        raise SlurmGridError(f"network must be one of {NETWORKS}, not {wanted!r}")
+    if wanted == "loopback":
+        return wanted
+    reason = netns_unavailable_reason()
+    if reason is None:
+        return "netns"
+    if wanted == "netns":
+        raise SlurmGridError(f"cannot run the Slurm clusters in network namespaces: {reason}")
+    warnings.warn(
+        f"Slurm test grid: {reason}; falling back to the loopback layout (every cluster on "
+        "127.0.0.1 of the host, jobs not isolated per cluster)",
+        stacklevel=3,
+    )
+    return "loopback"
+
+
 # --------------------------------------------------------------------------- stopping
 
 
@@ -286,8 +596,9 @@ def _cancel_all_jobs(entries: Sequence[dict[str, str]]) -> None:
         time.sleep(0.1)
 
 
-def stop_grid_dir(base_dir: Path) -> None:
-    """Stop every daemon listed in ``base_dir``'s manifest, by PID file. Idempotent."""
+def stop_grid_dir(base_dir: Path, *, remove_netns: bool = True) -> None:
+    """Stop every daemon listed in ``base_dir``'s manifest, by PID file, then remove the
+    grid's network namespaces. Idempotent."""
     entries = _read_manifest(base_dir)
     _cancel_all_jobs(entries)
     # Slurm daemons first (reverse start order), munged last: they talk through it.
@@ -302,6 +613,8 @@ def stop_grid_dir(base_dir: Path) -> None:
         _wait_gone(stuck, _STOP_TIMEOUT_S)
         for _, entry in found:
             Path(entry["pid_file"]).unlink(missing_ok=True)
+    if remove_netns:
+        _remove_grid_networks(base_dir)
 
 
 def stop_grid(grid: SlurmGrid) -> None:
@@ -369,10 +682,29 @@ def _start_munge(base_dir: Path) -> Path:
     return socket_path
 
 
-def _slurm_conf(layout: ClusterLayout, cdir: Path, munge_socket: Path, ports: _Ports) -> str:
+def _scheduler_lines(interval_s: int | None) -> list[str]:
+    """The fast default, or jobs started only on ``interval_s``-second ticks: with the
+    builtin scheduler and ``defer``, neither a submission nor a job's end triggers a
+    pass; ``batch_sched_delay=N`` keeps a submission from forcing one within 3 s."""
+    if interval_s is None:
+        return ["SchedulerType=sched/backfill"]
+    if interval_s < 1:
+        raise SlurmGridError(f"scheduler interval must be >= 1 s or None, not {interval_s}")
+    return [
+        "SchedulerType=sched/builtin",
+        f"SchedulerParameters=defer,sched_interval={interval_s},batch_sched_delay={interval_s}",
+    ]
+
+
+def _slurm_conf(
+    layout: ClusterLayout, cdir: Path, munge_socket: Path, ports: _Ports, net: _Net
+) -> str:
+    # In a namespace the controller's address is the namespace side of the veth, so the
+    # CLI tools on the host (and slurmrestd, slurmd, jobs in the namespace) all reach it.
+    ctld_host = "localhost" if net.netns is None else f"localhost({net.address})"
     lines = [
         f"ClusterName={layout.name}",
-        "SlurmctldHost=localhost",
+        f"SlurmctldHost={ctld_host}",
         f"SlurmctldPort={ports.ctld}",
         f"SlurmdPort={ports.slurmd[0]}",
         "SlurmUser=root",
@@ -393,7 +725,7 @@ def _slurm_conf(layout: ClusterLayout, cdir: Path, munge_socket: Path, ports: _P
         "TaskPlugin=task/none",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core",
-        "SchedulerType=sched/backfill",
+        *_scheduler_lines(layout.sched_interval_s),
         "AccountingStorageType=accounting_storage/none",
         "JobAcctGatherType=jobacct_gather/none",
         "JobCompType=jobcomp/none",
@@ -408,7 +740,7 @@ def _slurm_conf(layout: ClusterLayout, cdir: Path, munge_socket: Path, ports: _P
     ]
     for node, cpus, port in zip(layout.node_names, layout.node_cpus, ports.slurmd, strict=True):
         lines.append(
-            f"NodeName={node} NodeAddr=127.0.0.1 NodeHostname=localhost Port={port} "
+            f"NodeName={node} NodeAddr={net.address} NodeHostname=localhost Port={port} "
             f"CPUs={cpus} RealMemory=4000 State=UNKNOWN"
         )
     lines.append(f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
@@ -416,7 +748,7 @@ def _slurm_conf(layout: ClusterLayout, cdir: Path, munge_socket: Path, ports: _P
 
 
 def _start_controller_and_nodes(
-    base_dir: Path, layout: ClusterLayout, munge_socket: Path, ports: _Ports
+    base_dir: Path, layout: ClusterLayout, munge_socket: Path, ports: _Ports, net: _Net
 ) -> Path:
     cdir = base_dir / layout.name
     for sub in ("state", "spool", "log", "storage"):
@@ -425,11 +757,11 @@ def _start_controller_and_nodes(
     jwt_key.write_bytes(secrets.token_bytes(32))
     jwt_key.chmod(0o600)
     conf = cdir / "slurm.conf"
-    conf.write_text(_slurm_conf(layout, cdir, munge_socket, ports))
+    conf.write_text(_slurm_conf(layout, cdir, munge_socket, ports, net))
     env = {**os.environ, "SLURM_CONF": str(conf)}
     _record_daemon(base_dir, cdir / "slurmctld.pid", "slurmctld", conf)
     _run_daemon(
-        [_binary("slurmctld"), "-f", str(conf), "-i"],
+        _in_netns(net.netns, [_binary("slurmctld"), "-f", str(conf), "-i"]),
         cdir / "log" / "launch-slurmctld.log",
         f"slurmctld of {layout.name}",
         env,
@@ -437,7 +769,7 @@ def _start_controller_and_nodes(
     for node in layout.node_names:
         _record_daemon(base_dir, cdir / f"slurmd-{node}.pid", "slurmd")
         _run_daemon(
-            [_binary("slurmd"), "-f", str(conf), "-N", node],
+            _in_netns(net.netns, [_binary("slurmd"), "-f", str(conf), "-N", node]),
             cdir / "log" / f"launch-slurmd-{node}.log",
             f"slurmd {node} of {layout.name}",
             env,
@@ -462,7 +794,7 @@ def _fetch_token(conf: Path, name: str) -> str:
     raise SlurmGridError(f"no JWT from slurmctld of {name}: {last}\n{_tail(log)}")
 
 
-def _start_rest(grid: SlurmGrid, conf: Path, name: str, port: int) -> None:
+def _start_rest(grid: SlurmGrid, conf: Path, net: _Net, port: int) -> None:
     cdir = conf.parent
     pid_file = cdir / "slurmrestd.pid"
     log = cdir / "log" / "slurmrestd.log"
@@ -479,13 +811,18 @@ def _start_rest(grid: SlurmGrid, conf: Path, name: str, port: int) -> None:
         "rest_auth/jwt",
         "-s",
         "openapi/v0.0.38,openapi/v0.0.37,openapi/v0.0.36",
-        f"127.0.0.1:{port}",
+        f"{net.address}:{port}",
     ]
     # Without SLURM_JWT=daemon slurmrestd rejects every client token.
     env = {**os.environ, "SLURM_CONF": str(conf), "SLURM_JWT": "daemon"}
     with log.open("ab") as out:
         child = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env, start_new_session=True
+            _in_netns(net.netns, argv),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            env=env,
+            start_new_session=True,
         )
     grid.children.append(child)
     # slurmrestd stays in the foreground and writes no PID file; we write it for stop.
@@ -559,25 +896,29 @@ def _write_outputs(grid: SlurmGrid, layouts: Sequence[ClusterLayout]) -> None:
     env_file.write_text("".join(f"export {k}={v}\n" for k, v in grid.env.items()))
 
 
-def _launch(grid: SlurmGrid, layouts: Sequence[ClusterLayout]) -> None:
+def _launch(grid: SlurmGrid, layouts: Sequence[ClusterLayout], persistent: bool) -> None:
     munge_socket = _start_munge(grid.dir)
+    nets = [_LOOPBACK_NET] * len(layouts)
+    if grid.network == "netns":
+        nets = _make_networks(grid.dir, [lay.name for lay in layouts], persistent)
     all_ports = iter(_free_ports(sum(len(lay.node_cpus) + 2 for lay in layouts)))
-    plans: list[tuple[ClusterLayout, Path, _Ports]] = []
+    plans: list[tuple[ClusterLayout, Path, _Ports, _Net]] = []
     # Start every controller before waiting on any: their start-up delays overlap.
-    for lay in layouts:
+    for lay, net in zip(layouts, nets, strict=True):
         ports = _Ports(
             ctld=next(all_ports),
             slurmd=tuple(next(all_ports) for _ in lay.node_cpus),
             rest=next(all_ports),
         )
-        plans.append((lay, _start_controller_and_nodes(grid.dir, lay, munge_socket, ports), ports))
+        conf = _start_controller_and_nodes(grid.dir, lay, munge_socket, ports, net)
+        plans.append((lay, conf, ports, net))
     clusters = []
-    for lay, conf, ports in plans:
+    for lay, conf, ports, net in plans:
         token = _fetch_token(conf, lay.name)
-        _start_rest(grid, conf, lay.name, ports.rest)
+        _start_rest(grid, conf, net, ports.rest)
         cluster = SlurmCluster(
             name=lay.name,
-            rest_url=f"http://127.0.0.1:{ports.rest}",
+            rest_url=f"http://{net.address}:{ports.rest}",
             token=token,
             token_env=f"GRIDCORE_SLURM_TOKEN_{lay.name.upper()}",
             conf=conf,
@@ -585,6 +926,9 @@ def _launch(grid: SlurmGrid, layouts: Sequence[ClusterLayout]) -> None:
             nodes=lay.node_names,
             storage_dir=conf.parent / "storage",
             first_job_id=lay.first_job_id,
+            address=net.address,
+            host_address=net.host_address,
+            netns=net.netns,
         )
         clusters.append(cluster)
         grid.env[cluster.token_env] = token
@@ -595,26 +939,136 @@ def _launch(grid: SlurmGrid, layouts: Sequence[ClusterLayout]) -> None:
     _write_outputs(grid, layouts)
 
 
-def start_grid(base_dir: Path, layouts: Sequence[ClusterLayout] = DEFAULT_LAYOUT) -> SlurmGrid:
+def start_grid(
+    base_dir: Path,
+    layouts: Sequence[ClusterLayout] = DEFAULT_LAYOUT,
+    *,
+    network: str | None = None,
+    persistent: bool = False,
+) -> SlurmGrid:
     """Start the grid under ``base_dir`` and wait until every node is idle.
 
+    ``network``: "netns", "loopback" or "auto" (None: ``$GRIDCORE_SLURM_NETWORK``, else
+    "loopback"); "netns" raises SlurmGridError if namespaces cannot be made, "auto" falls
+    back to loopback with a warning. ``persistent``: the namespaces outlive this process
+    (command line use) and are removed only by ``stop``, never as a stale leftover.
     On any failure, everything already started is stopped before the error propagates.
     """
     ensure_slurm_installed()
     base_dir = base_dir.resolve()
+    chosen = _choose_network(network)
+    if chosen == "netns":
+        cleanup_stale_netns()  # a killed run's namespaces, daemons and routes
     # A previous run's daemons in this directory would hold its ports and PID files.
     stop_grid_dir(base_dir)
     base_dir.mkdir(parents=True, exist_ok=True)
     base_dir.chmod(0o755)
     _ensure_world_traversable(base_dir)
     (base_dir / MANIFEST).write_text("[]")
-    grid = SlurmGrid(dir=base_dir, clusters=(), grid_toml=base_dir / TOML_FILE, env={})
+    grid = SlurmGrid(
+        dir=base_dir, clusters=(), grid_toml=base_dir / TOML_FILE, env={}, network=chosen
+    )
     try:
-        _launch(grid, layouts)
+        _launch(grid, layouts, persistent)
     except BaseException:
         stop_grid(grid)
         raise
     return grid
+
+
+# --------------------------------------------------------------------------- scheduling
+
+
+def scheduler_interval(cluster: SlurmCluster) -> int | None:
+    """The tick interval in the cluster's slurm.conf (None: the fast default)."""
+    for line in cluster.conf.read_text().splitlines():
+        if line.startswith("SchedulerParameters="):
+            for item in line.split("=", 1)[1].split(","):
+                if item.startswith("sched_interval="):
+                    return int(item.split("=", 1)[1])
+    return None
+
+
+def set_scheduler_interval(cluster: SlurmCluster, interval_s: int | None) -> bool:
+    """Give a running cluster a new tick interval (None: the fast default).
+
+    Between two intervals (N -> M, both sched/builtin) this is ``scontrol reconfigure``:
+    no restart, running and pending jobs untouched; slurmctld keeps its old tick grid
+    for one more tick. Between the fast default (sched/backfill) and an interval the
+    SchedulerType changes, which Slurm 22.05 refuses to reconfigure ("SchedulerType
+    change requires restart of the slurmctld daemon"), so slurmctld is restarted (its
+    jobs survive in StateSaveLocation). For a cluster that must go fast and slow again
+    without restarts, use ``interval_s=1`` as its fast setting. Returns True if
+    slurmctld was restarted.
+    """
+    old = cluster.conf.read_text().splitlines()
+    lines = [
+        line for line in old if not line.startswith(("SchedulerType=", "SchedulerParameters="))
+    ]
+    at = next(i for i, line in enumerate(lines) if line.startswith("SelectTypeParameters=")) + 1
+    lines[at:at] = _scheduler_lines(interval_s)
+    cluster.conf.write_text("\n".join(lines) + "\n")
+    type_of = [line for line in old if line.startswith("SchedulerType=")]
+    if type_of == [line for line in lines if line.startswith("SchedulerType=")]:
+        _scontrol(cluster, "reconfigure")
+        return False
+    restart_controller(cluster)
+    return True
+
+
+def restart_controller(cluster: SlurmCluster) -> None:
+    """Stop the cluster's slurmctld by its PID file and start it again from its conf
+    (in its namespace); returns once it answers and every node responds again."""
+    cdir = cluster.conf.parent
+    pid = _pid_of(cdir / "slurmctld.pid", "slurmctld")
+    if pid is not None:
+        _signal_all([pid], signal.SIGTERM)
+        if _wait_gone([pid], _STOP_TIMEOUT_S):
+            raise SlurmGridError(f"slurmctld of {cluster.name} (pid {pid}) did not stop")
+    env = {**os.environ, "SLURM_CONF": str(cluster.conf)}
+    _run_daemon(
+        _in_netns(cluster.netns, [_binary("slurmctld"), "-f", str(cluster.conf), "-i"]),
+        cdir / "log" / "launch-slurmctld.log",
+        f"slurmctld of {cluster.name}",
+        env,
+    )
+    logs = [cdir / "log" / "slurmctld.log"]
+    with requests.Session() as session:
+        # Nodes may be busy (jobs survive the restart): responding is enough.
+        _wait_for(
+            lambda: _nodes_responding(session, cluster),
+            f"slurmctld of {cluster.name} to answer again after its restart",
+            logs,
+            _START_TIMEOUT_S,
+        )
+
+
+def _nodes_responding(session: requests.Session, cluster: SlurmCluster) -> bool:
+    if not _rest_get(session, cluster, "ping").get("pings"):
+        return False
+    nodes = _rest_get(session, cluster, "nodes").get("nodes", [])
+    ok = {
+        n.get("name")
+        for n in nodes
+        if n.get("state") in ("idle", "mixed", "allocated")
+        and "NOT_RESPONDING" not in (n.get("state_flags") or [])
+    }
+    return all(node in ok for node in cluster.nodes)
+
+
+def _scontrol(cluster: SlurmCluster, *args: str) -> str:
+    done = subprocess.run(
+        [_binary("scontrol"), *args],
+        capture_output=True,
+        text=True,
+        env=cluster.cli_env(),
+        timeout=30,
+    )
+    if done.returncode != 0:
+        raise SlurmGridError(
+            f"scontrol {' '.join(args)} on {cluster.name} failed: {done.stderr.strip()}"
+        )
+    return done.stdout
 
 
 # --------------------------------------------------------------------------- CLI
@@ -624,10 +1078,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.slurmgrid", description=__doc__)
     parser.add_argument("action", choices=("start", "stop"))
     parser.add_argument("--dir", type=Path, required=True, help="scratch directory of the grid")
+    parser.add_argument("--network", choices=NETWORKS, default=None, help=f"default ${NETWORK_ENV}")
     args = parser.parse_args(argv)
     try:
         if args.action == "start":
-            grid = start_grid(args.dir)
+            grid = start_grid(args.dir, network=args.network, persistent=True)
             print(grid.grid_toml)
             print(f"token variables: source {grid.dir / ENV_FILE}", file=sys.stderr)
         else:
