@@ -16,6 +16,12 @@ here, never on their own:
   it is done, so a preemptor takes the processors its victims free before other users
   (:meth:`Cluster.preempt`), and several releases at one instant start the queues in the
   model's order.
+* **A scheduler interval** (optional, :class:`ScheduleTicks`): the queue is then started
+  only on ticks at ``phase_s + k * interval_s``, as Slurm's builtin scheduler with
+  ``SchedulerParameters=defer,sched_interval=N`` starts nothing between its periodic
+  passes; :meth:`Cluster.start_queued` then asks for the next tick instead of starting.
+  Work may hold its processors until the model releases it (``duration_s=None``, a
+  pilot) and may leave the queue before it starts (:meth:`Cluster.withdraw`).
 * **Busy-time integrals**: processor-seconds per kind of holder and byte-seconds of
   storage, integrated at every change (and by :meth:`Cluster.close`), plus the peak of
   processors in use.
@@ -28,6 +34,7 @@ cluster, or admitted at once or dropped (the band-controlled load of e-Science 2
 from __future__ import annotations
 
 import enum
+import math
 import random
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -58,12 +65,37 @@ class Holding:
 
 
 @dataclass(frozen=True)
+class ScheduleTicks:
+    """A cluster whose scheduler starts queued work only every ``interval_s`` seconds,
+    at ``phase_s + k * interval_s`` (``0 <= phase_s < interval_s``); the ticks run at
+    event ``priority``."""
+
+    interval_s: float
+    phase_s: float = 0.0
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.interval_s) and self.interval_s > 0):
+            raise SimulationError(f"scheduler interval must be > 0 s, got {self.interval_s}")
+        if not 0.0 <= self.phase_s < self.interval_s:
+            raise SimulationError(
+                f"scheduler phase must be in [0, {self.interval_s}), got {self.phase_s}"
+            )
+
+    def next_tick(self, now: float) -> float:
+        """The first tick at or after ``now``."""
+        k = math.ceil((now - self.phase_s) / self.interval_s - 1e-9)
+        return self.phase_s + max(0, k) * self.interval_s
+
+
+@dataclass(frozen=True)
 class Queued:
-    """Work waiting in a local queue, and what to call when it starts and ends."""
+    """Work waiting in a local queue, and what to call when it starts and ends;
+    ``duration_s`` ``None``: it holds its processors until the model releases them."""
 
     name: str
     processors: int
-    duration_s: float
+    duration_s: float | None
     kind: Owner
     on_start: Hook | None = None
     on_end: Hook | None = None
@@ -77,8 +109,16 @@ class _Integral:
 class Cluster:
     """One site's processors, storage, FIFO local queue and busy-time integrals."""
 
-    def __init__(self, sim: Simulator, site: SimSite, end_priority: int = 0) -> None:
+    def __init__(
+        self,
+        sim: Simulator,
+        site: SimSite,
+        end_priority: int = 0,
+        ticks: ScheduleTicks | None = None,
+    ) -> None:
         self.site = site
+        self.ticks = ticks
+        self._tick_pending = False
         self.name = site.name
         self.processors = site.processors
         self._sim = sim
@@ -190,17 +230,42 @@ class Cluster:
         self.start_queued()
 
     def start_queued(self) -> None:
-        """Start the queue's head while it fits (strict FIFO: nothing overtakes it)."""
-        while self._queue and self._queue[0].processors <= self.idle:
-            self.run_now(self._queue.popleft())
+        """Start the queue's head while it fits (strict FIFO: nothing overtakes it); with
+        a scheduler interval, at the next tick."""
+        if self.ticks is None:
+            self._start_fitting()
+        elif self._queue and not self._tick_pending:
+            self._tick_pending = True
+            at = self.ticks.next_tick(self._sim.now)
+            self._sim.schedule(at, self._tick, self.ticks.priority)
+
+    def withdraw(self, name: str, kind: Owner) -> bool:
+        """Take queued ``name`` out of the queue before it starts (a cancelled job);
+        ``False`` if it is not queued. Call :meth:`start_queued` after: the head may
+        have changed."""
+        for work in self._queue:
+            if work.name == name and work.kind is kind:
+                self._queue.remove(work)
+                return True
+        return False
 
     def run_now(self, work: Queued) -> None:
-        """Start ``work`` at once (it must fit); it ends by itself after its duration."""
+        """Start ``work`` at once (it must fit); it ends by itself after its duration,
+        or holds until released when it has none."""
         self.claim(work.name, work.processors, work.kind)
         self.started[work.kind] += 1
         if work.on_start is not None:
             work.on_start()
-        self._sim.schedule_in(work.duration_s, partial(self._end, work), self._end_priority)
+        if work.duration_s is not None:
+            self._sim.schedule_in(work.duration_s, partial(self._end, work), self._end_priority)
+
+    def _start_fitting(self) -> None:
+        while self._queue and self._queue[0].processors <= self.idle:
+            self.run_now(self._queue.popleft())
+
+    def _tick(self) -> None:
+        self._tick_pending = False
+        self._start_fitting()
 
     def _end(self, work: Queued) -> None:
         self.release(work.name, work.kind)

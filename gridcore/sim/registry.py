@@ -186,6 +186,8 @@ EXPERIMENTS: Mapping[str, str] = MappingProxyType(
         "koala-placement": "gridcore.sim.coalloc_experiments:KOALA_PLACEMENT",
         "koala-claiming": "gridcore.sim.koala_experiments:KOALA_CLAIMING",
         "selection-robustness": "gridcore.sim.robustness:SELECTION_ROBUSTNESS",
+        "vjm-coallocation": "gridcore.sim.vjm_experiments:VJM_COALLOCATION",
+        "vjm-deadlock": "gridcore.sim.vjm_experiments:VJM_DEADLOCK",
     }
 )
 """``gridcore experiment NAME``: the seed papers' experiments on the simulator."""
@@ -194,6 +196,7 @@ BENCHMARKS: Mapping[str, str] = MappingProxyType(
     {
         "selection": "gridcore.bench:SELECTION",
         "placement": "gridcore.bench:PLACEMENT",
+        "coreservation": "gridcore.bench_coreservation:CORESERVATION",
     }
 )
 """``gridcore bench NAME``: decision throughput and latency."""

@@ -1,0 +1,618 @@
+"""VJM on the shared simulated clusters: virtual jobs (pilots) that co-reserve processors
+for a multi-cluster parallel job, with expected-wait selection and reorganization.
+
+Seed: Wei, Ding, Xing, Yuan, Li, "VJM: A Novel Grid Resource Co-Allocation Model for
+Parallel Jobs" (``shared/seeds/vjm-virtual-job-model.md``). Every decision is one of
+:mod:`gridcore.policies.coreservation`; the queue statistics Eq. 1 reads come from
+:func:`gridcore.policies.queue_stats.estimate_queue_stats` over what each cluster showed
+in this run. The model supplies time, queues and other users:
+
+* **Clusters** (:class:`VjmCluster`) are :class:`gridcore.sim.cluster.Cluster` s with an
+  optional scheduler interval: queued work starts only on ticks at ``phase + k * N``,
+  FIFO, no backfill (Slurm's builtin scheduler with ``defer,sched_interval=N``; Sec. 4.2
+  "the length of the schedule interval is used to simulate the job average waiting
+  time"). Other users' jobs (:class:`~gridcore.sim.workload.LocalJob`) queue there too.
+* **A parallel job** (:class:`ParallelJob`) of ``P`` processors is split into
+  ``ceil(P / g)`` virtual jobs of ``g`` processors (``VjmParams.vj_processors``, default 1;
+  the last takes the remainder). The selection (:class:`Selection`) decides how many go
+  to each cluster: ``VJM`` is :func:`~gridcore.policies.coreservation.select_clusters`
+  (steps 1-3, limit ``M``) over :class:`~gridcore.policies.coreservation.QueueStats`
+  estimated from every job the cluster has seen (other users', probes', pilots': submit
+  and start times; never the true interval); ``ROUND_ROBIN`` is MPICH-G2's static
+  machine file, the virtual jobs dealt one by one over the clusters in file order,
+  skipping a cluster once it holds ``floor(processors / g)`` of them.
+* **Pilots**: each virtual job reaches its cluster's queue after a submission delay
+  (``VjmParams.submit_delay_s``, uniform, drawn per pilot from the seed and its name, so
+  the draw does not depend on the variant) and, once started, holds its processors until
+  its job ends, it is shifted to another job, or it is released. When every pilot of a
+  job holds, the job starts at once (co-allocation time = that instant - submit) and runs
+  ``runtime_s``, then frees every processor.
+* **Lifetime and reorganization** (``VjmParams.reorganize``, Sec. 3.3): a job not started
+  ``T_life_time`` (Eq. 2, at least ``lifetime_floor_s``) after its selection is checked
+  with :func:`~gridcore.policies.coreservation.reorganize` against a snapshot
+  (:class:`~gridcore.policies.coreservation.PendingJob`) of every pending pilot job.
+  A shift moves held pilots of ``J_a`` to ``J_b`` (``J_b`` cancels as many of its own
+  pilots still waiting on that cluster, its latest first); ``J_a``'s other pilots on the
+  released clusters are released (held) or cancelled (waiting or in flight); substitutes
+  are selected by ``select_clusters(n, ..., already=kept counts)`` over all clusters (a
+  released cluster stays a candidate: its new pilots join the tail of its queue, behind
+  the job that received the shift) and a new lifetime starts. A substitute selection
+  that fits nowhere is retried after the floor. Without reorganization pilots hold until
+  their job runs, however long that takes.
+* **A receiver's lifetime** (``VjmParams.restart_lifetime_on_shift``, the paper is
+  silent): Sec. 3.3 sets a new ``T_life_time`` for ``J_a`` after its substitutes; by
+  default ``J_b`` also starts its last lifetime afresh when it receives a shift. Read
+  literally (``False``), ``J_b``'s old timer keeps running, and when it expires first
+  ``J_b`` finds ``J_b = J_a`` on the same cluster and shifts the pilots straight back:
+  on the deadlock experiment two jobs then pass the same held pilots to and fro every
+  lifetime (seen while building it; both readings are reported there).
+* **The KOALA baseline** (``Mode.COMPONENTS``): KOALA's claiming model
+  (:mod:`gridcore.sim.claiming`) cannot run this trace: its claims bypass the local
+  queue ("a claim never waits") on clusters without scheduler intervals, it places with
+  its own policies at periodic scans on snapshots of idle processors and needs a
+  placement-queue and transfer setup this trace does not have; fed the same jobs it would
+  measure another grid. So the baseline here is what the brief of issue 9 names: each
+  job's share of a cluster (counts chosen by the same ``select_clusters`` as VJM's first
+  selection, so only the co-allocation mechanism differs) is submitted directly as one
+  real job (a component) after the same kind of submission delay; each starts when its
+  cluster's scheduler starts it and holds its processors; the job starts at the barrier
+  when all its components have started (DUROC-style), with no lifetime, no
+  reorganization and no abort.
+* **Idle-held processor-seconds** (the price of pilots, which the paper does not
+  measure): from a pilot's (or component's) start until its job starts, or until it is
+  released, or until the end of the run; a shifted pilot keeps counting for its new job.
+
+At equal times: job ends (releases) first, then scheduler ticks, arrivals at a queue
+(pilots, components, other users), job submissions, and lifetime checks.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import random
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+
+from gridcore.errors import ConfigError
+from gridcore.model import Outcome
+from gridcore.policies.coreservation import (
+    ClusterReservation,
+    ClusterView,
+    PendingJob,
+    Reorganization,
+    reorganize,
+    reservation_lifetime,
+    select_clusters,
+)
+from gridcore.policies.queue_stats import QueueRecord, estimate_queue_stats
+from gridcore.sim.cluster import Cluster, Owner, Queued, ScheduleTicks
+from gridcore.sim.core import Simulator
+from gridcore.sim.workload import LocalJob, SimSite, TraceEvent, validate_local_jobs
+
+_RELEASE = 0
+_TICK = 1
+_ARRIVE = 2
+_SUBMIT = 3
+_CHECK = 4
+
+HORIZON_S = 7 * 86_400.0
+"""The model stops here even with jobs never started (a deadlock without reorganization)."""
+
+
+class Selection(enum.StrEnum):
+    VJM = "vjm"  # Eq. 1 expected waits, steps 1-3 (Sec. 3.2)
+    ROUND_ROBIN = "round_robin"  # MPICH-G2's static machine file (Sec. 1)
+
+
+class Mode(enum.StrEnum):
+    PILOTS = "pilots"  # virtual jobs that hold processors for the real job (VJM)
+    COMPONENTS = "components"  # the real job's parts submitted directly (the KOALA baseline)
+
+
+@dataclass(frozen=True)
+class VjmCluster:
+    """One cluster: its site and, optionally, its scheduler interval and tick phase."""
+
+    site: SimSite
+    interval_s: float | None = None
+    phase_s: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.site.name
+
+
+@dataclass(frozen=True)
+class ParallelJob:
+    """A multi-cluster parallel job: all ``processors`` must start together."""
+
+    name: str
+    submit_s: float
+    processors: int
+    runtime_s: float
+
+
+@dataclass(frozen=True)
+class VjmParams:
+    """``vj_processors``: g; ``max_clusters``: M; ``lifetime_floor_s``: Eq. 2's floor;
+    ``submit_delay_s``: the uniform range of a pilot's (component's) submission delay."""
+
+    vj_processors: int = 1
+    max_clusters: int = 2
+    selection: Selection = Selection.VJM
+    reorganize: bool = True
+    lifetime_floor_s: float = 300.0
+    mode: Mode = Mode.PILOTS
+    submit_delay_s: tuple[float, float] = (0.0, 0.0)
+    restart_lifetime_on_shift: bool = True
+
+    def __post_init__(self) -> None:
+        low, high = self.submit_delay_s
+        if self.vj_processors < 1 or self.max_clusters < 1:
+            raise ConfigError(
+                f"vj_processors and max_clusters must be >= 1"
+                f" (got {self.vj_processors}, {self.max_clusters})"
+            )
+        if not (math.isfinite(high) and 0.0 <= low <= high):
+            raise ConfigError(f"submit_delay_s must be 0 <= low <= high, got {self.submit_delay_s}")
+        reservation_lifetime([], self.lifetime_floor_s)  # refuses a bad floor
+
+
+@dataclass(frozen=True)
+class VjmJobRecord:
+    """What happened to one parallel job. ``clusters``: processors per cluster when it
+    started (or at the end); ``reorganizations``: lifetime checks that changed something;
+    ``shifts_given`` / ``shifts_received``: pilots moved away from / to it."""
+
+    name: str
+    submit_s: float
+    processors: int
+    start_s: float | None
+    end_s: float | None
+    clusters: Mapping[str, int]
+    first_lifetime_s: float | None
+    reorganizations: int
+    shifts_given: int
+    shifts_received: int
+    substitutes: int
+
+    @property
+    def coallocation_s(self) -> float | None:
+        """Submit to the instant every pilot (component) holds its processors."""
+        return None if self.start_s is None else self.start_s - self.submit_s
+
+
+@dataclass(frozen=True)
+class VjmRun:
+    """One run: the jobs, the trace, the processor-seconds pilots held idle, the most
+    processors in use at once per cluster, the reorganization steps taken, and when the
+    run stopped."""
+
+    jobs: tuple[VjmJobRecord, ...]
+    trace: tuple[TraceEvent, ...]
+    idle_held_cpu_s: float
+    peak_used: Mapping[str, int]
+    steps: Mapping[str, int]
+    end_s: float
+
+    @property
+    def submitted(self) -> int:
+        return len(self.jobs)
+
+    @property
+    def started(self) -> int:
+        return sum(1 for j in self.jobs if j.start_s is not None)
+
+    @property
+    def mean_coallocation_s(self) -> float:
+        times = [j.coallocation_s for j in self.jobs if j.coallocation_s is not None]
+        return sum(times) / len(times) if times else 0.0
+
+    def by_name(self, name: str) -> VjmJobRecord:
+        for job in self.jobs:
+            if job.name == name:
+                return job
+        raise KeyError(name)
+
+
+def simulate_vjm(
+    clusters: Sequence[VjmCluster],
+    jobs: Sequence[ParallelJob],
+    params: VjmParams | None = None,
+    *,
+    background: Sequence[LocalJob] = (),
+    seed: int = 0,
+    horizon_s: float = HORIZON_S,
+) -> VjmRun:
+    """Run ``jobs`` (and other users' ``background`` jobs) on ``clusters`` until every job
+    has ended or ``horizon_s``. The same inputs and ``seed`` give the same run."""
+    params = params or VjmParams()
+    _validate(clusters, jobs, background, params)
+    return _VjmModel(clusters, params, seed).run(jobs, background, horizon_s)
+
+
+def _validate(
+    clusters: Sequence[VjmCluster],
+    jobs: Sequence[ParallelJob],
+    background: Sequence[LocalJob],
+    params: VjmParams,
+) -> None:
+    sites = [c.site for c in clusters]
+    names = [s.name for s in sites]
+    if not sites or len(set(names)) != len(names):
+        raise ConfigError(f"clusters: need at least one, names unique (got {names})")
+    for cluster in clusters:
+        if cluster.interval_s is not None:
+            ScheduleTicks(cluster.interval_s, cluster.phase_s)  # refuses a bad interval
+    seen: set[str] = set()
+    room = sum(s.processors // params.vj_processors for s in sites) * params.vj_processors
+    for job in jobs:
+        if job.name in seen:
+            raise ConfigError(f"job names must be unique; repeated: {job.name}")
+        seen.add(job.name)
+        if not (job.submit_s >= 0 and job.runtime_s >= 0 and job.processors >= 1):
+            raise ConfigError(f"job {job.name}: needs submit_s, runtime_s >= 0, processors >= 1")
+        if job.processors > room:
+            raise ConfigError(f"job {job.name}: {job.processors} processors > the grid's {room}")
+    validate_local_jobs(background, sites, "cluster")
+
+
+class _PilotState(enum.StrEnum):
+    SENT = "sent"  # submitted, not yet in the cluster's queue
+    QUEUED = "queued"
+    HELD = "held"
+    RUNNING = "running"  # its job runs
+    GONE = "gone"  # cancelled, released, or its job ended
+
+
+@dataclass(eq=False)
+class _Pilot:
+    name: str
+    cluster: str
+    processors: int
+    job: _Job
+    sent_s: float
+    state: _PilotState = _PilotState.SENT
+    held_since: float = 0.0
+
+
+@dataclass(eq=False)
+class _Job:
+    spec: ParallelJob
+    number: int
+    pilots: list[_Pilot] = field(default_factory=list)
+    start_s: float | None = None
+    end_s: float | None = None
+    token: int = 0
+    issued: int = 0
+    missing: int = 0
+    first_lifetime_s: float | None = None
+    lifetime_s: float = 0.0
+    reorganizations: int = 0
+    shifts_given: int = 0
+    shifts_received: int = 0
+    substitutes: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def on(self, cluster: str) -> list[_Pilot]:
+        return [p for p in self.pilots if p.cluster == cluster]
+
+    def record(self) -> VjmJobRecord:
+        where: Counter[str] = Counter()
+        for pilot in self.pilots:
+            where[pilot.cluster] += pilot.processors
+        return VjmJobRecord(
+            self.name,
+            self.spec.submit_s,
+            self.spec.processors,
+            self.start_s,
+            self.end_s,
+            dict(where),
+            self.first_lifetime_s,
+            self.reorganizations,
+            self.shifts_given,
+            self.shifts_received,
+            self.substitutes,
+        )
+
+
+class _VjmModel:
+    def __init__(self, clusters: Sequence[VjmCluster], params: VjmParams, seed: int) -> None:
+        self._sim = Simulator()
+        self._params = params
+        self._seed = seed
+        self._clusters: dict[str, Cluster] = {}
+        for spec in clusters:
+            ticks = None
+            if spec.interval_s is not None:
+                ticks = ScheduleTicks(spec.interval_s, spec.phase_s, _TICK)
+            self._clusters[spec.name] = Cluster(self._sim, spec.site, _RELEASE, ticks)
+        self._history: dict[str, dict[str, QueueRecord]] = {name: {} for name in self._clusters}
+        self._jobs: list[_Job] = []
+        self._unfinished = 0
+        self._idle_held = 0.0
+        self._trace: list[TraceEvent] = []
+        self._steps: Counter[str] = Counter()
+
+    # -- the run ---------------------------------------------------------------------------
+
+    def run(
+        self, jobs: Sequence[ParallelJob], background: Sequence[LocalJob], horizon_s: float
+    ) -> VjmRun:
+        self._unfinished = len(jobs)
+        for number, spec in enumerate(jobs):
+            job = _Job(spec, number)
+            self._jobs.append(job)
+            self._sim.schedule(spec.submit_s, partial(self._submit, job), _SUBMIT)
+        for other in background:
+            self._sim.schedule(other.submit_s, partial(self._local_arrives, other), _ARRIVE)
+        while self._unfinished and self._sim.pending and self._sim.peek() < horizon_s:
+            self._sim.step()
+        end = self._sim.now if not self._unfinished else max(self._sim.now, horizon_s)
+        for job in self._jobs:
+            for pilot in job.pilots:
+                if pilot.state is _PilotState.HELD:
+                    self._idle_held += (end - pilot.held_since) * pilot.processors
+        return VjmRun(
+            tuple(job.record() for job in self._jobs),
+            tuple(self._trace),
+            self._idle_held,
+            {name: c.peak for name, c in self._clusters.items()},
+            dict(self._steps),
+            end,
+        )
+
+    def _log(
+        self, kind: str, job: str, site: str = "", processors: int = 0, detail: str = ""
+    ) -> None:
+        self._trace.append(TraceEvent(self._sim.now, kind, job, site, processors, detail))
+
+    # -- other users ---------------------------------------------------------------------
+
+    def _local_arrives(self, other: LocalJob) -> None:
+        records = self._history[other.site]
+        key = f"local:{other.name}"
+        records[key] = QueueRecord(self._sim.now)
+        started = partial(self._record_start, other.site, key)
+        work = Queued(other.name, other.processors, other.runtime_s, Owner.LOCAL, started)
+        self._clusters[other.site].enqueue(work)
+
+    def _record_start(self, cluster: str, key: str) -> None:
+        records = self._history[cluster]
+        records[key] = QueueRecord(records[key].submitted_at, self._sim.now)
+
+    # -- submission and selection (Sec. 3.2) -------------------------------------------------
+
+    def _submit(self, job: _Job) -> None:
+        g = self._params.vj_processors
+        count = math.ceil(job.spec.processors / g)
+        if self._params.selection is Selection.ROUND_ROBIN:
+            shares, t_avails = self._round_robin(count), [0.0]
+        else:
+            chosen = self._select(count, {})
+            if chosen is None:
+                self._log("no-fit", job.name, detail="no cluster set holds the job")
+                job.missing = count
+                self._schedule_check(job, self._params.lifetime_floor_s)
+                return
+            shares, t_avails = chosen
+        detail = ", ".join(f"{n}x{g}@{c}" for c, n in shares.items())
+        self._log("submit", job.name, processors=job.spec.processors, detail=detail)
+        if self._params.mode is Mode.COMPONENTS:
+            for cluster, n in shares.items():
+                self._send(job, cluster, n * g, f"{job.name}.{cluster}")
+            return
+        self._send_pilots(job, shares)
+        self._start_lifetime(job, t_avails)
+
+    def _select(
+        self, count: int, kept: Mapping[str, int]
+    ) -> tuple[dict[str, int], list[float]] | None:
+        now = self._sim.now
+        g = self._params.vj_processors
+        views = [
+            ClusterView(
+                name,
+                estimate_queue_stats(self._history[name].values(), now),
+                cluster.processors // g,
+            )
+            for name, cluster in self._clusters.items()
+        ]
+        selection = select_clusters(count, views, self._params.max_clusters, already=kept)
+        if selection.outcome is not Outcome.FIT:
+            return None
+        return selection.clusters, [c.t_avail for c in selection.choices]
+
+    def _round_robin(self, count: int) -> dict[str, int]:
+        g = self._params.vj_processors
+        caps = {name: c.processors // g for name, c in self._clusters.items()}
+        shares: dict[str, int] = {}
+        order = list(caps)
+        turn = 0
+        while count > 0:
+            name = order[turn % len(order)]
+            turn += 1
+            if shares.get(name, 0) < caps[name]:
+                shares[name] = shares.get(name, 0) + 1
+                count -= 1
+        return shares
+
+    def _send_pilots(self, job: _Job, shares: Mapping[str, int]) -> None:
+        g = self._params.vj_processors
+        for cluster, n in shares.items():
+            for _ in range(n):
+                # The last virtual job takes the remainder of P / g.
+                size = min(g, job.spec.processors - self._issued_processors(job))
+                job.issued += 1
+                self._send(job, cluster, size, f"{job.name}.vj{job.issued}")
+
+    def _issued_processors(self, job: _Job) -> int:
+        return sum(p.processors for p in job.pilots)
+
+    def _send(self, job: _Job, cluster: str, processors: int, name: str) -> None:
+        pilot = _Pilot(name, cluster, processors, job, self._sim.now)
+        job.pilots.append(pilot)
+        low, high = self._params.submit_delay_s
+        delay = random.Random(f"gridcore.sim.vjm:delay:{self._seed}:{name}").uniform(low, high)
+        self._sim.schedule_in(delay, partial(self._arrive, pilot), _ARRIVE)
+
+    def _arrive(self, pilot: _Pilot) -> None:
+        if pilot.state is not _PilotState.SENT:
+            return  # cancelled in flight
+        pilot.state = _PilotState.QUEUED
+        self._history[pilot.cluster][pilot.name] = QueueRecord(self._sim.now)
+        work = Queued(
+            pilot.name,
+            pilot.processors,
+            None,
+            Owner.GRID,
+            partial(self._pilot_starts, pilot),
+        )
+        self._clusters[pilot.cluster].enqueue(work)
+
+    # -- pilots hold; the job starts when all hold (Sec. 3.1) -----------------------------------
+
+    def _pilot_starts(self, pilot: _Pilot) -> None:
+        self._record_start(pilot.cluster, pilot.name)
+        pilot.state = _PilotState.HELD
+        pilot.held_since = self._sim.now
+        self._log("hold", pilot.job.name, pilot.cluster, pilot.processors, pilot.name)
+        self._start_if_complete(pilot.job)
+
+    def _start_if_complete(self, job: _Job) -> None:
+        if job.start_s is not None or job.missing:
+            return
+        if any(p.state is not _PilotState.HELD for p in job.pilots):
+            return
+        now = self._sim.now
+        for pilot in job.pilots:
+            self._idle_held += (now - pilot.held_since) * pilot.processors
+            pilot.state = _PilotState.RUNNING
+        job.start_s = now
+        job.token += 1  # no lifetime check after the start
+        self._log("start", job.name, processors=job.spec.processors)
+        self._sim.schedule_in(job.spec.runtime_s, partial(self._end, job), _RELEASE)
+
+    def _end(self, job: _Job) -> None:
+        freed: set[str] = set()
+        for pilot in job.pilots:
+            self._clusters[pilot.cluster].release(pilot.name, Owner.GRID)
+            pilot.state = _PilotState.GONE
+            freed.add(pilot.cluster)
+        job.end_s = self._sim.now
+        self._unfinished -= 1
+        self._log("end", job.name)
+        for name in sorted(freed):
+            self._clusters[name].start_queued()
+
+    # -- lifetime and reorganization (Sec. 3.3) ------------------------------------------------
+
+    def _start_lifetime(self, job: _Job, t_avails: Sequence[float]) -> None:
+        if not self._params.reorganize:
+            return
+        lifetime = reservation_lifetime(t_avails, self._params.lifetime_floor_s)
+        if job.first_lifetime_s is None:
+            job.first_lifetime_s = lifetime
+        job.lifetime_s = lifetime
+        self._schedule_check(job, lifetime)
+
+    def _schedule_check(self, job: _Job, after_s: float) -> None:
+        job.token += 1
+        self._sim.schedule_in(after_s, partial(self._check, job, job.token), _CHECK)
+
+    def _check(self, job: _Job, token: int) -> None:
+        if token != job.token or job.start_s is not None:
+            return
+        if job.missing:
+            self._substitute(job, job.missing)
+            return
+        others = [self._pending(j) for j in self._jobs if j is not job and self._is_pending(j)]
+        plan = reorganize(self._pending(job), others)
+        self._steps[plan.step] += 1
+        self._log("reorganize", job.name, detail=f"{plan.step}: " + "; ".join(plan.reasons))
+        job.reorganizations += 1
+        self._apply(job, plan)
+
+    def _is_pending(self, job: _Job) -> bool:
+        return job.start_s is None and bool(job.pilots)
+
+    def _pending(self, job: _Job) -> PendingJob:
+        now = self._sim.now
+        clusters: dict[str, ClusterReservation] = {}
+        for name in dict.fromkeys(p.cluster for p in job.pilots):
+            mine = job.on(name)
+            held = sum(1 for p in mine if p.state is _PilotState.HELD)
+            waits = tuple(now - p.sent_s for p in mine if p.state is not _PilotState.HELD)
+            clusters[name] = ClusterReservation(len(mine), held, waits)
+        return PendingJob(job.number, job.spec.submit_s, clusters)
+
+    def _apply(self, job: _Job, plan: Reorganization) -> None:
+        touched: set[str] = set()
+        receivers: list[_Job] = []
+        for shift in plan.shifts:
+            receiver = self._jobs[shift.to_job]
+            self._shift(job, receiver, shift.cluster, shift.pilots, touched)
+            receivers.append(receiver)
+        for cluster in plan.release:
+            for pilot in job.on(cluster):
+                self._drop(pilot, touched)
+            job.pilots = [p for p in job.pilots if p.cluster != cluster]
+        for receiver in receivers:
+            self._start_if_complete(receiver)
+            if receiver.start_s is None and self._params.restart_lifetime_on_shift:
+                self._schedule_check(receiver, receiver.lifetime_s)
+        for name in sorted(touched):
+            self._clusters[name].start_queued()
+        if plan.substitutes:
+            self._substitute(job, plan.substitutes)
+        else:
+            self._schedule_check(job, self._params.lifetime_floor_s)
+
+    def _shift(self, giver: _Job, receiver: _Job, cluster: str, n: int, touched: set[str]) -> None:
+        held = [p for p in giver.on(cluster) if p.state is _PilotState.HELD][:n]
+        waiting = [p for p in receiver.on(cluster) if p.state is not _PilotState.HELD]
+        for pilot in waiting[len(waiting) - len(held) :]:
+            self._drop(pilot, touched)
+            receiver.pilots.remove(pilot)
+        for pilot in held:
+            giver.pilots.remove(pilot)
+            pilot.job = receiver
+            receiver.pilots.append(pilot)
+        giver.shifts_given += len(held)
+        receiver.shifts_received += len(held)
+        self._log("shift", giver.name, cluster, len(held), f"to {receiver.name}")
+
+    def _drop(self, pilot: _Pilot, touched: set[str]) -> None:
+        """Release a held pilot, or cancel one waiting in a queue or still in flight."""
+        site = self._clusters[pilot.cluster]
+        if pilot.state is _PilotState.HELD:
+            self._idle_held += (self._sim.now - pilot.held_since) * pilot.processors
+            site.release(pilot.name, Owner.GRID)
+            touched.add(pilot.cluster)
+        elif pilot.state is _PilotState.QUEUED:
+            site.withdraw(pilot.name, Owner.GRID)
+            del self._history[pilot.cluster][pilot.name]
+            touched.add(pilot.cluster)
+        pilot.state = _PilotState.GONE
+
+    def _substitute(self, job: _Job, count: int) -> None:
+        kept: Counter[str] = Counter(p.cluster for p in job.pilots)
+        chosen = self._select(count, kept)
+        if chosen is None:
+            job.missing = count
+            self._log("no-fit", job.name, detail=f"no substitute for {count} virtual jobs")
+            self._schedule_check(job, self._params.lifetime_floor_s)
+            return
+        shares, t_avails = chosen
+        job.missing = 0
+        job.substitutes += count
+        detail = ", ".join(f"{n}@{c}" for c, n in shares.items())
+        self._log("substitute", job.name, processors=count, detail=detail)
+        self._send_pilots(job, shares)
+        self._start_lifetime(job, t_avails)
