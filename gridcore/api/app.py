@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Path, Query, Request
@@ -80,6 +81,8 @@ class Center:
     store: Store
     heartbeat_s: float
     clock: Callable[[], float]
+    # set when the server stops: long polls answer at once instead of holding shutdown
+    closing: threading.Event = field(default_factory=threading.Event)
 
 
 def create_app(
@@ -166,6 +169,7 @@ def _pilot_routes() -> APIRouter:
         return await _long_poll(
             request,
             wait,
+            center.closing,
             lambda: asyncio.to_thread(pilot_pool.work, center.store, pilot_id),
             lambda answer: answer["action"] == Action.WAIT.value,
         )
@@ -209,6 +213,7 @@ def _component_routes() -> APIRouter:
         return await _long_poll(
             request,
             wait,
+            center.closing,
             lambda: asyncio.to_thread(barrier_pool.component_peers, center.store, *key),
             lambda answer: answer["state"] == BarrierState.WAIT.value,
         )
@@ -225,16 +230,20 @@ def _component_routes() -> APIRouter:
 async def _long_poll(
     request: Request,
     wait: float,
+    closing: threading.Event,
     ask: Callable[[], Awaitable[T]],
     waiting: Callable[[T], bool],
 ) -> T:
     """Ask every :data:`POLL_S` until the answer is no longer "wait", ``wait`` seconds
-    pass (at most :data:`MAX_WAIT_S`) or the client hangs up; the last answer."""
+    pass (at most :data:`MAX_WAIT_S`), the client hangs up or the server is closing;
+    the last answer."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + min(wait, MAX_WAIT_S)
     while True:
         answer = await ask()
-        if not waiting(answer) or loop.time() >= deadline or await request.is_disconnected():
+        if not waiting(answer) or loop.time() >= deadline or closing.is_set():
+            return answer
+        if await request.is_disconnected():
             return answer
         await asyncio.sleep(POLL_S)
 

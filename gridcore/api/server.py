@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from types import FrameType
 
 import uvicorn
 
@@ -29,10 +30,12 @@ class RunningCenter:
     url: str
     _server: uvicorn.Server
     _thread: threading.Thread
+    _closing: threading.Event
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop accepting, finish the requests under way (long polls get up to
-        ``timeout_s``), and join the thread."""
+        ``timeout_s``), and join the thread. Long polls answer at once."""
+        self._closing.set()
         self._server.should_exit = True
         self._thread.join(timeout_s)
         if self._thread.is_alive():
@@ -65,13 +68,26 @@ def start_in_thread(
             sock.close()
             raise StateError(f"the VJ center did not start on {host}:{port}")
         time.sleep(0.01)
-    return RunningCenter(f"http://{_url_host(str(bound_host))}:{bound_port}", server, thread)
+    url = f"http://{_url_host(str(bound_host))}:{bound_port}"
+    return RunningCenter(url, server, thread, app.state.center.closing)
 
 
 def serve(store: Store, host: str, port: int) -> None:
     """Serve in the foreground until interrupted (``gridcore serve``); logs go wherever
     the process's logging goes (stderr for the CLI)."""
-    uvicorn.run(create_app(store), host=host, port=port, log_config=None, lifespan="off")
+    app = create_app(store)
+    config = uvicorn.Config(
+        app, host=host, port=port, log_config=None, lifespan="off", timeout_graceful_shutdown=5
+    )
+    server = uvicorn.Server(config)
+    original = server.handle_exit
+
+    def handle_exit(sig: int, frame: FrameType | None) -> None:
+        app.state.center.closing.set()  # long polls answer now: shutdown does not wait 30 s
+        original(sig, frame)
+
+    server.handle_exit = handle_exit  # type: ignore[method-assign]
+    server.run()
 
 
 def _family(host: str) -> socket.AddressFamily:

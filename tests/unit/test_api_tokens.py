@@ -1,0 +1,342 @@
+"""Bearer tokens on every endpoint of the VJ center (issue 9 item 5): the real app on
+uvicorn in a thread, against a SQLite state DB whose rows the tests write themselves.
+
+For EVERY pilot and component endpoint: no token, a wrong token, a header that is not
+a bearer token -> 401; another pilot's or component's token -> 403; and after each
+refusal every row of the database is exactly as before. The same call with the right
+token changes the row (so the "unchanged" check can fail). Malformed bodies -> 422
+naming the field. No token ever reaches a log record (uvicorn's access log included).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import insert, select, update
+
+from gridcore.api.server import RunningCenter, start_in_thread
+from gridcore.engine.phases import ComponentState, JobPhase, PilotState, ReservationPhase
+from gridcore.engine.pilot_pool import new_token, token_hash, tokens_match
+from gridcore.state import schema
+from gridcore.state.store import Store, open_store
+
+TABLES = (
+    schema.pilots,
+    schema.reservations,
+    schema.coalloc_jobs,
+    schema.coalloc_components,
+    schema.holds,
+)
+
+
+@dataclass
+class Center:
+    store: Store
+    running: RunningCenter
+    client: httpx.Client
+    pilot_tokens: dict[int, str]  # pilot id -> token
+    component_tokens: dict[int, str]  # component index of job `koala_job` (epoch 0)
+    koala_job: int
+
+    def call(
+        self, method: str, path: str, token: str | None = None, **kwargs: Any
+    ) -> httpx.Response:
+        headers = kwargs.pop("headers", {})
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        return self.client.request(method, f"/api/v1{path}", headers=headers, **kwargs)
+
+    def snapshot(self) -> dict[str, list[tuple[Any, ...]]]:
+        with self.store.begin() as conn:
+            return {t.name: sorted(tuple(r) for r in conn.execute(select(t)).all()) for t in TABLES}
+
+    def set_pilot(self, pilot_id: int, state: PilotState, **values: Any) -> None:
+        with self.store.begin() as conn:
+            conn.execute(
+                update(schema.pilots)
+                .where(schema.pilots.c.id == pilot_id)
+                .values(state=state.value, **values)
+            )
+
+
+@pytest.fixture
+def center(tmp_path: Path) -> Iterator[Center]:
+    store = open_store(f"sqlite:///{tmp_path / 'state.db'}", upgrade=True)
+    now = time.time()
+    pilot_tokens: dict[int, str] = {}
+    component_tokens: dict[int, str] = {}
+    with store.begin() as conn:
+        job = conn.execute(
+            insert(schema.reservations).values(
+                name="tokens",
+                command="true",
+                processors=2,
+                vj_size=1,
+                max_clusters=2,
+                lifetime_floor_s=60.0,
+                state=ReservationPhase.RESERVING.value,
+                submitted_at=now,
+            )
+        ).inserted_primary_key[0]
+        for i in range(2):
+            token, digest = new_token()
+            pid = conn.execute(
+                insert(schema.pilots).values(
+                    job_id=job,
+                    first_job_id=job,
+                    site=f"site-{i}",
+                    processors=1,
+                    state=PilotState.PENDING.value,
+                    key=f"key-{i}",
+                    token_hash=digest,
+                    submitted_at=now,
+                )
+            ).inserted_primary_key[0]
+            pilot_tokens[int(pid)] = token
+        koala_job = conn.execute(
+            insert(schema.coalloc_jobs).values(
+                name="barrier",
+                request="{}",
+                command="true",
+                policy="CM",
+                priority="high",
+                state=JobPhase.CLAIMING.value,
+                epoch=0,
+                L=1.0,
+                submitted_at=now,
+            )
+        ).inserted_primary_key[0]
+        for idx in range(2):
+            token, digest = new_token()
+            conn.execute(
+                insert(schema.coalloc_components).values(
+                    job_id=koala_job,
+                    idx=idx,
+                    epoch=0,
+                    size=1,
+                    site=f"site-{idx}",
+                    transfer_s=0.0,
+                    state=ComponentState.SUBMITTED.value,
+                    token_hash=digest,
+                )
+            )
+            component_tokens[idx] = token
+    running = start_in_thread(store)
+    client = httpx.Client(base_url=running.url, timeout=30.0)
+    try:
+        yield Center(store, running, client, pilot_tokens, component_tokens, int(koala_job))
+    finally:
+        client.close()
+        running.stop()
+        store.dispose()
+
+
+# (method, path, json body, the target's state in which an accepted call writes)
+PILOT_ENDPOINTS = {
+    "register": ("POST", "register", {"host": "10.0.0.1", "port": 4000, "processors": 1}),
+    "heartbeat": ("POST", "heartbeat", None),
+    "work": ("GET", "work?wait=0", None),
+    "started": ("POST", "started", None),
+    "result": ("POST", "result", {"exit_code": 0, "message": "done"}),
+}
+WRITES_IN = {
+    "register": PilotState.PENDING,
+    "heartbeat": PilotState.HELD,
+    "work": PilotState.DISPATCHED,
+    "started": PilotState.DISPATCHED,
+    "result": PilotState.DISPATCHED,
+}
+COMPONENT_ENDPOINTS = {
+    "register": ("POST", "register", {"host": "10.0.0.2", "port": 4001}),
+    "peers": ("GET", "peers?wait=0", None),
+    "released": ("POST", "released", None),
+}
+
+
+def _refusals(own: str, others: list[str]) -> list[tuple[str, dict[str, str], int]]:
+    """(what, headers, expected status) for every way of being refused."""
+    cases = [
+        ("no token", {}, 401),
+        ("wrong token", {"Authorization": f"Bearer {own[::-1]}x"}, 401),
+        ("bearer without a token", {"Authorization": "Bearer"}, 401),
+        ("not a bearer token", {"Authorization": f"Basic {own}"}, 401),
+        ("the token's hash as the token", {"Authorization": f"Bearer {token_hash(own)}"}, 401),
+    ]
+    cases += [
+        (f"another's token #{i}", {"Authorization": f"Bearer {t}"}, 403)
+        for i, t in enumerate(others)
+    ]
+    return cases
+
+
+@pytest.mark.parametrize("endpoint", sorted(PILOT_ENDPOINTS))
+def test_every_pilot_endpoint_refuses_and_changes_nothing(center: Center, endpoint: str) -> None:
+    method, tail, body = PILOT_ENDPOINTS[endpoint]
+    target, other = sorted(center.pilot_tokens)
+    center.set_pilot(target, WRITES_IN[endpoint], component=0, host="h", port=1)
+    own = center.pilot_tokens[target]
+    others = [center.pilot_tokens[other], *center.component_tokens.values()]
+    before = center.snapshot()
+    for what, headers, status in _refusals(own, others):
+        answer = center.client.request(
+            method, f"/api/v1/pilots/{target}/{tail}", headers=headers, json=body
+        )
+        assert answer.status_code == status, (what, answer.text)
+        assert own not in answer.text
+        if status == 401:
+            assert answer.headers["www-authenticate"] == "Bearer"
+        assert center.snapshot() == before, f"{endpoint} refused ({what}) changed a row"
+    # A pilot id that does not exist: its token cannot match; a real token is another's.
+    missing = max(center.pilot_tokens) + 100
+    assert center.call(method, f"/pilots/{missing}/{tail}", own, json=body).status_code == 403
+    assert center.call(method, f"/pilots/{missing}/{tail}", "nope", json=body).status_code == 401
+    assert center.snapshot() == before
+    # The right token is accepted, and (for a writing call) changes the row.
+    accepted = center.call(method, f"/pilots/{target}/{tail}", own, json=body)
+    assert accepted.status_code == 200, accepted.text
+    if endpoint != "work":
+        assert center.snapshot() != before
+
+
+@pytest.mark.parametrize("endpoint", sorted(COMPONENT_ENDPOINTS))
+def test_every_component_endpoint_refuses_and_changes_nothing(
+    center: Center, endpoint: str
+) -> None:
+    method, tail, body = COMPONENT_ENDPOINTS[endpoint]
+    own = center.component_tokens[0]
+    others = [center.component_tokens[1], *center.pilot_tokens.values()]
+    path = f"/components/{center.koala_job}/0/0/{tail}"
+    before = center.snapshot()
+    for what, headers, status in _refusals(own, others):
+        answer = center.client.request(method, f"/api/v1{path}", headers=headers, json=body)
+        assert answer.status_code == status, (what, answer.text)
+        assert own not in answer.text
+        assert center.snapshot() == before, f"{endpoint} refused ({what}) changed a row"
+    # Component 0's token opens neither component 1 nor another job's component 0.
+    for elsewhere in (f"/components/{center.koala_job}/0/1/{tail}", f"/components/999/0/0/{tail}"):
+        assert center.call(method, elsewhere, own, json=body).status_code == 403
+    assert center.snapshot() == before
+    accepted = center.call(method, path, own, json=body)
+    assert accepted.status_code == 200, accepted.text
+    if endpoint != "peers":
+        assert center.snapshot() != before
+
+
+def test_a_token_in_the_url_opens_nothing(center: Center) -> None:
+    target = min(center.pilot_tokens)
+    own = center.pilot_tokens[target]
+    answer = center.client.get(f"/api/v1/pilots/{target}/work", params={"wait": 0, "token": own})
+    assert answer.status_code == 401
+    answer = center.client.get(
+        f"/api/v1/pilots/{target}/work", params={"wait": 0, "access_token": own}
+    )
+    assert answer.status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("register", {"port": 4000, "processors": 1}, "host"),
+        ("register", {"host": "", "port": 4000, "processors": 1}, "host"),
+        ("register", {"host": "h", "port": 0, "processors": 1}, "port"),
+        ("register", {"host": "h", "port": 70000, "processors": 1}, "port"),
+        ("register", {"host": "h", "port": "four", "processors": 1}, "port"),
+        ("register", {"host": "h", "port": 4000, "processors": 0}, "processors"),
+        ("register", {"host": "h", "port": 4000}, "processors"),
+        ("register", {"host": "h", "port": 4000, "processors": 1, "token": "x"}, "token"),
+        ("result", {"message": "no code"}, "exit_code"),
+        ("result", {"exit_code": "zero"}, "exit_code"),
+        ("result", {"exit_code": 0, "message": "x" * 5000}, "message"),
+    ],
+)
+def test_malformed_pilot_bodies_get_422_naming_the_field(
+    center: Center, path: str, body: dict[str, Any], field: str
+) -> None:
+    target = min(center.pilot_tokens)
+    center.set_pilot(target, PilotState.DISPATCHED, component=0, host="h", port=1)
+    before = center.snapshot()
+    answer = center.call("POST", f"/pilots/{target}/{path}", center.pilot_tokens[target], json=body)
+    assert answer.status_code == 422, answer.text
+    assert [field] == [e["loc"][-1] for e in answer.json()["detail"]]
+    assert center.snapshot() == before
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [({"port": 4000}, "host"), ({"host": "h", "port": -1}, "port"), ({"host": "h"}, "port")],
+)
+def test_malformed_component_bodies_get_422_naming_the_field(
+    center: Center, body: dict[str, Any], field: str
+) -> None:
+    before = center.snapshot()
+    path = f"/components/{center.koala_job}/0/0/register"
+    answer = center.call("POST", path, center.component_tokens[0], json=body)
+    assert answer.status_code == 422, answer.text
+    assert [field] == [e["loc"][-1] for e in answer.json()["detail"]]
+    assert center.snapshot() == before
+
+
+def test_a_body_that_is_not_json_gets_422(center: Center) -> None:
+    target = min(center.pilot_tokens)
+    answer = center.call(
+        "POST",
+        f"/pilots/{target}/register",
+        center.pilot_tokens[target],
+        content=b"{not json",
+        headers={"Content-Type": "application/json"},
+    )
+    assert answer.status_code == 422
+
+
+def test_bad_path_ids_and_wait_get_422(center: Center) -> None:
+    target = min(center.pilot_tokens)
+    token = center.pilot_tokens[target]
+    assert center.call("POST", "/pilots/abc/heartbeat", token).status_code == 422
+    assert center.call("GET", f"/pilots/{target}/work?wait=-1", token).status_code == 422
+
+
+def test_no_token_reaches_a_log_record(center: Center, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    tokens = [*center.pilot_tokens.values(), *center.component_tokens.values()]
+    first, second = sorted(center.pilot_tokens)
+    for pid in (first, second):
+        body = {"host": "127.0.0.1", "port": 4000 + pid, "processors": 1}
+        assert center.call("POST", f"/pilots/{pid}/register", center.pilot_tokens[pid], json=body)
+    token = center.pilot_tokens[first]
+    assert center.call("GET", f"/pilots/{first}/work?wait=0", token).json()["action"] == "run"
+    center.call("POST", f"/pilots/{first}/heartbeat", center.pilot_tokens[second])  # 403
+    center.call("POST", f"/pilots/{first}/heartbeat", token + "x")  # 401
+    center.call("POST", f"/pilots/{first}/result", token, json={"exit_code": "bad"})  # 422
+    center.call("POST", f"/pilots/{first}/result", token, json={"exit_code": 0})
+    path = f"/components/{center.koala_job}/0/0/register"
+    center.call("POST", path, center.component_tokens[0], json={"host": "h", "port": 9})
+    center.call("POST", path, center.component_tokens[1], json={"host": "h", "port": 9})  # 403
+    records = [r for r in caplog.records if r.name.startswith(("uvicorn", "gridcore"))]
+    access = [r.getMessage() for r in records if r.name == "uvicorn.access"]
+    assert any("/heartbeat" in line and "403" in line for line in access), access
+    assert any("registered" in r.getMessage() for r in records)
+    for record in caplog.records:
+        text = record.getMessage() + repr(record.args) + (record.exc_text or "")
+        for t in tokens:
+            assert t not in text, f"a token in a log record of {record.name}"
+            assert token_hash(t) not in text
+
+
+def test_tokens_are_stored_hashed_and_compared_in_constant_time() -> None:
+    token, digest = new_token()
+    assert len(token) >= 43 and digest == token_hash(token) and token not in digest
+    assert tokens_match(token, digest)
+    assert not tokens_match(token + "x", digest)
+    assert not tokens_match(token, None)
+    assert new_token()[0] != token
+
+
+def test_health_needs_no_token(center: Center) -> None:
+    assert center.client.get("/api/v1/health").json() == {"status": "ok"}
