@@ -127,12 +127,15 @@ class VjmCluster:
 
 @dataclass(frozen=True)
 class ParallelJob:
-    """A multi-cluster parallel job: all ``processors`` must start together."""
+    """A multi-cluster parallel job: all ``processors`` must start together.
+    ``delays_s``: fixed submission delays of its first virtual jobs in the order they are
+    issued (replaces the drawn delay; replays a trace or builds a given interleaving)."""
 
     name: str
     submit_s: float
     processors: int
     runtime_s: float
+    delays_s: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -253,8 +256,12 @@ def _validate(
         if job.name in seen:
             raise ConfigError(f"job names must be unique; repeated: {job.name}")
         seen.add(job.name)
-        if not (job.submit_s >= 0 and job.runtime_s >= 0 and job.processors >= 1):
-            raise ConfigError(f"job {job.name}: needs submit_s, runtime_s >= 0, processors >= 1")
+        if not (job.submit_s >= 0 and job.runtime_s >= 0 and job.processors >= 1) or any(
+            not (math.isfinite(d) and d >= 0) for d in job.delays_s
+        ):
+            raise ConfigError(
+                f"job {job.name}: needs submit_s, runtime_s, delays_s >= 0, processors >= 1"
+            )
         if job.processors > room:
             raise ConfigError(f"job {job.name}: {job.processors} processors > the grid's {room}")
     validate_local_jobs(background, sites, "cluster")
@@ -393,7 +400,7 @@ class _VjmModel:
         g = self._params.vj_processors
         count = math.ceil(job.spec.processors / g)
         if self._params.selection is Selection.ROUND_ROBIN:
-            shares, t_avails = self._round_robin(count), [0.0]
+            order, t_avails = self._round_robin(count), [0.0]
         else:
             chosen = self._select(count, {})
             if chosen is None:
@@ -401,19 +408,19 @@ class _VjmModel:
                 job.missing = count
                 self._schedule_check(job, self._params.lifetime_floor_s)
                 return
-            shares, t_avails = chosen
+            order, t_avails = chosen
+        shares = Counter(order)
         detail = ", ".join(f"{n}x{g}@{c}" for c, n in shares.items())
         self._log("submit", job.name, processors=job.spec.processors, detail=detail)
         if self._params.mode is Mode.COMPONENTS:
             for cluster, n in shares.items():
                 self._send(job, cluster, n * g, f"{job.name}.{cluster}")
             return
-        self._send_pilots(job, shares)
+        self._send_pilots(job, order)
         self._start_lifetime(job, t_avails)
 
-    def _select(
-        self, count: int, kept: Mapping[str, int]
-    ) -> tuple[dict[str, int], list[float]] | None:
+    def _select(self, count: int, kept: Mapping[str, int]) -> tuple[list[str], list[float]] | None:
+        """The cluster of each virtual job in issue order, and their Eq. 1 waits."""
         now = self._sim.now
         g = self._params.vj_processors
         views = [
@@ -427,39 +434,46 @@ class _VjmModel:
         selection = select_clusters(count, views, self._params.max_clusters, already=kept)
         if selection.outcome is not Outcome.FIT:
             return None
-        return selection.clusters, [c.t_avail for c in selection.choices]
+        return [c.cluster for c in selection.choices], [c.t_avail for c in selection.choices]
 
-    def _round_robin(self, count: int) -> dict[str, int]:
+    def _round_robin(self, count: int) -> list[str]:
+        """MPICH-G2's machine file: the virtual jobs dealt over the clusters in file
+        order, a full cluster skipped (validation guarantees they all fit)."""
         g = self._params.vj_processors
-        caps = {name: c.processors // g for name, c in self._clusters.items()}
-        shares: dict[str, int] = {}
-        order = list(caps)
+        room = {name: c.processors // g for name, c in self._clusters.items()}
+        names = list(room)
+        order: list[str] = []
         turn = 0
-        while count > 0:
-            name = order[turn % len(order)]
+        while len(order) < count:
+            name = names[turn % len(names)]
             turn += 1
-            if shares.get(name, 0) < caps[name]:
-                shares[name] = shares.get(name, 0) + 1
-                count -= 1
-        return shares
+            if room[name] > 0:
+                room[name] -= 1
+                order.append(name)
+        return order
 
-    def _send_pilots(self, job: _Job, shares: Mapping[str, int]) -> None:
+    def _send_pilots(self, job: _Job, order: Sequence[str]) -> None:
         g = self._params.vj_processors
-        for cluster, n in shares.items():
-            for _ in range(n):
-                # The last virtual job takes the remainder of P / g.
-                size = min(g, job.spec.processors - self._issued_processors(job))
-                job.issued += 1
-                self._send(job, cluster, size, f"{job.name}.vj{job.issued}")
+        for cluster in order:
+            # The last virtual job takes the remainder of P / g.
+            size = min(g, job.spec.processors - self._issued_processors(job))
+            job.issued += 1
+            fixed = job.spec.delays_s
+            delay = fixed[job.issued - 1] if job.issued <= len(fixed) else None
+            self._send(job, cluster, size, f"{job.name}.vj{job.issued}", delay)
 
     def _issued_processors(self, job: _Job) -> int:
         return sum(p.processors for p in job.pilots)
 
-    def _send(self, job: _Job, cluster: str, processors: int, name: str) -> None:
+    def _send(
+        self, job: _Job, cluster: str, processors: int, name: str, delay: float | None = None
+    ) -> None:
         pilot = _Pilot(name, cluster, processors, job, self._sim.now)
         job.pilots.append(pilot)
-        low, high = self._params.submit_delay_s
-        delay = random.Random(f"gridcore.sim.vjm:delay:{self._seed}:{name}").uniform(low, high)
+        if delay is None:
+            low, high = self._params.submit_delay_s
+            rng = random.Random(f"gridcore.sim.vjm:delay:{self._seed}:{name}")
+            delay = rng.uniform(low, high)
         self._sim.schedule_in(delay, partial(self._arrive, pilot), _ARRIVE)
 
     def _arrive(self, pilot: _Pilot) -> None:
@@ -535,7 +549,7 @@ class _VjmModel:
         others = [self._pending(j) for j in self._jobs if j is not job and self._is_pending(j)]
         plan = reorganize(self._pending(job), others)
         self._steps[plan.step] += 1
-        self._log("reorganize", job.name, detail=f"{plan.step}: " + "; ".join(plan.reasons))
+        self._log("reorganize", job.name, detail="; ".join(plan.reasons))
         job.reorganizations += 1
         self._apply(job, plan)
 
@@ -609,10 +623,10 @@ class _VjmModel:
             self._log("no-fit", job.name, detail=f"no substitute for {count} virtual jobs")
             self._schedule_check(job, self._params.lifetime_floor_s)
             return
-        shares, t_avails = chosen
+        order, t_avails = chosen
         job.missing = 0
         job.substitutes += count
-        detail = ", ".join(f"{n}@{c}" for c, n in shares.items())
+        detail = ", ".join(f"{n}@{c}" for c, n in Counter(order).items())
         self._log("substitute", job.name, processors=count, detail=detail)
-        self._send_pilots(job, shares)
+        self._send_pilots(job, order)
         self._start_lifetime(job, t_avails)
