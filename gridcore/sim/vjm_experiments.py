@@ -58,6 +58,10 @@ tuned to the outcome:
 * A case is one seed-derived trace; ``--runs`` cases (default :data:`DEADLOCK_CASES`)
   are pooled: counts and processor-seconds summed, the mean co-allocation time over
   every started job; ``cases`` gives each case's figures.
+* The exit status is issue 9's acceptance (with reorganization every job starts, without
+  some never do); the figures are reported whatever it says. The ranges were fixed
+  before the first run and were not changed after it; the one model choice made after
+  seeing runs, a receiver's fresh lifetime, is reported beside its literal reading.
 """
 
 from __future__ import annotations
