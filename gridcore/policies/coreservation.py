@@ -394,12 +394,14 @@ class Reorganization:
     reasons: tuple[str, ...]
 
 
-def indirect_deadlock(a: PendingJob, others: Sequence[PendingJob]) -> dict[str, PendingJob]:
+def indirect_deadlock(
+    a: PendingJob, others: Sequence[PendingJob], *, earlier_only: bool = False
+) -> dict[str, PendingJob]:
     """Eq. 3: ``exists (J_a, J_b, C_m, C_n): J_a < J_b on C_m and J_a > J_b on C_n``.
     Returns, per such ``C_n``, the ``J_b`` that gets ``J_a``'s resources there: the
     earliest-submitted one."""
     found: dict[str, PendingJob] = {}
-    for b in _by_submission(others, a):
+    for b in _by_submission(others, a, earlier_only):
         shared = [c for c in a.clusters if c in b.clusters]
         if not any(relation(a, b, c) is Relation.LESS for c in shared):
             continue
@@ -409,30 +411,50 @@ def indirect_deadlock(a: PendingJob, others: Sequence[PendingJob]) -> dict[str, 
     return found
 
 
-def direct_deadlock(a: PendingJob, others: Sequence[PendingJob]) -> dict[str, PendingJob]:
+def direct_deadlock(
+    a: PendingJob, others: Sequence[PendingJob], *, earlier_only: bool = False
+) -> dict[str, PendingJob]:
     """Eq. 4: ``exists (J_a, J_b, C_n): J_a = J_b on C_n``. Returns, per such ``C_n``,
     the earliest-submitted ``J_b``."""
     found: dict[str, PendingJob] = {}
-    for b in _by_submission(others, a):
+    for b in _by_submission(others, a, earlier_only):
         for c_n in a.clusters:
             if relation(a, b, c_n) is Relation.EQUAL and c_n not in found:
                 found[c_n] = b
     return found
 
 
-def _by_submission(others: Sequence[PendingJob], a: PendingJob) -> list[PendingJob]:
+def _by_submission(
+    others: Sequence[PendingJob], a: PendingJob, earlier_only: bool = False
+) -> list[PendingJob]:
+    mine = (a.submitted_at, a.job_id)
     return sorted(
-        (b for b in others if b.job_id != a.job_id and not b.complete),
+        (
+            b
+            for b in others
+            if b.job_id != a.job_id
+            and not b.complete
+            and (not earlier_only or (b.submitted_at, b.job_id) < mine)
+        ),
         key=lambda b: (b.submitted_at, b.job_id),
     )
 
 
-def reorganize(a: PendingJob, others: Sequence[PendingJob]) -> Reorganization:
+def reorganize(
+    a: PendingJob, others: Sequence[PendingJob], *, earlier_only: bool = False
+) -> Reorganization:
     """Sec. 3.3's resource reorganization for ``a`` after its lifetime: step 1 (Eq. 3),
-    else step 2 (Eq. 4), else step 3 (:func:`release_slower_half`)."""
+    else step 2 (Eq. 4), else step 3 (:func:`release_slower_half`).
+
+    ``earlier_only`` (not in the paper): ``a`` gives only to jobs submitted before it.
+    The paper shifts to the earliest-submitted ``J_b`` whatever ``a``'s own age, so the
+    oldest pending job may give its resources to a younger one and go to the back of the
+    queues; with ``earlier_only`` resources only flow toward older jobs, a global order
+    (the dining philosophers' remedy of the paper's refs. [8, 9]): the oldest pending
+    job never gives, so it completes, and then the next."""
     for step, found in (
-        ("indirect (Eq. 3)", indirect_deadlock(a, others)),
-        ("direct (Eq. 4)", direct_deadlock(a, others)),
+        ("indirect (Eq. 3)", indirect_deadlock(a, others, earlier_only=earlier_only)),
+        ("direct (Eq. 4)", direct_deadlock(a, others, earlier_only=earlier_only)),
     ):
         if found:
             return _shift_to_others(a, step, found)

@@ -151,6 +151,8 @@ class VjmParams:
     mode: Mode = Mode.PILOTS
     submit_delay_s: tuple[float, float] = (0.0, 0.0)
     restart_lifetime_on_shift: bool = True
+    # shifts only toward earlier-submitted jobs (policies.coreservation.reorganize)
+    earlier_only: bool = False
 
     def __post_init__(self) -> None:
         low, high = self.submit_delay_s
@@ -547,7 +549,7 @@ class _VjmModel:
             self._substitute(job, job.missing)
             return
         others = [self._pending(j) for j in self._jobs if j is not job and self._is_pending(j)]
-        plan = reorganize(self._pending(job), others)
+        plan = reorganize(self._pending(job), others, earlier_only=self._params.earlier_only)
         self._steps[plan.step] += 1
         self._log("reorganize", job.name, detail="; ".join(plan.reasons))
         job.reorganizations += 1
