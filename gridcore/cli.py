@@ -104,6 +104,13 @@ def _parser() -> argparse.ArgumentParser:
         " the seeds and report the default policy's completion / naive (key orderings)",
     )
     p.add_argument(
+        "--live",
+        action="store_const",
+        const=True,
+        help="vjm-coallocation: run Fig. 3's sweep on two real Slurm clusters started by the"
+        " project's test grid (a benchmark: about half an hour; needs Slurm and root)",
+    )
+    p.add_argument(
         "--comm-factor",
         type=float,
         metavar="X",
@@ -257,6 +264,7 @@ def _run_registered(args: argparse.Namespace, entry: registry.Experiment) -> int
         cases=getattr(args, "cases", None),
         case=getattr(args, "case", None),
         all_orderings=getattr(args, "all_orderings", None),
+        live=getattr(args, "live", None),
     )
     result = entry.execute(options)
     if entry.plot is not None:

@@ -39,7 +39,8 @@ class RunOptions:
     growth table as JSON text, parsed by the entry) for koala-placement,
     ``monitor_interval_s``, ``case`` (a selection-robustness case's seed, replayed) and
     ``all_orderings`` (True when given) for stateful-selection, ``cases`` for
-    selection-robustness. Errors name the command-line option.
+    selection-robustness, ``live`` (True when given) for vjm-coallocation. Errors name
+    the command-line option.
     """
 
     seed: int = 0
@@ -54,6 +55,7 @@ class RunOptions:
     cases: int | None = None
     case: int | None = None
     all_orderings: bool | None = None
+    live: bool | None = None
 
     def __post_init__(self) -> None:
         if self.cases is not None and self.cases < 1:
@@ -81,6 +83,7 @@ OPTIONAL_OPTIONS: Mapping[str, str] = MappingProxyType(
         "cases": "--cases",
         "case": "--case",
         "all_orderings": "--all-orderings",
+        "live": "--live",
     }
 )
 """The :class:`RunOptions` only some entries take, by the command-line option that sets them."""

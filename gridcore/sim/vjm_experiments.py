@@ -73,6 +73,7 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from gridcore.errors import ConfigError
 from gridcore.sim.registry import Experiment, RunOptions, text_table
 from gridcore.sim.seeds import Claim, OverSeeds, student_t_975
 from gridcore.sim.vjm import (
@@ -211,8 +212,8 @@ def _point(b: float, seed: int, samples: int) -> dict[str, Any]:
         "b_interval_s": b,
         "vjm_s": statistics.fmean(vjm),
         "round_robin_s": statistics.fmean(round_robin),
-        "vjm_halfwidth_s": _half_width(vjm),
-        "round_robin_halfwidth_s": _half_width(round_robin),
+        "vjm_halfwidth_s": half_width(vjm),
+        "round_robin_halfwidth_s": half_width(round_robin),
         "vjm_fraction_on_b": statistics.fmean(on_b),
         "min_interval_half_s": min(A_INTERVAL_S, b) / 2,
         "expected_max_of_ticks_s": expected_max_uniform(A_INTERVAL_S, b),
@@ -225,7 +226,8 @@ def expected_max_uniform(a: float, b: float) -> float:
     return hi / 2 + lo * lo / (6 * hi)
 
 
-def _half_width(values: Sequence[float]) -> float:
+def half_width(values: Sequence[float]) -> float:
+    """The 95 % Student t half-width of the mean of ``values`` (0 for fewer than 2)."""
     if len(values) < 2:
         return 0.0
     return student_t_975(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
@@ -291,8 +293,28 @@ def plot_coallocation(result: Mapping[str, Any], path: str) -> None:
     figure.savefig(path, format="png", dpi=100)
 
 
+LIVE_REPEATS = 2
+
+
 def _run_coallocation(options: RunOptions) -> dict[str, Any]:
+    if options.live:
+        return _run_live()
     return coallocation_experiment(options.seed, options.runs or SAMPLES)
+
+
+def _run_live() -> dict[str, Any]:
+    """``--live``: Fig. 3 on two real Slurm clusters started by the project's test grid
+    (``tests/slurm/live_vjm.py``: B's interval 10, 30, 60, 90, 120 s, A's 60 s,
+    :data:`LIVE_REPEATS` VJM / round-robin pairs per point; minutes). Needs the project's
+    checkout (the test grid lives under ``tests/``), Slurm installed and root."""
+    try:
+        from tests.slurm.live_vjm import run_live  # type: ignore[import-not-found,unused-ignore]
+    except ImportError as exc:
+        raise ConfigError(
+            f"--live needs the project's checkout (tests/slurm/live_vjm.py) on the path: {exc}"
+        ) from None
+    result: dict[str, Any] = run_live(repeats=LIVE_REPEATS)
+    return result
 
 
 def _coallocation_ok(result: Mapping[str, Any]) -> bool:
@@ -306,6 +328,7 @@ VJM_COALLOCATION = Experiment(
     plot_coallocation,
     ok=_coallocation_ok,
     default_runs=SAMPLES,
+    takes=frozenset({"live"}),
     over_seeds=OverSeeds(
         ("summary",),
         (
