@@ -348,7 +348,8 @@ class LocalSite:
         try:
             workdir.mkdir(parents=True, exist_ok=True)
             _write_whole(workdir / "job.sh", _script(job))
-            _write_whole(workdir / "env.json", json.dumps(env))
+            # The environment may hold a secret (a pilot's token): readable by us only.
+            _write_whole(workdir / "env.json", json.dumps(env), mode=0o600)
         except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
             raise SiteRejected(
                 self.spec.name, f"job {job.name!r}: cannot write its files in {workdir}: {exc}"
@@ -356,11 +357,16 @@ class LocalSite:
         return workdir
 
 
-def _write_whole(path: Path, text: str) -> None:
+def _write_whole(path: Path, text: str, mode: int | None = None) -> None:
     # A concurrent submission of the same key writes the same files: neither ever sees
     # (nor leaves) a half-written one.
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-    tmp.write_text(text)
+    if mode is None:
+        tmp.write_text(text)
+    else:
+        descriptor = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(text)
     os.replace(tmp, path)
 
 

@@ -178,3 +178,16 @@ def test_a_selection_never_submitted_gives_its_processors_back(tmp_path: Path) -
     assert_capacity_invariant(rt.store)
     rt.cancel(kept.selection_id)
     assert_capacity_invariant(rt.store, no_live_holds=True)
+
+
+def test_a_jobs_environment_file_is_readable_by_its_owner_only(tmp_path: Path) -> None:
+    """A pilot's token travels in the job's environment: its file is 0600."""
+    runtime = GridRuntime(
+        default_grid(tmp_path), open_store(f"sqlite:///{tmp_path}/s.db", upgrade=True)
+    )
+    site = runtime.adapter("local-a")
+    assert isinstance(site, LocalSite)
+    job_id = site.submit(JobSubmission("secret", "true", 1, env={"GRIDCORE_PILOT_TOKEN": "x"}))
+    env_file = site.workdir(job_id) / "env.json"
+    assert env_file.stat().st_mode & 0o777 == 0o600
+    runtime.store.dispose()
