@@ -30,6 +30,4 @@ def center_app() -> Any:
 
 class GridcorePlugin(AirflowPlugin):
     name = "gridcore"
-    fastapi_apps = [
-        {"app": center_app(), "url_prefix": URL_PREFIX, "name": "gridcore VJ center"}
-    ]
+    fastapi_apps = [{"app": center_app(), "url_prefix": URL_PREFIX, "name": "gridcore VJ center"}]

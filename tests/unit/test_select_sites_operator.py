@@ -126,9 +126,7 @@ def test_a_burst_is_decided_in_one_transaction_with_one_selection_per_member(
     assert_capacity_invariant(db_url)
 
 
-def test_the_burst_is_one_select_batch_call(
-    db_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_burst_is_one_select_batch_call(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
     original = GridRuntime.select_batch
 
