@@ -69,7 +69,9 @@ from __future__ import annotations
 import math
 import random
 import statistics
+import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -307,6 +309,9 @@ def _run_live() -> dict[str, Any]:
     (``tests/slurm/live_vjm.py``: B's interval 10, 30, 60, 90, 120 s, A's 60 s,
     :data:`LIVE_REPEATS` VJM / round-robin pairs per point; minutes). Needs the project's
     checkout (the test grid lives under ``tests/``), Slurm installed and root."""
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "tests" / "slurmgrid.py").is_file() and str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))  # the test grid is the checkout's, not installed
     try:
         from tests.slurm.live_vjm import run_live  # type: ignore[import-not-found,unused-ignore]
     except ImportError as exc:
