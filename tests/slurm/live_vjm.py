@@ -11,7 +11,9 @@ Two real Slurm clusters of 16 processors started by the project's test grid
    probe jobs per cluster (plain site jobs, 5-25 s apart so they meet the ticks at
    different phases) give each cluster's queue-wait history, as a running system would
    have it (the job pairs of the repeats add their own pilots' waits);
-3. ``repeats`` times, back to back and then running together: a 10-processor job (g = 1,
+3. ``repeats`` times, after a pause uniform in [0, A's interval) (the warm-up ends just
+   after a tick, which would bias every wait), back to back and then running together:
+   a 10-processor job (g = 1,
    M = 2) co-reserved by VJM (Eq. 1 selection) and the same job with MPICH-G2's static
    machine file (round-robin: 5 on A, 5 on B). Co-allocation time = every pilot held -
    submission, as the engine records it.
@@ -110,9 +112,13 @@ def _point(grid: SlurmGrid, where: Path, b: int, repeats: int) -> dict[str, Any]
         runtime, urls[A], CoReserveParams(heartbeat_timeout_s=60.0), site_center_urls=urls
     )
     try:
-        _warm_up(runtime, random.Random(b))
+        rng = random.Random(b)
+        _warm_up(runtime, rng)
         vjm, rr, placements = [], [], []
         for i in range(repeats):
+            # The warm-up (or the pair before) ends just after a tick: submit at a
+            # uniform phase of A's interval instead, as a job arriving at any time would.
+            time.sleep(rng.uniform(0.0, A_INTERVAL_S))
             job = CoReservationRequest(
                 f"vjm-{b}-{i}", "true", PROCESSORS, max_clusters=2, sites=(A, B)
             )
