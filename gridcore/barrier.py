@@ -5,26 +5,45 @@ in different claiming tries; each runs "a small piece of code" that waits on the
 until it hears from all the other components, so the application starts everywhere at
 once. Usage (the KOALA engine writes this command line)::
 
-    python -m gridcore.barrier --db URL --job ID --component I --epoch E -- COMMAND...
+    GRIDCORE_COMPONENT_TOKEN=... python -m gridcore.barrier --center URL --job ID
+        --component I --epoch E [--bind ADDR] [--advertise HOST] -- COMMAND...
+
+The barrier talks to the VJ center's HTTP API (:mod:`gridcore.api.app`, answered by
+:mod:`gridcore.engine.barrier_pool`) with a bearer token scoped to this one component,
+read from ``$GRIDCORE_COMPONENT_TOKEN`` (never the command line, where the site's other
+users could read it) and removed from the environment COMMAND gets. It never sees the
+state database. STANDARD LIBRARY ONLY (like :mod:`gridcore.pilot`, whose address
+detection it shares): a cluster needs python3 and this package, not SQLAlchemy.
 
 1. Binds the component's data port: a TCP socket listening on ``--bind`` (default
    127.0.0.1) port 0. The socket stays open and is inherited by COMMAND (``pass_fds``)
    as ``GRIDCORE_LISTEN_FD``, so no other process can take the port between the barrier
-   and the program; ``GRIDCORE_HOST``/``GRIDCORE_PORT`` name it.
-2. Registers host, port and the time in its component row (one transaction).
-3. Polls the state DB every 50 ms until every component of the job's current epoch has
-   registered, or gives up: at once (exit 75) when the job was aborted, cancelled or
-   re-placed (a newer epoch), after ``--timeout`` seconds (exit 124).
-4. Writes ``peers-<job>-<epoch>-<component>.json`` (``{"components": [{"index", "host",
+   and the program; ``GRIDCORE_HOST``/``GRIDCORE_PORT`` name it. The host is
+   ``--advertise``, else the bound address, else (``--bind 0.0.0.0``) the local address
+   of the route to the center.
+2. Registers host and port (``POST .../register``).
+3. Long-polls ``GET .../peers`` until every component of the job's current epoch has
+   registered ("go"), or gives up: at once (exit 75) when the job was aborted, cancelled
+   or re-placed ("abort"; or a token the center accepted before and no longer knows:
+   a re-placement replaced this component's row), after ``--timeout`` seconds (exit 124).
+4. Records its release (``POST .../released``; "abort" there also exits 75), writes
+   ``peers-<job>-<epoch>-<component>.json`` (``{"components": [{"index", "host",
    "port"}, ...]}``) into its working directory, atomically (temporary name, then
-   rename; components sharing a site's directory each get their own file), records
-   its release time, and runs COMMAND with ``GRIDCORE_PEERS``, ``GRIDCORE_COMPONENT``,
-   ``GRIDCORE_COMPONENTS``, ``GRIDCORE_JOB``.
-   SIGTERM/SIGINT are passed on to COMMAND; its exit code is the barrier's (128 + N for
-   a command killed by signal N).
+   rename; components sharing a site's directory each get their own file), and runs
+   COMMAND with ``GRIDCORE_PEERS``, ``GRIDCORE_COMPONENT``, ``GRIDCORE_COMPONENTS``,
+   ``GRIDCORE_JOB``. SIGTERM/SIGINT are passed on to COMMAND; its exit code is the
+   barrier's (128 + N for a command killed by signal N).
 
-The DB URL comes from ``--db`` or ``$GRIDCORE_DB_URL`` (the engine uses the latter when
-the URL holds a password, keeping it off command lines).
+Exit codes of a barrier that never starts COMMAND:
+
+- 2: usage (no ``$GRIDCORE_COMPONENT_TOKEN``, bad arguments);
+- 69: the center could not be reached (or answered 5xx) for ``--unreachable-s`` seconds
+  (default 60, or ``$GRIDCORE_BARRIER_UNREACHABLE_S``) in a row;
+- 75: the job is no longer live (aborted, cancelled, re-placed);
+- 76: the center rejected a request as malformed (HTTP 4xx other than 401/403);
+- 77: the center refused the token (HTTP 401: missing or unknown; 403: another
+  component's or a pilot's) before it ever accepted it;
+- 124: the other components did not all register within ``--timeout`` seconds.
 """
 
 from __future__ import annotations
@@ -32,31 +51,39 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
-from sqlalchemy import ColumnElement, and_, select, update
+from gridcore.pilot import advertised_host
 
-from gridcore.engine.phases import BARRIER_JOB, STARTED_COMPONENT
-from gridcore.state.schema import coalloc_components, coalloc_jobs
-from gridcore.state.store import Store, default_db_url, open_store
-
-EXIT_ABORTED = 75
-EXIT_TIMEOUT = 124
-POLL_S = 0.05
-DEFAULT_TIMEOUT_S = 600.0
+TOKEN_ENV = "GRIDCORE_COMPONENT_TOKEN"
 TIMEOUT_ENV = "GRIDCORE_BARRIER_TIMEOUT_S"
+UNREACHABLE_ENV = "GRIDCORE_BARRIER_UNREACHABLE_S"
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 69  # sysexits EX_UNAVAILABLE
+EXIT_ABORTED = 75
+EXIT_REJECTED = 76  # sysexits EX_PROTOCOL
+EXIT_REFUSED = 77  # sysexits EX_NOPERM
+EXIT_TIMEOUT = 124
+DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_UNREACHABLE_S = 60.0
+PEERS_WAIT_S = 25.0  # one long poll's wait (the center allows 30)
+REQUEST_SLACK_S = 15.0  # an HTTP request's timeout beyond the wait it asked for
+MIN_POLL_S = 0.05  # a "wait" that came back sooner is not asked again before this
 PEERS_FILE = "peers-{job}-{epoch}-{component}.json"
-# Job and component states in which a component may still wait at (or pass) the barrier.
-_LIVE_JOB = tuple(p.value for p in BARRIER_JOB)
-_LIVE_COMPONENT = tuple(s.value for s in STARTED_COMPONENT)
+API = "/api/v1/components/{job}/{epoch}/{component}"
 
 
 @dataclass(frozen=True)
@@ -66,19 +93,30 @@ class Peer:
     port: int
 
 
+class Stop(Exception):
+    """The barrier ends without starting COMMAND: ``code`` and a line saying why."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
-    listener = socket.create_server((args.bind, 0))
-    listener.set_inheritable(True)
-    host, port = listener.getsockname()[:2]
-    store = open_store(args.db or default_db_url())
+    token = os.environ.pop(TOKEN_ENV, "")
+    if not token:
+        _say(args, f"no token: set ${TOKEN_ENV}")
+        return EXIT_USAGE
+    listener = _listen(args.bind)
+    host = args.advertise or advertised_host(args.center, args.bind)
+    port = int(listener.getsockname()[1])
+    center = Center(args, token)
     try:
-        peers = _meet(store, args, str(host), int(port))
-    finally:
-        store.dispose()
-    if isinstance(peers, int):
+        peers = _meet(center, args, host, port)
+    except Stop as stop:
+        _say(args, str(stop))
         listener.close()
-        return peers
+        return stop.code
     path = _write_peers(args, peers)
     env = {
         **os.environ,
@@ -86,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "GRIDCORE_JOB": str(args.job),
         "GRIDCORE_COMPONENT": str(args.component),
         "GRIDCORE_COMPONENTS": str(len(peers)),
-        "GRIDCORE_HOST": str(host),
+        "GRIDCORE_HOST": host,
         "GRIDCORE_PORT": str(port),
         "GRIDCORE_LISTEN_FD": str(listener.fileno()),
     }
@@ -94,17 +132,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m gridcore.barrier", description=__doc__)
-    parser.add_argument("--db", default=None, help="state DB URL (default $GRIDCORE_DB_URL)")
+    parser = argparse.ArgumentParser(
+        prog="python -m gridcore.barrier",
+        description="KOALA's start barrier: wait for every component, then run COMMAND.",
+    )
+    parser.add_argument("--center", required=True, help="the VJ center's URL")
     parser.add_argument("--job", type=int, required=True)
     parser.add_argument("--component", type=int, required=True)
     parser.add_argument("--epoch", type=int, default=0)
     parser.add_argument("--bind", default="127.0.0.1", help="address of the data port")
+    parser.add_argument("--advertise", default=None, help="host the other components dial")
     parser.add_argument(
         "--timeout",
         type=float,
-        default=float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)),
+        default=float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT_S),
         help="seconds to wait for the other components",
+    )
+    parser.add_argument(
+        "--unreachable-s",
+        type=float,
+        default=float(os.environ.get(UNREACHABLE_ENV) or DEFAULT_UNREACHABLE_S),
+        help="give up (exit 69) after the center was unreachable this long",
     )
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
@@ -112,47 +160,121 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         args.command = args.command[1:]
     if not args.command:
         parser.error("a COMMAND after -- is required")
+    if urllib.parse.urlsplit(args.center).scheme not in ("http", "https"):
+        parser.error(f"--center must be an http(s) URL, not {args.center!r}")
     return args
 
 
-def _meet(store: Store, args: argparse.Namespace, host: str, port: int) -> list[Peer] | int:
-    """Register, wait for every peer, record the release: the peers, or an exit code."""
-    if not _register(store, args, host, port):
-        _say(args, "aborted before registering (job re-placed, aborted or cancelled)")
-        return EXIT_ABORTED
+def _meet(center: Center, args: argparse.Namespace, host: str, port: int) -> list[Peer]:
+    """Register, wait for every peer, record the release: the peers, or :class:`Stop`."""
+    registered = center.call("POST", "/register", {"host": host, "port": port})
+    if registered.get("state") != "wait":
+        raise Stop(EXIT_ABORTED, "aborted before registering (job re-placed, aborted or cancelled)")
     deadline = time.monotonic() + args.timeout
     while True:
-        peers = _peers(store, args)
-        if peers is None:
-            _say(args, "aborted while waiting (job re-placed, aborted or cancelled)")
-            return EXIT_ABORTED
-        if peers:
-            _release(store, args)
-            return peers
+        left = deadline - time.monotonic()
+        wait = max(0.0, min(PEERS_WAIT_S, left))
+        asked = time.monotonic()
+        answer = center.call("GET", f"/peers?wait={wait:.2f}", timeout=wait + REQUEST_SLACK_S)
+        state = answer.get("state")
+        if state == "go":
+            peers = [Peer(int(p["index"]), str(p["host"]), int(p["port"])) for p in answer["peers"]]
+            break
+        if state != "wait":
+            raise Stop(EXIT_ABORTED, "aborted while waiting (job re-placed, aborted or cancelled)")
         if time.monotonic() >= deadline:
-            _say(args, f"timed out after {args.timeout:g} s waiting for the other components")
-            return EXIT_TIMEOUT
-        time.sleep(POLL_S)
+            raise Stop(
+                EXIT_TIMEOUT,
+                f"timed out after {args.timeout:g} s waiting for the other components",
+            )
+        time.sleep(max(0.0, MIN_POLL_S - (time.monotonic() - asked)))
+    if center.call("POST", "/released").get("state") != "go":
+        raise Stop(EXIT_ABORTED, "aborted while being released (job re-placed or cancelled)")
+    return peers
 
 
-def _mine(args: argparse.Namespace) -> ColumnElement[bool]:
-    c = coalloc_components.c
-    return and_(
-        c.job_id == args.job,
-        c.idx == args.component,
-        c.epoch == args.epoch,
-        c.state.in_(_LIVE_COMPONENT),
-    )
+class Center:
+    """The center's API for one component, with its token in the Authorization header.
+
+    A request the center cannot answer (no connection, a timeout, HTTP 5xx) is retried
+    with jittered back-off until the center has been silent for ``--unreachable-s``
+    (:class:`Stop` 69). A refused token is :class:`Stop` 77, unless the center accepted
+    it before: then the component's row was replaced by a new placement (75)."""
+
+    def __init__(self, args: argparse.Namespace, token: str) -> None:
+        path = API.format(job=args.job, epoch=args.epoch, component=args.component)
+        self.base = args.center.rstrip("/") + path
+        self.unreachable_s = float(args.unreachable_s)
+        self._headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+        # Straight to the center: a site's HTTP proxy is for the outside world.
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        self._last_ok = time.monotonic()
+        self._accepted = False
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        timeout: float = REQUEST_SLACK_S,
+    ) -> dict[str, Any]:
+        delay = 0.1
+        while True:
+            try:
+                return self._once(method, path, body, timeout)
+            except urllib.error.HTTPError as exc:
+                if exc.code < 500:
+                    raise self._refusal(method, path, exc) from None
+                failure = f"HTTP {exc.code}"
+            except OSError as exc:  # URLError, timeouts, resets
+                failure = _describe(exc)
+            except ValueError as exc:  # an answer that is not a JSON object
+                failure = f"bad answer: {exc}"
+            silent = time.monotonic() - self._last_ok
+            if silent > self.unreachable_s:
+                raise Stop(
+                    EXIT_UNREACHABLE,
+                    f"the center at {self.base} is unreachable (silent for {silent:.0f} s;"
+                    f" last: {failure})",
+                )
+            time.sleep(delay * random.uniform(0.5, 1.0))
+            delay = min(delay * 2, 5.0)
+
+    def _once(
+        self, method: str, path: str, body: dict[str, Any] | None, timeout: float
+    ) -> dict[str, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        headers = dict(self._headers)
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        request = urllib.request.Request(self.base + path, data, headers, method=method)
+        with self._opener.open(request, timeout=timeout) as response:
+            answer = json.loads(response.read() or b"{}")
+        self._last_ok = time.monotonic()
+        self._accepted = True
+        if not isinstance(answer, dict):
+            raise ValueError(f"{method} {path} answered {type(answer).__name__}, not an object")
+        return answer
+
+    def _refusal(self, method: str, path: str, exc: urllib.error.HTTPError) -> Stop:
+        what = f"{method} {path.split('?')[0]}: HTTP {exc.code} {_detail(exc)}".rstrip()
+        if exc.code == 401 and self._accepted:
+            return Stop(
+                EXIT_ABORTED,
+                f"aborted while waiting (job re-placed: the center no longer knows this"
+                f" component's token; {what})",
+            )
+        if exc.code in (401, 403):
+            return Stop(EXIT_REFUSED, f"the center refused this component's token ({what})")
+        return Stop(EXIT_REJECTED, f"the center rejected the request ({what})")
 
 
-def _register(store: Store, args: argparse.Namespace, host: str, port: int) -> bool:
-    with store.begin() as conn:
-        done = conn.execute(
-            update(coalloc_components)
-            .where(_mine(args))
-            .values(host=host, port=port, registered_at=time.time())
-        )
-    return done.rowcount == 1
+def _listen(bind: str) -> socket.socket:
+    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+    listener = socket.create_server((bind, 0), family=family)
+    listener.set_inheritable(True)
+    return listener
 
 
 def _write_peers(args: argparse.Namespace, peers: list[Peer]) -> Path:
@@ -164,34 +286,6 @@ def _write_peers(args: argparse.Namespace, peers: list[Peer]) -> Path:
     temporary.write_text(json.dumps({"components": [p.__dict__ for p in peers]}))
     os.replace(temporary, path)
     return path
-
-
-def _peers(store: Store, args: argparse.Namespace) -> list[Peer] | None:
-    """Every component's address once all registered; [] while some have not; None if
-    this component's job or epoch is no longer live."""
-    c = coalloc_components.c
-    with store.begin() as conn:
-        job = conn.execute(
-            select(coalloc_jobs.c.state, coalloc_jobs.c.epoch).where(coalloc_jobs.c.id == args.job)
-        ).one_or_none()
-        rows = conn.execute(
-            select(c.idx, c.host, c.port, c.state)
-            .where(and_(c.job_id == args.job, c.epoch == args.epoch))
-            .order_by(c.idx)
-        ).all()
-    if job is None or job.state not in _LIVE_JOB or job.epoch != args.epoch:
-        return None
-    mine = [r for r in rows if r.idx == args.component]
-    if not mine or mine[0].state not in _LIVE_COMPONENT:
-        return None
-    if any(r.port is None for r in rows):
-        return []
-    return [Peer(r.idx, r.host, r.port) for r in rows]
-
-
-def _release(store: Store, args: argparse.Namespace) -> None:
-    with store.begin() as conn:
-        conn.execute(update(coalloc_components).where(_mine(args)).values(released_at=time.time()))
 
 
 def _run(command: list[str], env: dict[str, str], listener: socket.socket) -> int:
@@ -207,8 +301,25 @@ def _run(command: list[str], env: dict[str, str], listener: socket.socket) -> in
     return 128 - code if code < 0 else code
 
 
+def _describe(exc: OSError) -> str:
+    if isinstance(exc, urllib.error.URLError):
+        return str(exc.reason)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _detail(exc: urllib.error.HTTPError) -> str:
+    try:
+        return str(json.loads(exc.read()).get("detail", ""))
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
 def _say(args: argparse.Namespace, message: str) -> None:
-    print(f"gridcore.barrier job {args.job} component {args.component}: {message}", file=sys.stderr)
+    print(
+        f"gridcore.barrier job {args.job} component {args.component}: {message}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 The operator is thin: validate into a :class:`~gridcore.model.CoAllocationRequest`,
 ``KoalaEngine.submit`` through :class:`~operators.hooks.GridcoreHook` (the job joins its
-placement queue), then defer to
+placement queue), then defer (or, with the VJ center embedded in this worker, wait here) to
 :class:`~sensors.coalloc_trigger.CoAllocationTrigger`, which drives KOALA's scans until
 the job ends; the result is plain JSON for XCom.
 """
@@ -70,7 +70,10 @@ class CoAllocateOperator(GridcoreOperator):
     :param delivery: ``whole`` (every component reads it all) | ``chunked``.
     :param quota: at most this fraction of each cluster in use after placement, (0, 1].
     :param poll_interval: seconds between KOALA scans while waiting.
-    :param deferrable: wait (and scan) in the triggerer instead of a worker slot.
+    :param deferrable: wait (and scan) in the triggerer instead of a worker slot. The
+        components' barriers call the VJ center (connection ``extra.center_url`` or
+        ``$GRIDCORE_CENTER_URL``); without one configured the center runs inside this
+        worker and the operator waits here instead.
 
     ``grid_file``, ``db_url`` and ``gridcore_conn_id`` say where gridcore is
     (:class:`~operators.base.GridcoreOperator`).
@@ -148,7 +151,14 @@ class CoAllocateOperator(GridcoreOperator):
         trigger = CoAllocationTrigger(
             self._job_id, poll_interval=self.poll_interval, **self.location()
         )
-        result: dict[str, Any] = self.wait_for(context, trigger, deferrable=self.deferrable)
+        # The barriers call the VJ center; one embedded in this worker lives only as
+        # long as this process, so the job is waited on here, not in the triggerer.
+        embedded = self.hook().center_is_embedded()
+        if embedded and self.deferrable:
+            self.log.info("no VJ center configured: it runs in this worker, which waits")
+        result: dict[str, Any] = self.wait_for(
+            context, trigger, deferrable=self.deferrable and not embedded
+        )
         return result
 
     def _submit(

@@ -129,12 +129,18 @@ class GridLocation:
 
     def open_koala(self, scan_interval: float, *, upgrade: bool) -> KoalaEngine:
         """A KOALA engine scanning about every ``scan_interval`` seconds, with the
-        replica catalog its staging step needs."""
+        replica catalog its staging step needs; its components' barriers call the
+        configured center, else a center embedded in this process (:func:`embedded_center`)."""
         runtime = self.open_runtime(upgrade=upgrade)
+        url, sites = self.configured_center()
+        if url is None:
+            url = embedded_center(runtime.store).url
         return KoalaEngine(
             runtime,
             ReplicaCatalog(runtime.store),
             KoalaParams(scan_interval_s=scan_interval),
+            center_url=url,
+            site_center_urls=sites,
             lease_s=max(LEASE_SCANS * scan_interval, MIN_LEASE_S),
         )
 

@@ -2,18 +2,38 @@
 
 A barrier works when no component passes it (``released_at``) before the last component
 of the job's current epoch has registered (``registered_at``): both times are written to
-the state DB by the barrier processes themselves (:mod:`gridcore.barrier`). A spread
-threshold on the release times (``barrier_skew_s <= 1.0``) cannot tell a barrier that
-waited from one that did not on a fast machine, and fails a correct one on a slow one; the
-skew stays a reported figure (XCom, benchmarks).
+the state DB by the VJ center, on the requests of the barrier processes themselves
+(:mod:`gridcore.barrier`). A spread threshold on the release times
+(``barrier_skew_s <= 1.0``) cannot tell a barrier that waited from one that did not on a
+fast machine, and fails a correct one on a slow one; the skew stays a reported figure
+(XCom, benchmarks).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from sqlalchemy import select
 
+from gridcore.api.server import start_in_thread
 from gridcore.state.schema import coalloc_components, coalloc_jobs
 from gridcore.state.store import Store, open_store
+
+
+@contextmanager
+def running_center(db: Store | str, host: str = "127.0.0.1") -> Iterator[str]:
+    """The VJ center the components' barriers call, on ``db``'s database (a store of its
+    own, on the same URL, migrated), serving from a thread of this process on ``host``;
+    yields its URL and stops it (and closes its store) on exit."""
+    url = db if isinstance(db, str) else db.engine.url.render_as_string(hide_password=False)
+    store = open_store(url, upgrade=True)
+    center = start_in_thread(store, host)
+    try:
+        yield center.url
+    finally:
+        center.stop()
+        store.dispose()
 
 
 def assert_released_after_every_registration(db: Store | str, job_id: int) -> None:

@@ -42,6 +42,7 @@ from gridcore.policies.placement import PlacementPolicy
 from gridcore.staging import ReplicaCatalog
 from gridcore.state.schema import local_jobs, sites
 from gridcore.state.store import Store, open_store
+from tests.barrier_checks import running_center
 
 # -- grid description files -------------------------------------------------------------
 
@@ -481,13 +482,15 @@ SUBMIT_CASES = [
 
 def check_submit_case(case: SubmitCase, db_url: str, tmp_path: Path) -> None:
     rt = GridRuntime(default_grid(tmp_path), open_store(db_url, upgrade=True))
-    koala = KoalaEngine(rt, ReplicaCatalog(rt.store), KoalaParams(scan_interval_s=1.0))
     try:
-        before = written(rt.store)
-        with pytest.raises(RequestError, match=case.message):
-            koala.submit(case.request, case.policy, case.command, case.quota)
-        assert written(rt.store) == before
-        assert_nothing_claimed(rt.store)
+        with running_center(rt.store) as center:
+            params = KoalaParams(scan_interval_s=1.0)
+            koala = KoalaEngine(rt, ReplicaCatalog(rt.store), params, center_url=center)
+            before = written(rt.store)
+            with pytest.raises(RequestError, match=case.message):
+                koala.submit(case.request, case.policy, case.command, case.quota)
+            assert written(rt.store) == before
+            assert_nothing_claimed(rt.store)
     finally:
         rt.store.dispose()
 

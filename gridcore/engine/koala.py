@@ -22,7 +22,9 @@ One scan (:meth:`KoalaEngine.scan`), each step committed on its own:
 (c) stage the input file to every execution site (synchronously, Sec. 2.5: transfers
     first, claiming after);
 (d) claiming tries of the jobs whose JCT has come (ICP, Sec. 3.3): components that fit
-    are submitted as ``python -m gridcore.barrier ... -- sh -c COMMAND``; a retry
+    are submitted as ``python -m gridcore.barrier --center URL ... -- sh -c COMMAND``
+    (the barrier reports to the VJ center with a token of its own, whose hash is
+    stored with the component's claim; it never gets the database's URL); a retry
     stores the next JCT; an abort cancels the started components, lowers ``L`` and
     returns the job to its placement queue;
 (e) follow the started components: all completed completes the job; any failure cancels
@@ -31,8 +33,10 @@ One scan (:meth:`KoalaEngine.scan`), each step committed on its own:
 
 Site I/O never happens inside a transaction. A component is marked ``submitting`` before
 its submission and ``submitted`` with the site's job id after; a ``submitting`` row seen
-by a later scan was left by an engine that died in between, and counts as a failed
-component (the site job it may have started dies at its barrier: its epoch is gone).
+by a later scan was left by an engine that died in between: the site job its key names
+is adopted (it holds the token whose hash the row keeps), else the component counts as
+failed and the job is re-placed (a new epoch: new component rows, new tokens; a site
+job it may have started dies at its barrier, whose token the center no longer knows).
 
 One bad job never stops the engine: an unexpected error while handling one job (a
 database error, an adapter's unhandled exception) rolls back that job's transaction and
@@ -40,10 +44,10 @@ counts in ``handling_errors``; at ``MAX_HANDLING_ERRORS`` the job fails with the
 message and its site jobs are cancelled, and the scan goes on with the other jobs.
 
 This module holds the scan steps alone; what they share lives beside it: the phase
-enums (:mod:`gridcore.engine.phases`, also read by the barrier), the scan lease
-(:mod:`gridcore.engine.lease`), the row <-> record codecs
-(:mod:`gridcore.engine.koala_records`) and the barrier command line
-(:mod:`gridcore.engine.barrier_command`).
+enums (:mod:`gridcore.engine.phases`, also read by the center's side of the barrier,
+:mod:`gridcore.engine.barrier_pool`), the scan lease (:mod:`gridcore.engine.lease`),
+the row <-> record codecs (:mod:`gridcore.engine.koala_records`) and the barrier
+command line (:mod:`gridcore.engine.barrier_command`).
 """
 
 from __future__ import annotations
@@ -52,8 +56,9 @@ import logging
 import os
 import socket
 import sys
+import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,7 +74,7 @@ from sqlalchemy import (
     update,
 )
 
-from gridcore.engine import capacity, health, lease
+from gridcore.engine import capacity, health, lease, pilot_pool
 from gridcore.engine.barrier_command import barrier_command
 from gridcore.engine.capacity import HolderKind, component_holder
 from gridcore.engine.koala_records import (
@@ -94,6 +99,7 @@ from gridcore.model import (
     Placement,
     Priority,
     Replica,
+    SiteKind,
     SiteSnapshot,
 )
 from gridcore.policies.claiming import (
@@ -147,6 +153,10 @@ LEASE_SCANS = 3
 MAX_HANDLING_ERRORS = 3
 # A barrier waits up to the JST plus this long for the other components.
 BARRIER_SLACK_S = 600.0
+# Where the barrier of a component on a cluster binds its data port: every address, and
+# it advertises the one on its route to the center (its node's, not 127.0.0.1). Local
+# sites run on this host and keep the barrier's default, 127.0.0.1.
+REMOTE_BARRIER_BIND = "0.0.0.0"
 
 
 @dataclass(frozen=True)
@@ -176,12 +186,22 @@ class KoalaEngine:
         params: KoalaParams | None = None,
         holder: str | None = None,
         *,
+        center_url: str,
+        site_center_urls: Mapping[str, str] | None = None,
         lease_s: float | None = None,
         python: str | None = None,
         barrier_slack_s: float = BARRIER_SLACK_S,
         renew_lease: bool = True,
     ) -> None:
+        """``center_url``: the VJ center's URL as the components' barriers reach it;
+        ``site_center_urls``: another URL for the components of a site that reaches it
+        by another address (as :class:`~gridcore.engine.coreservation.CoReserveEngine`)."""
         self.runtime = runtime
+        self.center_url = _center_url(center_url, "center_url")
+        self.site_center_urls = {
+            site: _center_url(url, f"site_center_urls[{site!r}]")
+            for site, url in (site_center_urls or {}).items()
+        }
         self.store = runtime.store
         self.grid = runtime.grid
         self.catalog = catalog
@@ -517,21 +537,24 @@ class KoalaEngine:
         work.reasons.extend(decision.reasons)
         work.outcome(row["id"], decision.outcome)
         self._cancel_site_jobs(cancels)
-        for component in starts:
-            self._start_component(row, component, len(job.components), now)
+        for component, token in starts:
+            self._start_component(row, component, token, len(job.components), now)
 
     def _apply_claim(
         self, conn: Connection, row: RowMapping, decision: ClaimDecision, now: float
-    ) -> tuple[list[tuple[str, str]], tuple[PlacedComponent, ...]]:
+    ) -> tuple[list[tuple[str, str]], list[tuple[PlacedComponent, str]]]:
+        """Apply the claim decision; the site jobs to cancel, and the components to
+        submit with their barrier tokens (each token's hash stored in the same UPDATE
+        that claims the component, so a barrier's token opens exactly the row claimed)."""
         message = decision.reasons[-1]
         if decision.outcome is ClaimOutcome.ABORT:
             return _requeue(
                 conn, row, (JobPhase.CLAIMING,), message, L=decision.L, tries=decision.claim_tries
-            ), ()
+            ), []
         if decision.outcome is ClaimOutcome.FAILED:
-            return _end(conn, row, (JobPhase.CLAIMING,), JobPhase.FAILED, message, now), ()
+            return _end(conn, row, (JobPhase.CLAIMING,), JobPhase.FAILED, message, now), []
         if not _move_holds(conn, row, decision.start):
-            return [], ()  # a concurrent claim took the processors: try again next scan
+            return [], []  # a concurrent claim took the processors: try again next scan
         values: dict[str, Any] = {"claim_tries": decision.claim_tries, "message": message}
         if decision.outcome is ClaimOutcome.COMPLETE:
             values["state"] = JobPhase.RUNNING.value
@@ -541,9 +564,11 @@ class KoalaEngine:
             update(coalloc_jobs).where(_is(row, JobPhase.CLAIMING)).values(**values)
         )
         if done.rowcount != 1:
-            return [], ()
+            return [], []
+        starts = []
         for c in decision.start:
-            conn.execute(
+            token, digest = pilot_pool.new_token()
+            claimed = conn.execute(
                 update(coalloc_components)
                 .where(_component(row, c.index, ComponentState.PLACED))
                 .values(
@@ -552,23 +577,26 @@ class KoalaEngine:
                     transfer_s=c.transfer_s,
                     state=ComponentState.SUBMITTING.value,
                     claimed_at=now,
+                    token_hash=digest,
                 )
             )
-        return [], decision.start
+            if claimed.rowcount == 1:
+                starts.append((c, token))
+        return [], starts
 
     def _start_component(
-        self, row: RowMapping, component: PlacedComponent, count: int, now: float
+        self, row: RowMapping, component: PlacedComponent, token: str, count: int, now: float
     ) -> None:
         """Submit one claimed component through its site's adapter (outside any
-        transaction); record the site's job id, or the component's failure."""
+        transaction), its barrier holding ``token``; record the site's job id, or the
+        component's failure."""
         where = _component(row, component.index, ComponentState.SUBMITTING)
         try:
             # A component re-placed by ICP gets its file now (Sec. 3.3); others have it.
             self._stage_inputs(row, [component])
             # Under the component's key, looked up first: a job found is adopted.
-            site_job_id, _ = submit_once(
-                self.runtime.adapter(component.site), self._submission(row, component, count, now)
-            )
+            job = self._submission(row, component, token, count, now)
+            site_job_id, _ = submit_once(self.runtime.adapter(component.site), job)
         except GridError as exc:
             with self._tx() as conn:
                 conn.execute(
@@ -591,18 +619,21 @@ class KoalaEngine:
             self._cancel_site_jobs([(component.site, site_job_id)])
 
     def _submission(
-        self, row: RowMapping, component: PlacedComponent, count: int, now: float
+        self, row: RowMapping, component: PlacedComponent, token: str, count: int, now: float
     ) -> JobSubmission:
         timeout = max(0.0, (row["jst"] or now) - now) + self.barrier_slack_s
+        local = self.grid.site(component.site).kind is SiteKind.LOCAL
         barrier = barrier_command(
             job_id=row["id"],
             component=component.index,
             count=count,
             epoch=row["epoch"],
             timeout_s=timeout,
-            db_url=self.store.engine.url,
+            center_url=self.site_center_urls.get(component.site, self.center_url),
+            token=token,
             python=self.python,
             command=row["command"],
+            bind=None if local else REMOTE_BARRIER_BIND,
         )
         return JobSubmission(
             f"{row['name']}#{component.index}",
@@ -635,8 +666,9 @@ class KoalaEngine:
 
     def _adopt_submitting(self, row: RowMapping, part: RowMapping) -> None:
         """A component left ``submitting`` by an engine that died mid-submission: the
-        site job its key names is adopted (submitted); none found, it never reached the
-        site and ``_settle`` counts it failed (the job is re-queued)."""
+        site job its key names is adopted (submitted), with the token hash the row keeps
+        (that job's barrier holds the token); none found, it never reached the site and
+        ``_settle`` counts it failed (the job is re-placed: new rows, new tokens)."""
         key = component_key(self.runtime.install_id, row["id"], row["epoch"], part["idx"])
         try:
             found = self.runtime.adapter(part["site"]).find(key)
@@ -879,6 +911,14 @@ class _Log:
             tuple(self.reasons),
             lease_lost,
         )
+
+
+def _center_url(url: str, field: str) -> str:
+    """A VJ center URL the barriers can call (http or https), or RequestError now,
+    before any component is submitted with it."""
+    if not isinstance(url, str) or urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+        raise RequestError(f"KoalaEngine {field}: the VJ center's http(s) URL, not {url!r}")
+    return url.rstrip("/")
 
 
 def _error_message(exc: BaseException) -> str:

@@ -19,6 +19,7 @@ from gridcore.model import CoAllocationRequest, Component, RequestKind
 from gridcore.policies.claiming import KoalaParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.state.store import open_store
+from tests.barrier_checks import running_center
 from tests.capacity_checks import assert_capacity_invariant
 from tests.fakes import FaultySite
 
@@ -35,18 +36,20 @@ def test_a_database_error_fails_one_job_and_the_others_complete(pg_url: str) -> 
     home = Path(tempfile.mkdtemp(prefix="gc-faults-"))
     base = GridRuntime(default_grid(home), store)
     faulty = FaultySite(base.adapter("local-b"), job_id_suffix="-" + "x" * 80)
-    koala = KoalaEngine(
-        GridRuntime(base.grid, store, adapters={"local-b": faulty}),
-        params=KoalaParams(scan_interval_s=1.0),
-    )
-    bad = koala.submit(BAD, PlacementPolicy.CM, "true")
-    good = koala.submit(GOOD, PlacementPolicy.CM, "true")
-    deadline = time.time() + 90
-    while not (koala.status(bad).finished and koala.status(good).finished):
-        assert time.time() < deadline, (koala.status(bad), koala.status(good))
-        report = koala.scan()
-        assert not report.skipped and not report.lease_lost
-        time.sleep(0.1)
+    with running_center(store) as center:
+        koala = KoalaEngine(
+            GridRuntime(base.grid, store, adapters={"local-b": faulty}),
+            params=KoalaParams(scan_interval_s=1.0),
+            center_url=center,
+        )
+        bad = koala.submit(BAD, PlacementPolicy.CM, "true")
+        good = koala.submit(GOOD, PlacementPolicy.CM, "true")
+        deadline = time.time() + 90
+        while not (koala.status(bad).finished and koala.status(good).finished):
+            assert time.time() < deadline, (koala.status(bad), koala.status(good))
+            report = koala.scan()
+            assert not report.skipped and not report.lease_lost
+            time.sleep(0.1)
     try:
         assert koala.status(good).state == "completed"
         failed = koala.status(bad)

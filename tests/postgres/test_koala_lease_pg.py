@@ -1,6 +1,8 @@
 """The KOALA scan lease on PostgreSQL: many engines in many processes, exactly one
 holds it at any instant (issue 3 item 5: "exactly one scans at a time"), and scans
-slowed past the lease never commit out of turn (issue 7 item 2: the fencing token)."""
+slowed past the lease never commit out of turn (issue 7 item 2: the fencing token).
+And what the components' barriers get on a database with a password: their own token
+and the VJ center's URL, never the database's URL or password (DESIGN.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, select, text
+from sqlalchemy.engine import make_url
 
 from gridcore.config import default_grid
 from gridcore.engine.koala import KoalaEngine
@@ -21,18 +24,24 @@ from gridcore.engine.runtime import GridRuntime
 from gridcore.model import CoAllocationRequest, Component, RequestKind
 from gridcore.policies.claiming import KoalaParams
 from gridcore.policies.placement import PlacementPolicy
+from gridcore.state.schema import local_jobs
 from gridcore.state.store import open_store
+from tests.barrier_checks import running_center
 from tests.capacity_checks import assert_capacity_invariant
 from tests.fakes import FaultySite
 
 pytestmark = pytest.mark.postgres
 
 
-def _contend(url: str, index: int, rounds: int, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+def _contend(url: str, center: str, index: int, rounds: int, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
     home = Path(tempfile.mkdtemp(prefix="gc-lease-"))
     runtime = GridRuntime(default_grid(home), open_store(url))
     engine = KoalaEngine(
-        runtime, params=KoalaParams(scan_interval_s=1.0), holder=f"p{index}", lease_s=30.0
+        runtime,
+        params=KoalaParams(scan_interval_s=1.0),
+        holder=f"p{index}",
+        center_url=center,
+        lease_s=30.0,
     )
     held: list[tuple[float, float]] = []
     for _ in range(rounds):
@@ -48,16 +57,16 @@ def _contend(url: str, index: int, rounds: int, out: multiprocessing.Queue) -> N
 
 
 def test_exactly_one_engine_holds_the_scan_lease_at_a_time(pg_url: str) -> None:
-    open_store(pg_url, upgrade=True).dispose()
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_contend, args=(pg_url, i, 60, out)) for i in range(4)]
-    for p in procs:
-        p.start()
-    results = dict(out.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(30)
-        assert p.exitcode == 0
+    with running_center(pg_url) as center:  # the engines only take the lease: never called
+        procs = [ctx.Process(target=_contend, args=(pg_url, center, i, 60, out)) for i in range(4)]
+        for p in procs:
+            p.start()
+        results = dict(out.get(timeout=120) for _ in procs)
+        for p in procs:
+            p.join(30)
+            assert p.exitcode == 0
     intervals = sorted(
         (start, end, index) for index, held in results.items() for start, end in held
     )
@@ -112,6 +121,7 @@ class LoggingEngine(KoalaEngine):
 
 def _scan_slowly(
     url: str,
+    center: str,
     home: str,
     holder: str,
     lease_s: float,
@@ -128,6 +138,7 @@ def _scan_slowly(
         GridRuntime(grid, store, adapters=slow),
         params=KoalaParams(scan_interval_s=1.0),
         holder=holder,
+        center_url=center,
         lease_s=lease_s,
         renew_lease=renew,
     )
@@ -155,27 +166,28 @@ def test_scans_slowed_past_the_lease_never_commit_out_of_turn(
         for ddl in LOG_DDL:
             conn.execute(text(ddl))
     home = tempfile.mkdtemp(prefix="gc-fence-")
-    # Every submission takes delay_s > lease_s: a slow site.
-    koala = KoalaEngine(GridRuntime(default_grid(Path(home)), store))
-    job_ids = [koala.submit(job, PlacementPolicy.CM, "true") for job in JOBS]
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    seconds = 20.0
-    procs = [
-        ctx.Process(
-            target=_scan_slowly,
-            args=(pg_url, home, f"p{i}", lease_s, delay_s, renew, seconds, out),
-        )
-        for i in range(2)
-    ]
-    for p in procs:
-        p.start()
-    results = {
-        holder: (scans, lost) for holder, scans, lost in (out.get(timeout=120) for _ in procs)
-    }
-    for p in procs:
-        p.join(30)
-        assert p.exitcode == 0
+    with running_center(store) as center:
+        # Every submission takes delay_s > lease_s: a slow site.
+        koala = KoalaEngine(GridRuntime(default_grid(Path(home)), store), center_url=center)
+        job_ids = [koala.submit(job, PlacementPolicy.CM, "true") for job in JOBS]
+        ctx = multiprocessing.get_context("spawn")
+        out = ctx.Queue()
+        seconds = 20.0
+        procs = [
+            ctx.Process(
+                target=_scan_slowly,
+                args=(pg_url, center, home, f"p{i}", lease_s, delay_s, renew, seconds, out),
+            )
+            for i in range(2)
+        ]
+        for p in procs:
+            p.start()
+        results = {
+            holder: (scans, lost) for holder, scans, lost in (out.get(timeout=120) for _ in procs)
+        }
+        for p in procs:
+            p.join(30)
+            assert p.exitcode == 0
     with store.begin() as conn:
         log = conn.execute(text("SELECT kind, holder, token FROM lease_log ORDER BY seq")).all()
     try:
@@ -206,4 +218,52 @@ def test_scans_slowed_past_the_lease_never_commit_out_of_turn(
         assert len({holder for holder, _ in takes}) == 2, takes
         assert sum(lost for _, lost in results.values()) >= 1, results
     # Every job completed or was cancelled above: nothing may still hold capacity.
+    assert_capacity_invariant(pg_url, no_live_holds=True)
+
+
+# -- what a component on a cluster is given: its own token, never the database -----------
+
+SECRET = "gc-S3cret-never-shown"
+
+
+def test_no_component_is_given_the_state_database_url_or_password(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A URL with a password (the server trusts local connections, so any password works);
+    # local sites pass this process's environment on, so no database URL is left in it.
+    url = make_url(pg_url).set(password=SECRET).render_as_string(hide_password=False)
+    monkeypatch.delenv("GRIDCORE_DB_URL", raising=False)
+    store = open_store(url, upgrade=True)
+    home = Path(tempfile.mkdtemp(prefix="gc-secret-"))
+    # Each component shows its environment and its barrier's argv and environment.
+    show = (
+        "env; echo; tr '\\0' ' ' < /proc/$PPID/cmdline; echo; tr '\\0' '\\n' < /proc/$PPID/environ"
+    )
+    request = CoAllocationRequest(
+        "secret", RequestKind.FIXED, (Component(2, "local-a"), Component(2, "local-b"))
+    )
+    try:
+        with running_center(store) as center:
+            koala = KoalaEngine(GridRuntime(default_grid(home), store), center_url=center)
+            job_id = koala.submit(request, PlacementPolicy.CM, show)
+            deadline = time.time() + 90
+            while not koala.status(job_id).finished:
+                assert time.time() < deadline, koala.status(job_id).as_json()
+                koala.scan()
+                time.sleep(0.1)
+            record = koala.status(job_id)
+            assert record.state == "completed", record.as_json()
+            with store.begin() as conn:
+                workdirs = conn.execute(select(local_jobs.c.workdir)).scalars().all()
+        assert len(workdirs) == 2
+        for workdir in map(Path, workdirs):
+            seen = {f.name: f.read_text() for f in workdir.iterdir() if f.is_file()}
+            assert {"job.sh", "env.json", "stdout.txt"} <= set(seen), seen
+            assert f"--center {center}" in seen["stdout.txt"], seen["stdout.txt"]
+            for name, text in seen.items():
+                assert SECRET not in text, f"{workdir / name} holds the database password"
+                assert "postgresql" not in text, f"{workdir / name} names the database"
+                assert "GRIDCORE_DB_URL" not in text and "--db" not in text, workdir / name
+    finally:
+        store.dispose()
     assert_capacity_invariant(pg_url, no_live_holds=True)

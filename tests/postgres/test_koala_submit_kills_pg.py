@@ -27,7 +27,8 @@ from gridcore.policies.claiming import KoalaParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.sites.local import LocalSite
 from gridcore.state.schema import local_jobs
-from gridcore.state.store import open_store
+from gridcore.state.store import Store, open_store
+from tests.barrier_checks import running_center
 
 pytestmark = pytest.mark.postgres
 
@@ -51,10 +52,14 @@ def _claim_kill(kills: Path) -> str | None:
     return None
 
 
-def _engine(url: str, home: str, holder: str, kills: str) -> None:
+def _engine(url: str, center: str, home: str, holder: str, kills: str) -> None:
     store = open_store(url)
     koala = KoalaEngine(
-        GridRuntime(default_grid(Path(home)), store), params=PARAMS, holder=holder, lease_s=1.0
+        GridRuntime(default_grid(Path(home)), store),
+        params=PARAMS,
+        holder=holder,
+        center_url=center,
+        lease_s=1.0,
     )
     submit = LocalSite.submit
 
@@ -81,7 +86,14 @@ def test_engines_killed_mid_submission_three_times_lose_and_double_nothing(
     home = tempfile.mkdtemp(prefix="gc-kill-")
     kills = Path(tempfile.mkdtemp(prefix="gc-kills-"))
     store = open_store(pg_url, upgrade=True)
-    client = KoalaEngine(GridRuntime(default_grid(Path(home)), store), params=PARAMS)
+    with running_center(store) as center:
+        _run_killed_engines(pg_url, center, home, kills, store)
+
+
+def _run_killed_engines(pg_url: str, center: str, home: str, kills: Path, store: Store) -> None:
+    client = KoalaEngine(
+        GridRuntime(default_grid(Path(home)), store), params=PARAMS, center_url=center
+    )
     job_ids = [client.submit(job, PlacementPolicy.WF, "sleep 0.3") for job in JOBS]
 
     ctx = multiprocessing.get_context("spawn")
@@ -90,7 +102,7 @@ def test_engines_killed_mid_submission_three_times_lose_and_double_nothing(
     def spawn() -> multiprocessing.process.BaseProcess:
         nonlocal started
         started += 1
-        proc = ctx.Process(target=_engine, args=(pg_url, home, f"e{started}", str(kills)))
+        proc = ctx.Process(target=_engine, args=(pg_url, center, home, f"e{started}", str(kills)))
         proc.start()
         return proc
 

@@ -1,7 +1,10 @@
 """Co-allocation on the real three-cluster Slurm grid, checked against Slurm's records.
 
-The clusters run on this host, so their jobs reach the SQLite state DB by path (the
-start barrier registers there) and the components' data ports on 127.0.0.1.
+The components' start barriers talk to the VJ center, which runs in this process on all
+addresses; each cluster's components get the URL of the host-side address of that
+cluster's link (``site_center_urls``: 127.0.0.1 on the loopback layout), and a token of
+their own, never the state database's URL. A barrier on a cluster binds its data port on
+all addresses and advertises the address of its route to the center.
 
 Components are pinned to alpha, beta and gamma (a fixed request), so each cluster runs
 exactly one component and the placement is known in advance. (Components sharing a
@@ -12,6 +15,7 @@ rename.)
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +28,7 @@ from gridcore.config import load_grid
 from gridcore.engine.runtime import GridRuntime
 from gridcore.state.store import open_store
 from operators.coallocate import CoAllocateOperator
-from tests.barrier_checks import assert_released_after_every_registration
+from tests.barrier_checks import assert_released_after_every_registration, running_center
 from tests.capacity_checks import assert_capacity_invariant
 from tests.integration.airflow_services import migrate_metadata_db, task_states, xcom_values
 from tests.slurm.test_ensemble_slurm import job_state, slurm_job
@@ -41,17 +45,22 @@ def coalloc_env(
     slurm_grid: SlurmGrid, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, str]]:
     base = tmp_path_factory.mktemp("coalloc-slurm")
-    env = {
-        "GRIDCORE_GRID": str(slurm_grid.grid_toml),
-        "GRIDCORE_HOME": str(base / "gridcore"),
-        "GRIDCORE_DB_URL": f"sqlite:///{base / 'gridcore-state.db'}",
-        **slurm_grid.env,  # the clusters' tokens, referenced by the grid file
-    }
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in env.items():
-            mp.setenv(key, value)
-        open_store(env["GRIDCORE_DB_URL"], upgrade=True).dispose()
-        yield env
+    db_url = f"sqlite:///{base / 'gridcore-state.db'}"
+    with running_center(db_url, host="0.0.0.0") as center:
+        port = center.rsplit(":", 1)[1]
+        sites = {c.name: f"http://{c.host_address}:{port}" for c in slurm_grid.clusters}
+        env = {
+            "GRIDCORE_GRID": str(slurm_grid.grid_toml),
+            "GRIDCORE_HOME": str(base / "gridcore"),
+            "GRIDCORE_DB_URL": db_url,
+            "GRIDCORE_CENTER_URL": f"http://127.0.0.1:{port}",
+            "GRIDCORE_SITE_CENTER_URLS": json.dumps(sites),
+            **slurm_grid.env,  # the clusters' tokens, referenced by the grid file
+        }
+        with pytest.MonkeyPatch.context() as mp:
+            for key, value in env.items():
+                mp.setenv(key, value)
+            yield env
 
 
 def wait_idle(env: dict[str, str], timeout: float = 90.0) -> None:
@@ -90,12 +99,21 @@ def run_deferred(op: CoAllocateOperator) -> dict[str, Any]:
 
 
 def test_three_components_on_three_clusters_start_together(
-    slurm_grid: SlurmGrid, coalloc_env: dict[str, str]
+    slurm_grid: SlurmGrid, coalloc_env: dict[str, str], tmp_path: Path
 ) -> None:
     wait_idle(coalloc_env)
+    shown = tmp_path / "shown"
+    shown.mkdir()
+    shown.chmod(0o777)
+    # Each component keeps its environment and its barrier's argv and environment.
+    show = (
+        f'S={shown}/$GRIDCORE_COMPONENT; env > "$S.env";'
+        " tr '\\0' ' ' < /proc/$PPID/cmdline > \"$S.argv\";"
+        " tr '\\0' '\\n' < /proc/$PPID/environ >> \"$S.env\";"
+    )
     op = CoAllocateOperator(
         task_id="spread",
-        command='echo "component $GRIDCORE_COMPONENT of $GRIDCORE_COMPONENTS"; sleep 1',
+        command=show + ' echo "component $GRIDCORE_COMPONENT of $GRIDCORE_COMPONENTS"; sleep 1',
         components=[12, 8, 4],
         kind="fixed",
         sites=SITES,
@@ -115,6 +133,17 @@ def test_three_components_on_three_clusters_start_together(
         assert str(job.get("cluster", site)) == site, job
         assert str(job["nodes"]).startswith(f"{site}-n"), job
         assert int(job["cpus"]) >= size, job
+    # What each barrier was given: the center's URL for its cluster and its own token;
+    # nothing of the state database.
+    urls = json.loads(coalloc_env["GRIDCORE_SITE_CENTER_URLS"])
+    database = coalloc_env["GRIDCORE_DB_URL"].removeprefix("sqlite:///")
+    for index, site in enumerate(SITES):
+        argv = (shown / f"{index}.argv").read_text()
+        env = (shown / f"{index}.env").read_text()
+        assert f"--center {urls[site]}" in argv and "--bind 0.0.0.0" in argv, argv
+        for text in (argv, env):
+            assert database not in text and "GRIDCORE_DB_URL" not in text and "--db" not in text
+        assert env.count("GRIDCORE_COMPONENT_TOKEN=") == 1, env  # the barrier's, not the command's
     assert_capacity_invariant(coalloc_env["GRIDCORE_DB_URL"], no_live_holds=True)
 
 
@@ -157,7 +186,12 @@ def test_a_component_killed_on_one_cluster_makes_the_job_re_placed_and_finish(
     runtime = GridRuntime(
         load_grid(coalloc_env["GRIDCORE_GRID"]), open_store(coalloc_env["GRIDCORE_DB_URL"])
     )
-    koala = KoalaEngine(runtime, params=KoalaParams(scan_interval_s=1.0))
+    koala = KoalaEngine(
+        runtime,
+        params=KoalaParams(scan_interval_s=1.0),
+        center_url=coalloc_env["GRIDCORE_CENTER_URL"],
+        site_center_urls=json.loads(coalloc_env["GRIDCORE_SITE_CENTER_URLS"]),
+    )
     request = CoAllocationRequest(
         "killed", RequestKind.NON_FIXED, (Component(12), Component(8), Component(4))
     )

@@ -1,6 +1,7 @@
-"""The real start barrier, ``python -m gridcore.barrier``, in subprocesses against a SQLite
-state DB whose job and component rows the tests write (and change) themselves: no engine,
-so every path is reached on purpose.
+"""The real start barrier, ``python -m gridcore.barrier``, in subprocesses talking to a
+real VJ center (:func:`gridcore.api.server.start_in_thread`) on a SQLite state DB whose
+job and component rows (with the components' token hashes) the tests write and change
+themselves: no engine, so every path is reached on purpose.
 
 Each barrier's COMMAND creates a marker file: a barrier that ends without releasing must
 never have started it.
@@ -12,23 +13,34 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.engine import Connection
 
-from gridcore.barrier import EXIT_ABORTED, EXIT_TIMEOUT, POLL_S
+from gridcore.barrier import (
+    EXIT_ABORTED,
+    EXIT_REFUSED,
+    EXIT_TIMEOUT,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    TOKEN_ENV,
+)
 from gridcore.engine.phases import ComponentState, JobPhase
+from gridcore.engine.pilot_pool import new_token
 from gridcore.state.schema import coalloc_components, coalloc_jobs
 from gridcore.state.store import Store, open_store
-from tests.barrier_checks import assert_released_after_every_registration
+from tests.barrier_checks import assert_released_after_every_registration, running_center
 
+# How often the tests look at the rows the center writes for the barriers.
+POLL_S = 0.05
 # How long a test waits for something a barrier does within one poll (POLL_S): only a
 # guard against hanging, never a measure of speed.
 GUARD_S = 30.0
@@ -41,12 +53,15 @@ WATCHED_POLLS = 20
 
 @dataclass
 class Grid:
-    """The state DB of one test and where its barriers run."""
+    """The state DB of one test, its VJ center, the components' tokens (by (job, index))
+    and where its barriers run."""
 
     url: str
     store: Store
+    center: str
     workdir: Path
     started: list[subprocess.Popen[str]]
+    tokens: dict[tuple[int, int], str] = field(default_factory=dict)
 
     def marker(self, component: int) -> Path:
         return self.workdir / f"started-{component}"
@@ -58,15 +73,16 @@ def grid(tmp_path: Path) -> Iterator[Grid]:
     store = open_store(url, upgrade=True)
     workdir = tmp_path / "work"
     workdir.mkdir()
-    grid = Grid(url, store, workdir, [])
-    try:
-        yield grid
-    finally:
-        for proc in grid.started:  # a failed test leaves no barrier or command running
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)  # its session: the command too
-            proc.communicate()
-        store.dispose()
+    with running_center(url) as center:
+        grid = Grid(url, store, center, workdir, [])
+        try:
+            yield grid
+        finally:
+            for proc in grid.started:  # a failed test leaves no barrier or command running
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # its session: the command too
+                proc.communicate()
+            store.dispose()
 
 
 def new_job(grid: Grid, components: int, epoch: int = 0) -> int:
@@ -86,14 +102,20 @@ def new_job(grid: Grid, components: int, epoch: int = 0) -> int:
                 submitted_at=time.time(),
             )
         ).inserted_primary_key[0]
-        insert_components(conn, job_id, components, epoch, ComponentState.SUBMITTED)
+        tokens = insert_components(conn, job_id, components, epoch, ComponentState.SUBMITTED)
+    grid.tokens.update({(int(job_id), idx): token for idx, token in tokens.items()})
     return int(job_id)
 
 
 def insert_components(
     conn: Connection, job_id: int, count: int, epoch: int, state: ComponentState
-) -> None:
+) -> dict[int, str]:
+    """The components' rows; a submitted component has a token (its hash in the row, as
+    the engine stores it when it claims the component): the tokens by index."""
+    tokens = {}
     for idx in range(count):
+        token, digest = new_token()
+        submitted = state is not ComponentState.PLACED
         conn.execute(
             insert(coalloc_components).values(
                 job_id=job_id,
@@ -103,8 +125,12 @@ def insert_components(
                 site=f"site-{idx}",
                 transfer_s=0.0,
                 state=state.value,
+                token_hash=digest if submitted else None,
             )
         )
+        if submitted:
+            tokens[idx] = token
+    return tokens
 
 
 def start(
@@ -115,17 +141,27 @@ def start(
     *,
     epoch: int = 0,
     timeout_s: float = NEVER_S,
+    token: str | None = None,
+    center: str | None = None,
+    extra: tuple[str, ...] = (),
 ) -> subprocess.Popen[str]:
-    """``python -m gridcore.barrier`` for one component; by default its command creates
-    the component's marker file."""
+    """``python -m gridcore.barrier`` for one component, with its own token (or
+    ``token``; "" for none) in its environment; by default its command creates the
+    component's marker file."""
     if command is None:
         marker = grid.marker(component)
         command = [sys.executable, "-c", f"open({str(marker)!r}, 'w').close()"]
-    argv = [sys.executable, "-m", "gridcore.barrier", "--db", grid.url, "--job", str(job_id)]
-    argv += ["--component", str(component), "--epoch", str(epoch), "--timeout", str(timeout_s)]
+    argv = [sys.executable, "-m", "gridcore.barrier", "--center", center or grid.center]
+    argv += ["--job", str(job_id), "--component", str(component), "--epoch", str(epoch)]
+    argv += ["--timeout", str(timeout_s), *extra]
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    token = grid.tokens.get((job_id, component), "") if token is None else token
+    if token:
+        env[TOKEN_ENV] = token
     proc = subprocess.Popen(
         [*argv, "--", *command],
         cwd=grid.workdir,
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -296,14 +332,15 @@ def test_a_waiting_component_whose_job_ends_exits_75_without_its_command(
 
 # Where a barrier started after the ending stops: its own component row no longer live
 # (or of an older epoch) refuses the registration; otherwise it registers and then sees
-# the job row.
+# the job row. A re-placement replaced the component's row (and token): the center
+# never knew this barrier's token, which is refused like any unknown one (77).
 STOPS_AT = {
-    "aborted": "aborted while waiting",
-    "failed": "aborted while waiting",
-    "re-placed": "aborted before registering",
-    "newer epoch": "aborted while waiting",
-    "cancelled": "aborted before registering",
-    "component aborted": "aborted before registering",
+    "aborted": (EXIT_ABORTED, "aborted while waiting"),
+    "failed": (EXIT_ABORTED, "aborted while waiting"),
+    "re-placed": (EXIT_REFUSED, "the center refused this component's token (POST /register:"),
+    "newer epoch": (EXIT_ABORTED, "aborted while waiting"),
+    "cancelled": (EXIT_ABORTED, "aborted before registering"),
+    "component aborted": (EXIT_ABORTED, "aborted before registering"),
 }
 
 
@@ -316,8 +353,9 @@ def test_a_component_of_a_job_already_ended_never_runs_its_command(grid: Grid, e
 
     code, stderr = finish(start(grid, job_id, 0))
 
-    assert code == EXIT_ABORTED, stderr
-    assert STOPS_AT[ending] in stderr
+    expected_code, says = STOPS_AT[ending]
+    assert code == expected_code, stderr
+    assert says in stderr
     assert not grid.marker(0).exists()
 
 
@@ -327,6 +365,58 @@ def test_a_live_one_component_job_runs_its_command(grid: Grid) -> None:
     code, stderr = finish(start(grid, job_id, 0))
     assert code == 0, stderr
     assert grid.marker(0).exists()
+
+
+def test_the_command_never_sees_the_component_token(grid: Grid) -> None:
+    job_id = new_job(grid, components=1)
+    show = [sys.executable, "-c", f"import os; print(os.environ.get({TOKEN_ENV!r}, 'none'))"]
+    proc = start(grid, job_id, 0, show)
+    out, stderr = proc.communicate(timeout=GUARD_S)
+    assert proc.returncode == 0, stderr
+    assert out.strip() == "none"
+    assert grid.tokens[(job_id, 0)] not in out + stderr
+
+
+# -- tokens and an unreachable center: clear exit codes, the command never starts -----------
+
+
+def test_a_barrier_without_a_token_exits_2_before_calling_the_center(grid: Grid) -> None:
+    job_id = new_job(grid, components=1)
+    code, stderr = finish(start(grid, job_id, 0, token=""))
+    assert code == EXIT_USAGE, stderr
+    assert f"no token: set ${TOKEN_ENV}" in stderr
+    assert component_row(grid, job_id, 0)["registered_at"] is None
+    assert not grid.marker(0).exists()
+
+
+def test_a_refused_token_exits_77_saying_so_and_changes_nothing(grid: Grid) -> None:
+    job_id = new_job(grid, components=2)
+    other_job = new_job(grid, components=1)
+    refusals = {
+        "unknown": ("not-a-token", "HTTP 401"),
+        "component 1's": (grid.tokens[(job_id, 1)], "HTTP 403"),
+        "another job's": (grid.tokens[(other_job, 0)], "HTTP 403"),
+    }
+    for what, (token, status) in refusals.items():
+        code, stderr = finish(start(grid, job_id, 0, token=token))
+        assert code == EXIT_REFUSED, (what, stderr)
+        assert f"the center refused this component's token (POST /register: {status}" in stderr
+        assert token not in stderr, "a token was repeated in a message"
+    assert component_row(grid, job_id, 0)["registered_at"] is None
+    assert component_row(grid, job_id, 1)["registered_at"] is None
+    assert not grid.marker(0).exists()
+
+
+def test_an_unreachable_center_exits_69_after_the_bound(grid: Grid) -> None:
+    job_id = new_job(grid, components=1)
+    with socket.socket() as closed:  # a port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        nowhere = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    proc = start(grid, job_id, 0, center=nowhere, extra=("--unreachable-s", "0.5"))
+    code, stderr = finish(proc)
+    assert code == EXIT_UNREACHABLE, stderr
+    assert f"the center at {nowhere}/api/v1/components/{job_id}/0/0 is unreachable" in stderr
+    assert not grid.marker(0).exists()
 
 
 # -- timeout, signals -------------------------------------------------------------------------

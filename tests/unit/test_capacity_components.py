@@ -6,8 +6,10 @@ see them. Every test ends with the capacity invariant."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from sqlalchemy import Connection
 
 from gridcore.config import default_grid
@@ -19,6 +21,7 @@ from gridcore.model import CoAllocationRequest, Component, RequestKind, SiteSnap
 from gridcore.policies.claiming import KoalaParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.state.store import open_store
+from tests.barrier_checks import running_center
 
 # 8 + 4 + 4 on local-a (8), local-b (4), local-c (4): every processor of the grid.
 SPREAD = CoAllocationRequest(
@@ -26,11 +29,18 @@ SPREAD = CoAllocationRequest(
 )
 
 
-def engine(tmp_path: Path) -> KoalaEngine:
+@pytest.fixture
+def center(tmp_path: Path) -> Iterator[str]:
+    """The VJ center the components' barriers call, on the test's state DB."""
+    with running_center(f"sqlite:///{tmp_path}/state.db") as url:
+        yield url
+
+
+def engine(tmp_path: Path, center: str) -> KoalaEngine:
     rt = GridRuntime(
         default_grid(tmp_path), open_store(f"sqlite:///{tmp_path}/state.db", upgrade=True)
     )
-    return KoalaEngine(rt, params=KoalaParams(scan_interval_s=1.0))
+    return KoalaEngine(rt, params=KoalaParams(scan_interval_s=1.0), center_url=center)
 
 
 def component_holds(koala: KoalaEngine) -> dict[str, int]:
@@ -56,8 +66,9 @@ def scan_until(koala: KoalaEngine, job_id: int, state: str) -> CoAllocationRecor
 
 def test_placed_components_hold_processors_until_the_sites_report_them_running(
     tmp_path: Path,
+    center: str,
 ) -> None:
-    koala = engine(tmp_path)
+    koala = engine(tmp_path, center)
     job = koala.submit(SPREAD, PlacementPolicy.WF, "sleep 3")
     koala._claim = lambda now, work: None  # type: ignore[method-assign]  # place only
     koala.scan()
@@ -80,11 +91,12 @@ def test_placed_components_hold_processors_until_the_sites_report_them_running(
 
 def test_a_placement_whose_processors_were_taken_meanwhile_is_not_committed(
     tmp_path: Path,
+    center: str,
 ) -> None:
     """The placement policy decides on a snapshot; a concurrent claimer takes local-b's
     processors before the placement commits: the conditional UPDATE refuses the
     component, nothing of the placement is written, the job stays queued."""
-    koala = engine(tmp_path)
+    koala = engine(tmp_path, center)
     job = koala.submit(SPREAD, PlacementPolicy.WF, "true")
     original = koala._clusters
     intruded: list[bool] = []
@@ -111,8 +123,8 @@ def test_a_placement_whose_processors_were_taken_meanwhile_is_not_committed(
     assert_sound(koala)
 
 
-def test_cancel_releases_every_component_hold(tmp_path: Path) -> None:
-    koala = engine(tmp_path)
+def test_cancel_releases_every_component_hold(tmp_path: Path, center: str) -> None:
+    koala = engine(tmp_path, center)
     blocker = CoAllocationRequest("late", RequestKind.NON_FIXED, (Component(4), Component(4)))
     job = koala.submit(SPREAD, PlacementPolicy.WF, "sleep 30")
     koala._claim = lambda now, work: None  # type: ignore[method-assign]  # place only

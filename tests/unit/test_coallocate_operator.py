@@ -1,12 +1,17 @@
 """CoAllocateOperator and CoAllocationTrigger against a real KoalaEngine: temp SQLite and
-the embedded local sites (local-a 8, local-b 4, local-c 4 processors)."""
+the embedded local sites (local-a 8, local-b 4, local-c 4 processors).
+
+The components' barriers call a VJ center: a test on a state DB (``db_url``) gets one
+configured (``$GRIDCORE_CENTER_URL``), as a deployment has, so the operator defers; the
+embedded default (no center configured: one in the worker, which waits) has its own
+test."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -20,11 +25,25 @@ from operators.coallocate import JOB_KEY, CoAllocateOperator
 from operators.hooks import GridcoreHook
 from sensors.base import REQUIRED_EVENT_KEYS
 from sensors.coalloc_trigger import CoAllocationTrigger
-from sensors.connections import GridLocation, close_koala
-from tests.barrier_checks import assert_released_after_every_registration
+from sensors.connections import CENTER_ENV, GridLocation, close_koala
+from tests.barrier_checks import assert_released_after_every_registration, running_center
 from tests.fakes import FakeTaskStateStore
 
 WAIT_S = 60.0
+
+
+@pytest.fixture(autouse=True)
+def configured_center(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str | None]:
+    """A VJ center on the test's state DB, configured by ``$GRIDCORE_CENTER_URL``, for
+    every test that has a state DB (the ``db_url`` fixture)."""
+    if "db_url" not in request.fixturenames:
+        yield None
+        return
+    with running_center(request.getfixturevalue("db_url")) as url:
+        monkeypatch.setenv(CENTER_ENV, url)
+        yield url
 
 
 def operator(**kwargs: Any) -> CoAllocateOperator:
@@ -325,6 +344,31 @@ def test_non_deferrable_mode_waits_in_the_worker(db_url: str) -> None:
     assert result["state"] == "completed"
     assert result["sites"] == ["local-a", "local-b", "local-c"]
     assert_released_after_every_registration(db_url, result["job_id"])
+
+
+def test_without_a_configured_center_a_deferrable_operator_waits_in_the_worker(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The embedded default: the center runs in this process, which must outlive the job.
+    monkeypatch.delenv(CENTER_ENV)
+    op = operator(components=[8, 4], command='test -n "$GRIDCORE_PEERS"')
+    assert op.deferrable
+    result = op.execute(context={})  # no TaskDeferred
+
+    assert result["state"] == "completed" and result["sizes"] == [8, 4]
+    assert_released_after_every_registration(db_url, result["job_id"])
+
+
+def test_the_engine_of_a_location_calls_the_configured_center(
+    db_url: str, configured_center: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GRIDCORE_SITE_CENTER_URLS", '{"local-b": "http://10.9.9.9:1"}')
+    engine = open_koala(db_url, 1.0)
+    try:
+        assert engine.center_url == configured_center
+        assert engine.site_center_urls == {"local-b": "http://10.9.9.9:1"}
+    finally:
+        close_koala(engine)
 
 
 def run_trigger(trigger: CoAllocationTrigger) -> dict[str, Any]:

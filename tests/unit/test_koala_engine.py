@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import MappingProxyType
 
@@ -15,6 +16,7 @@ import pytest
 from sqlalchemy import func, select
 
 from gridcore.config import default_grid
+from gridcore.engine.barrier_command import TOKEN_ENV
 from gridcore.engine.koala import (
     CoAllocationRecord,
     KoalaEngine,
@@ -23,6 +25,7 @@ from gridcore.engine.koala import (
     request_from_json,
     request_to_json,
 )
+from gridcore.engine.pilot_pool import token_hash
 from gridcore.engine.runtime import GridRuntime
 from gridcore.errors import RequestError
 from gridcore.model import (
@@ -39,9 +42,9 @@ from gridcore.model import (
 from gridcore.policies.claiming import ClaimDecision, ClaimOutcome, KoalaParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.staging import ReplicaCatalog, register_source
-from gridcore.state.schema import coalloc_jobs, local_jobs
+from gridcore.state.schema import coalloc_components, coalloc_jobs, local_jobs
 from gridcore.state.store import open_store
-from tests.barrier_checks import assert_released_after_every_registration
+from tests.barrier_checks import assert_released_after_every_registration, running_center
 from tests.capacity_checks import assert_capacity_invariant
 
 # 8 + 4 + 4 on local-a (8), local-b (4), local-c (4): only co-allocation over all three fits.
@@ -57,8 +60,15 @@ def runtime(tmp_path: Path) -> GridRuntime:
     )
 
 
-def engine(tmp_path: Path, **kwargs: object) -> KoalaEngine:
-    return KoalaEngine(runtime(tmp_path), params=PARAMS, **kwargs)  # type: ignore[arg-type]
+@pytest.fixture
+def center(tmp_path: Path) -> Iterator[str]:
+    """The VJ center the barriers of the test's jobs call, on its state DB."""
+    with running_center(f"sqlite:///{tmp_path}/state.db") as url:
+        yield url
+
+
+def engine(tmp_path: Path, center: str, **kwargs: object) -> KoalaEngine:
+    return KoalaEngine(runtime(tmp_path), params=PARAMS, center_url=center, **kwargs)  # type: ignore[arg-type]
 
 
 def scan_until(
@@ -86,8 +96,10 @@ def stdout_of(koala: KoalaEngine, site: str, site_job_id: str | None) -> str:
     return (Path(workdir) / "stdout.txt").read_text()
 
 
-def test_three_components_co_allocated_meet_at_the_barrier_and_complete(tmp_path: Path) -> None:
-    koala = engine(tmp_path)
+def test_three_components_co_allocated_meet_at_the_barrier_and_complete(
+    tmp_path: Path, center: str
+) -> None:
+    koala = engine(tmp_path, center)
     # Each component prints its peers file, its index and the port of the listening
     # socket it inherited from the barrier.
     probe = (
@@ -129,10 +141,50 @@ def test_three_components_co_allocated_meet_at_the_barrier_and_complete(tmp_path
     assert running == 0
 
 
-def test_bad_requests_are_refused_before_any_row_exists(tmp_path: Path) -> None:
+def component_tokens(koala: KoalaEngine) -> dict[str, str]:
+    """The barrier token every local component job was given, by its site job id."""
+    with koala.store.begin() as conn:
+        rows = conn.execute(select(local_jobs.c.id, local_jobs.c.workdir)).all()
+    return {
+        str(r.id): json.loads((Path(r.workdir) / "env.json").read_text())[TOKEN_ENV] for r in rows
+    }
+
+
+def test_components_get_their_own_token_and_never_the_database(
+    tmp_path: Path, center: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Local sites pass this process's environment on: keep a database URL out of it, so
+    # what is checked is what the engine hands the component.
+    monkeypatch.delenv("GRIDCORE_DB_URL", raising=False)
+    koala = engine(tmp_path, center)
+    show = "env; echo; tr '\\0' ' ' < /proc/$PPID/cmdline"  # the barrier's argv
+    job_id = koala.submit(SPREAD, PlacementPolicy.WF, show)
+    done = scan_until(koala, job_id, "completed")
+
+    tokens = component_tokens(koala)
+    with koala.store.begin() as conn:
+        hashes = dict(
+            conn.execute(
+                select(coalloc_components.c.site_job_id, coalloc_components.c.token_hash).where(
+                    coalloc_components.c.job_id == job_id
+                )
+            ).all()
+        )
+    assert {k: token_hash(t) for k, t in tokens.items()} == hashes
+    assert len(set(tokens.values())) == 3
+    database = str(tmp_path / "state.db")
+    for c in done.components:
+        seen = stdout_of(koala, c.site, c.site_job_id)  # its environment, the barrier's argv
+        assert f"--center {center}" in seen and "gridcore.barrier" in seen
+        assert database not in seen and "--db" not in seen and "GRIDCORE_DB_URL" not in seen
+        assert TOKEN_ENV not in seen  # taken out of the command's environment
+        assert tokens[str(c.site_job_id)] not in seen
+
+
+def test_bad_requests_are_refused_before_any_row_exists(tmp_path: Path, center: str) -> None:
     store = open_store(f"sqlite:///{tmp_path}/state.db", upgrade=True)
     rt = GridRuntime(default_grid(tmp_path), store)
-    koala = KoalaEngine(rt, ReplicaCatalog(store), PARAMS)
+    koala = KoalaEngine(rt, ReplicaCatalog(store), PARAMS, center_url=center)
     bad = {
         "unknown site": CoAllocationRequest(
             "x", RequestKind.FIXED, (Component(2, "local-a"), Component(2, "nowhere"))
@@ -167,13 +219,17 @@ def test_request_json_round_trip() -> None:
     assert request_from_json(request_to_json(SPREAD)) == SPREAD
 
 
-def test_input_file_is_staged_to_every_execution_site_before_claiming(tmp_path: Path) -> None:
+def test_input_file_is_staged_to_every_execution_site_before_claiming(
+    tmp_path: Path, center: str
+) -> None:
     store = open_store(f"sqlite:///{tmp_path}/state.db", upgrade=True)
     catalog = ReplicaCatalog(store)
     source = tmp_path / "mesh.dat"
     source.write_bytes(b"x" * 4096)
     register_source(catalog, "in/mesh.dat", "origin", str(source))
-    koala = KoalaEngine(GridRuntime(default_grid(tmp_path), store), catalog, PARAMS)
+    koala = KoalaEngine(
+        GridRuntime(default_grid(tmp_path), store), catalog, PARAMS, center_url=center
+    )
     request = CoAllocationRequest(
         "with-file",
         RequestKind.NON_FIXED,
@@ -192,7 +248,7 @@ def test_input_file_is_staged_to_every_execution_site_before_claiming(tmp_path: 
     }
 
 
-def slow_link_koala(tmp_path: Path) -> tuple[KoalaEngine, int]:
+def slow_link_koala(tmp_path: Path, center: str) -> tuple[KoalaEngine, int]:
     """A job whose 4 kB input crosses a 1 kB/s link (as estimated): FTT ~ 4.1 s, so the
     first claiming try comes at JPT + 0.75 FTT, before the JST."""
     base = default_grid(tmp_path)
@@ -202,15 +258,17 @@ def slow_link_koala(tmp_path: Path) -> tuple[KoalaEngine, int]:
     source = tmp_path / "mesh.dat"
     source.write_bytes(b"x" * 4096)
     register_source(catalog, "in/mesh.dat", "origin", str(source))
-    koala = KoalaEngine(GridRuntime(grid, store), catalog, PARAMS)
+    koala = KoalaEngine(GridRuntime(grid, store), catalog, PARAMS, center_url=center)
     request = CoAllocationRequest(
         "icp", RequestKind.NON_FIXED, SPREAD.components, input_file=InputFile("in/mesh.dat")
     )
     return koala, koala.submit(request, PlacementPolicy.CF, "true")
 
 
-def test_icp_starts_what_fits_and_the_rest_joins_at_the_barrier_later(tmp_path: Path) -> None:
-    koala, job_id = slow_link_koala(tmp_path)
+def test_icp_starts_what_fits_and_the_rest_joins_at_the_barrier_later(
+    tmp_path: Path, center: str
+) -> None:
+    koala, job_id = slow_link_koala(tmp_path, center)
     koala.scan()
     placed = koala.status(job_id)
     assert placed.state == "claiming" and placed.jpt is not None and placed.jct is not None
@@ -233,8 +291,8 @@ def test_icp_starts_what_fits_and_the_rest_joins_at_the_barrier_later(tmp_path: 
     assert_capacity_invariant(koala.store, no_live_holds=True)
 
 
-def test_icp_aborts_at_the_jst_lowers_l_and_replaces_the_job(tmp_path: Path) -> None:
-    koala, job_id = slow_link_koala(tmp_path)
+def test_icp_aborts_at_the_jst_lowers_l_and_replaces_the_job(tmp_path: Path, center: str) -> None:
+    koala, job_id = slow_link_koala(tmp_path, center)
     koala.scan()
     placed = koala.status(job_id)
     blocker = koala.runtime.adapter("local-a").submit(JobSubmission("other", "sleep 30", 8))
@@ -257,9 +315,9 @@ def test_icp_aborts_at_the_jst_lowers_l_and_replaces_the_job(tmp_path: Path) -> 
     assert_capacity_invariant(koala.store, no_live_holds=True)
 
 
-def test_only_the_lease_holder_scans(tmp_path: Path) -> None:
-    first = engine(tmp_path, holder="first", lease_s=5.0)
-    second = engine(tmp_path, holder="second", lease_s=5.0)
+def test_only_the_lease_holder_scans(tmp_path: Path, center: str) -> None:
+    first = engine(tmp_path, center, holder="first", lease_s=5.0)
+    second = engine(tmp_path, center, holder="second", lease_s=5.0)
     now = time.time()
     assert not first.scan(now).skipped
     assert second.scan(now + 1).skipped
@@ -272,8 +330,10 @@ def test_only_the_lease_holder_scans(tmp_path: Path) -> None:
     assert_capacity_invariant(first.store, no_live_holds=True)
 
 
-def test_a_killed_component_requeues_the_whole_job_which_still_finishes(tmp_path: Path) -> None:
-    koala = engine(tmp_path)
+def test_a_killed_component_requeues_the_whole_job_which_still_finishes(
+    tmp_path: Path, center: str
+) -> None:
+    koala = engine(tmp_path, center)
     job_id = koala.submit(SPREAD, PlacementPolicy.CM, "sleep 1.5; echo ok")
     running = scan_until(koala, job_id, "running")
     victim = running.components[1]
@@ -284,6 +344,11 @@ def test_a_killed_component_requeues_the_whole_job_which_still_finishes(tmp_path
     os.killpg(pgid, signal.SIGKILL)
     done = scan_until(koala, job_id, "completed")
     assert done.retries >= 1 and done.epoch >= 1
+    # The re-placement's components were given new tokens; the first ones open nothing.
+    tokens = component_tokens(koala)
+    first = {tokens[str(c.site_job_id)] for c in running.components}
+    final = {tokens[str(c.site_job_id)] for c in done.components}
+    assert len(first | final) == 6
     assert all(c.state == "completed" for c in done.components)
     assert_released_after_every_registration(koala.store, job_id)
     # The first attempt's other components were cancelled, not left running.
@@ -298,20 +363,20 @@ def test_a_killed_component_requeues_the_whole_job_which_still_finishes(tmp_path
     assert_capacity_invariant(koala.store, no_live_holds=True)
 
 
-def test_a_new_engine_resumes_a_job_from_the_rows(tmp_path: Path) -> None:
-    first = engine(tmp_path, holder="dead", lease_s=0.5)
+def test_a_new_engine_resumes_a_job_from_the_rows(tmp_path: Path, center: str) -> None:
+    first = engine(tmp_path, center, holder="dead", lease_s=0.5)
     job_id = first.submit(SPREAD, PlacementPolicy.CM, "sleep 0.3")
     report = first.scan()
     assert report.placed == (job_id,) and report.claimed == (job_id,)
     del first  # killed: its lease runs out, its rows stay
-    second = KoalaEngine(runtime(tmp_path), params=PARAMS, holder="new", lease_s=0.5)
+    second = engine(tmp_path, center, holder="new", lease_s=0.5)
     done = scan_until(second, job_id, "completed")
     assert done.retries == 0 and done.barrier_skew_s is not None
     assert_capacity_invariant(second.store, no_live_holds=True)
 
 
-def test_cancel_stops_every_component(tmp_path: Path) -> None:
-    koala = engine(tmp_path)
+def test_cancel_stops_every_component(tmp_path: Path, center: str) -> None:
+    koala = engine(tmp_path, center)
     job_id = koala.submit(SPREAD, PlacementPolicy.CM, "sleep 30")
     scan_until(koala, job_id, "running")
     record = koala.cancel(job_id)
@@ -328,12 +393,13 @@ def test_cancel_stops_every_component(tmp_path: Path) -> None:
 
 def test_a_preempting_decision_sends_the_running_low_job_back_to_its_queue(
     tmp_path: Path,
+    center: str,
 ) -> None:
     # Placement never hands a high-priority job processors a started low-priority job
     # holds (placed components are subtracted), so the conflict of Sec. 3.3 arises only
     # from monitoring lag at a real site; here the engine's application of a preempting
     # claim decision is checked on a really running low-priority job.
-    koala = engine(tmp_path)
+    koala = engine(tmp_path, center)
     low = CoAllocationRequest(
         "bulk", RequestKind.FIXED, (Component(8, "local-a"),), priority=Priority.LOW
     )

@@ -20,6 +20,7 @@ from gridcore.policies.claiming import KoalaParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.state.schema import coalloc_jobs, local_jobs
 from gridcore.state.store import Store, open_store
+from tests.barrier_checks import running_center
 from tests.capacity_checks import assert_capacity_invariant
 from tests.fakes import FaultySite
 
@@ -31,11 +32,13 @@ GOOD = CoAllocationRequest(
 )
 
 
-def faulty_engine(store: Store, home: Path, **faults: Any) -> tuple[KoalaEngine, FaultySite]:
+def faulty_engine(
+    store: Store, home: Path, center: str, **faults: Any
+) -> tuple[KoalaEngine, FaultySite]:
     base = GridRuntime(default_grid(home), store)
     faulty = FaultySite(base.adapter("local-b"), **faults)
     runtime = GridRuntime(base.grid, store, adapters={"local-b": faulty})
-    return KoalaEngine(runtime, params=PARAMS, holder="engine"), faulty
+    return KoalaEngine(runtime, params=PARAMS, holder="engine", center_url=center), faulty
 
 
 def scan_until_both_finished(
@@ -63,10 +66,11 @@ def run_bad_and_good(
     """The bad job and the good one scanned together until both finished: the good one
     completed, the bad one failed after MAX_HANDLING_ERRORS; returns its record."""
     store = open_store(f"sqlite:///{tmp_path}/state.db", upgrade=True)
-    koala, faulty = faulty_engine(store, tmp_path, **faults)
-    bad = koala.submit(BAD, PlacementPolicy.CM, bad_command)
-    good = koala.submit(GOOD, PlacementPolicy.CM, "sleep 0.5")
-    failed, completed = scan_until_both_finished(koala, bad, good)
+    with running_center(store) as center:
+        koala, faulty = faulty_engine(store, tmp_path, center, **faults)
+        bad = koala.submit(BAD, PlacementPolicy.CM, bad_command)
+        good = koala.submit(GOOD, PlacementPolicy.CM, "sleep 0.5")
+        failed, completed = scan_until_both_finished(koala, bad, good)
     assert completed.state == "completed"
     assert failed.state == "failed"
     assert handling_errors(store, bad) == MAX_HANDLING_ERRORS

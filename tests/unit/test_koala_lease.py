@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from gridcore.policies.claiming import KoalaParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.state.schema import coalloc_components, coalloc_jobs, leases, local_jobs
 from gridcore.state.store import Store, open_store
+from tests.barrier_checks import running_center
 from tests.capacity_checks import assert_capacity_invariant
 from tests.fakes import FaultySite
 
@@ -104,20 +106,32 @@ def test_fenced_renewal_extends_and_never_shortens(store: Store) -> None:
 # -- the KOALA scan under the fenced lease --------------------------------------------
 
 
+@pytest.fixture
+def center(tmp_path: Path) -> Iterator[str]:
+    """The VJ center the components' barriers call, on the test's state DB."""
+    with running_center(f"sqlite:///{tmp_path}/state.db") as url:
+        yield url
+
+
 def gated_engine(
-    tmp_path: Path, holder: str, gate: threading.Event, **kwargs: Any
+    tmp_path: Path, center: str, holder: str, gate: threading.Event, **kwargs: Any
 ) -> tuple[KoalaEngine, FaultySite]:
     store = open_store(f"sqlite:///{tmp_path}/state.db", upgrade=True)
     base = GridRuntime(default_grid(tmp_path), store)
     slow = FaultySite(base.adapter("local-a"), gate=gate)
     runtime = GridRuntime(base.grid, store, adapters={"local-a": slow})
-    return KoalaEngine(runtime, params=PARAMS, holder=holder, **kwargs), slow
+    koala = KoalaEngine(runtime, params=PARAMS, holder=holder, center_url=center, **kwargs)
+    return koala, slow
 
 
-def other_engine(tmp_path: Path, holder: str, **kwargs: Any) -> KoalaEngine:
+def other_engine(tmp_path: Path, center: str, holder: str, **kwargs: Any) -> KoalaEngine:
     store = open_store(f"sqlite:///{tmp_path}/state.db", upgrade=True)
     return KoalaEngine(
-        GridRuntime(default_grid(tmp_path), store), params=PARAMS, holder=holder, **kwargs
+        GridRuntime(default_grid(tmp_path), store),
+        params=PARAMS,
+        holder=holder,
+        center_url=center,
+        **kwargs,
     )
 
 
@@ -149,10 +163,12 @@ def cancel_local_jobs(koala: KoalaEngine) -> None:
         koala.runtime.adapter(site).cancel(str(job_id))
 
 
-def test_a_scan_whose_lease_was_taken_over_commits_no_transition_after(tmp_path: Path) -> None:
+def test_a_scan_whose_lease_was_taken_over_commits_no_transition_after(
+    tmp_path: Path, center: str
+) -> None:
     gate = threading.Event()
     # A stalled scanner: its renewals stopped with it (a paused process).
-    slow, site = gated_engine(tmp_path, "slow", gate, lease_s=0.5, renew_lease=False)
+    slow, site = gated_engine(tmp_path, center, "slow", gate, lease_s=0.5, renew_lease=False)
     job_id = slow.submit(PAIR, PlacementPolicy.CM, "true")
     thread, reports = scan_in_thread(slow)
     try:
@@ -161,7 +177,7 @@ def test_a_scan_whose_lease_was_taken_over_commits_no_transition_after(tmp_path:
         held = slow.status(job_id)
         assert held.state == "running"
         assert [c.state for c in held.components] == ["submitting", "submitting"]
-        other = other_engine(tmp_path, "other", lease_s=0.5)
+        other = other_engine(tmp_path, center, "other", lease_s=0.5)
         taken = other.lease.take(time.time() + 1.0)  # after the slow scan's lease expired
         assert taken is not None and taken.token == 2
     finally:
@@ -181,12 +197,12 @@ def test_a_scan_whose_lease_was_taken_over_commits_no_transition_after(tmp_path:
     assert_capacity_invariant(slow.store)
 
 
-def test_renewal_keeps_the_lease_of_a_slow_scan_that_is_alive(tmp_path: Path) -> None:
+def test_renewal_keeps_the_lease_of_a_slow_scan_that_is_alive(tmp_path: Path, center: str) -> None:
     gate = threading.Event()
-    slow, site = gated_engine(tmp_path, "slow", gate, lease_s=1.0)
+    slow, site = gated_engine(tmp_path, center, "slow", gate, lease_s=1.0)
     job_id = slow.submit(PAIR, PlacementPolicy.CM, "true")
     thread, reports = scan_in_thread(slow)
-    other = other_engine(tmp_path, "other", lease_s=1.0)
+    other = other_engine(tmp_path, center, "other", lease_s=1.0)
     try:
         assert site.entered.wait(60), "the scan never reached local-a's submission"
         taken_at = time.time()

@@ -6,11 +6,13 @@ site re-queues the job as before. Never two site jobs for one key, none left pen
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import signal
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,15 +20,18 @@ from sqlalchemy import select
 
 from gridcore.config import default_grid
 from gridcore.engine import ledger
+from gridcore.engine.barrier_command import TOKEN_ENV
 from gridcore.engine.koala import CoAllocationRecord, KoalaEngine
+from gridcore.engine.pilot_pool import token_hash
 from gridcore.engine.runtime import GridRuntime
 from gridcore.model import CoAllocationRequest, Component, JobSubmission, RequestKind
 from gridcore.policies.claiming import KoalaParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.sites.keys import component_key
 from gridcore.sites.local import LocalSite
-from gridcore.state.schema import coalloc_jobs, local_jobs, sites
+from gridcore.state.schema import coalloc_components, coalloc_jobs, local_jobs, sites
 from gridcore.state.store import open_store
+from tests.barrier_checks import running_center
 from tests.capacity_checks import assert_capacity_invariant
 
 # 8 + 4 + 4 on local-a (8), local-b (4), local-c (4): one scan starts all three.
@@ -37,17 +42,28 @@ PARAMS = KoalaParams(scan_interval_s=1.0)
 LEASE_S = 1.0
 
 
-def _engine(home: Path, holder: str) -> KoalaEngine:
+def _engine(home: Path, holder: str, center: str) -> KoalaEngine:
     store = open_store(f"sqlite:///{home}/state.db", upgrade=True)
     return KoalaEngine(
-        GridRuntime(default_grid(home), store), params=PARAMS, holder=holder, lease_s=LEASE_S
+        GridRuntime(default_grid(home), store),
+        params=PARAMS,
+        holder=holder,
+        center_url=center,
+        lease_s=LEASE_S,
     )
 
 
-def _scan_and_die(home: str, nth: int, accepted: bool) -> None:
+@pytest.fixture
+def center(tmp_path: Path) -> Iterator[str]:
+    """The VJ center the components' barriers call (it outlives the killed engine)."""
+    with running_center(f"sqlite:///{tmp_path}/state.db") as url:
+        yield url
+
+
+def _scan_and_die(home: str, center: str, nth: int, accepted: bool) -> None:
     """Scan; die at the ``nth`` component submission, after the site accepted it
     (``accepted``) or before it reached the site."""
-    koala = _engine(Path(home), "dead")
+    koala = _engine(Path(home), "dead", center)
     submit, calls = LocalSite.submit, [0]
 
     def aimed(self: LocalSite, job: JobSubmission) -> str:
@@ -86,16 +102,16 @@ def _site_jobs(koala: KoalaEngine) -> list[dict[str, object]]:
     ids=["before-the-first", "after-the-first", "after-the-second", "after-the-last"],
 )
 def test_an_engine_killed_mid_submission_doubles_no_component(
-    tmp_path: Path, nth: int, accepted: bool
+    tmp_path: Path, center: str, nth: int, accepted: bool
 ) -> None:
-    job_id = _engine(tmp_path, "client").submit(SPREAD, PlacementPolicy.WF, "sleep 0.3")
+    job_id = _engine(tmp_path, "client", center).submit(SPREAD, PlacementPolicy.WF, "sleep 0.3")
     ctx = multiprocessing.get_context("spawn")
-    dead = ctx.Process(target=_scan_and_die, args=(str(tmp_path), nth, accepted))
+    dead = ctx.Process(target=_scan_and_die, args=(str(tmp_path), center, nth, accepted))
     dead.start()
     dead.join(60)
     assert dead.exitcode == -signal.SIGKILL
 
-    koala = _engine(tmp_path, "new")
+    koala = _engine(tmp_path, "new", center)
     done = _until_done(koala, job_id)
 
     assert done.state == "completed", done.as_json()
@@ -116,14 +132,34 @@ def test_an_engine_killed_mid_submission_doubles_no_component(
     assert all(v == (0, 0, 0, 0) for v in totals.values()), totals
     # A component its engine lost before the site had it is not the site's error.
     assert not any(site_errors.values()), site_errors
+    # Each component that ran holds the token its row keeps the hash of: an adopted job
+    # the dead engine's token (the stored hash kept), a re-placed one a fresh token.
+    held = {str(j["id"]): _token_of(Path(str(j["workdir"]))) for j in jobs}
+    for c in done.components:
+        assert token_hash(held[str(c.site_job_id)]) == _token_hash_of(koala, job_id, c.index)
+    assert len(set(held.values())) == len(jobs)
     assert_capacity_invariant(koala.store, no_live_holds=True)
 
 
-def test_refresh_cancels_component_jobs_without_a_live_component(tmp_path: Path) -> None:
+def _token_of(workdir: Path) -> str:
+    """The barrier token a local site job was given (its environment file)."""
+    return str(json.loads((workdir / "env.json").read_text())[TOKEN_ENV])
+
+
+def _token_hash_of(koala: KoalaEngine, job_id: int, index: int) -> str:
+    cc = coalloc_components.c
+    with koala.store.begin() as conn:
+        query = select(cc.token_hash).where(cc.job_id == job_id, cc.idx == index)
+        return str(conn.execute(query).scalar_one())
+
+
+def test_refresh_cancels_component_jobs_without_a_live_component(
+    tmp_path: Path, center: str
+) -> None:
     """A site job keyed for a component of another epoch (the job was re-placed) is an
     orphan; the component's own job is not (and the local site gives a second submission
     of its key the same job)."""
-    koala = _engine(tmp_path, "only")
+    koala = _engine(tmp_path, "only", center)
     job_id = koala.submit(SPREAD, PlacementPolicy.WF, "sleep 30")
     deadline = time.time() + 60
     while koala.status(job_id).state != "running" and time.time() < deadline:

@@ -22,6 +22,7 @@ from gridcore.model import JobRequest, JobState, JobSubmission
 from gridcore.policies.claiming import KoalaParams
 from gridcore.state.schema import sites
 from gridcore.state.store import open_store
+from tests.barrier_checks import running_center
 
 
 def runtime(tmp_path: Path) -> GridRuntime:
@@ -153,12 +154,13 @@ def test_refresh_probes_so_an_ensemble_only_user_gets_the_site_back(tmp_path: Pa
 
 def test_the_engine_probes_during_its_scans(tmp_path: Path) -> None:
     rt = runtime(tmp_path)
-    koala = KoalaEngine(rt, params=KoalaParams(scan_interval_s=1.0))
-    set_aside(rt, "local-a")
-    deadline = time.time() + 20
-    while state(rt, "local-a").usable is False and time.time() < deadline:
-        koala.scan()
-        time.sleep(0.1)
+    with running_center(rt.store) as center:
+        koala = KoalaEngine(rt, params=KoalaParams(scan_interval_s=1.0), center_url=center)
+        set_aside(rt, "local-a")
+        deadline = time.time() + 20
+        while state(rt, "local-a").usable is False and time.time() < deadline:
+            koala.scan()
+            time.sleep(0.1)
     assert state(rt, "local-a").usable is True
     assert_sound(rt)
 
