@@ -26,11 +26,9 @@ from gridcore.model import CredentialRef, SiteKind, SiteSpec
 from gridcore.sites.slurm import SlurmSite
 from tests.slurmgrid import NETWORK_ENV, SlurmCluster, SlurmGrid, start_grid, stop_grid
 
-# "loopback" until the co-allocation barrier (gridcore/barrier.py) stops binding and
-# publishing 127.0.0.1: in namespaces, the components of one job on different clusters
-# cannot reach each other's loopback data ports, and test_poisson_dag_on_the_slurm_grid
-# re-places its job forever. Set "auto" (or GRIDCORE_SLURM_NETWORK=netns) once it does.
-SESSION_NETWORK = "loopback"
+# Each cluster in its own network namespace (CI: must be; elsewhere: if it can be).
+# Pilots and co-allocation barriers reach the VJ center and each other over the veths.
+SESSION_NETWORK = "auto"
 
 
 def session_network() -> str:
