@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection, RowMapping, and_, insert, select, update
+from sqlalchemy.exc import OperationalError
 
 from gridcore.engine import capacity, health, lease, pilot_pool, queue_stats, submission
 from gridcore.engine.lease import LeaseLost
@@ -87,6 +88,7 @@ from gridcore.policies.coreservation import (
 )
 from gridcore.sites.keys import pilot_key
 from gridcore.state.schema import pilots, reservation_shifts, reservations
+from gridcore.state.store import DEADLOCK_DETECTED
 from gridcore.validation import check_coreservation_request
 
 log = logging.getLogger(__name__)
@@ -337,6 +339,11 @@ class CoReserveEngine:
         if selection.outcome is not Outcome.FIT:
             _set_selection(conn, job_id, selection, None, now)
             return None
+        # The holds change several sites' counter rows: lock them in name order first,
+        # as every multi-site writer of gc_sites does, or two submissions choosing the
+        # same sites in another order deadlock on PostgreSQL.
+        for site in sorted({choice.cluster for choice in selection.choices}):
+            self.store.lock_site(conn, site)
         made = [
             _new_pilot(conn, job_id, request, choice.cluster, choice.t_avail, now)
             for choice in selection.choices
@@ -449,7 +456,7 @@ class CoReserveEngine:
         self.lease.release()
 
     def _steps(self, now: float, report: ScanReport) -> None:
-        self.runtime.refresh()
+        self._observe(report)
         self._resubmit_stale(now)
         self._follow(now, report)
         self._dispatch(now, report)
@@ -457,6 +464,19 @@ class CoReserveEngine:
             self._reorganize(now, report)
         self._substitute(now, report)
         self._finish(now, report)
+
+    def _observe(self, report: ScanReport) -> None:
+        """Step 1. An observation PostgreSQL chose as a deadlock's victim wrote nothing
+        (it rolled back whole): this scan goes on without it and the next one observes
+        again. (A report releases pilot holds it counts while the center's result
+        transactions release others at the same site, in the other order.)"""
+        try:
+            self.runtime.refresh()
+        except OperationalError as exc:
+            if getattr(exc.orig, "sqlstate", None) != DEADLOCK_DETECTED:
+                raise
+            log.warning("observing the sites: a deadlock's victim, next scan: %s", exc.orig)
+            report.reasons.append("site observation rolled back (deadlock victim)")
 
     @contextmanager
     def _tx(self) -> Iterator[Connection]:
@@ -569,6 +589,7 @@ class CoReserveEngine:
                 continue
             state, message = verdict
             with self._tx() as conn:
+                _lock_reservations(conn, [row["job_id"]])
                 if state is PilotState.LOST and _lose(conn, row["id"], message, now):
                     report.lost.append(row["id"])
                 elif state is PilotState.FAILED:
@@ -634,6 +655,12 @@ class CoReserveEngine:
 
     def _reorganize_one(self, job_id: int, now: float, report: ScanReport) -> None:
         with self._tx() as conn:
+            # Shifts and releases change pilots of several jobs and holds at several
+            # sites: take the locks in the order the center's transactions take them
+            # (pilot_pool: reservation rows, then pilot rows), sites in name order.
+            _lock_reservations(conn, _job_ids_in(conn, ReservationPhase.RESERVING))
+            for site in sorted(self.grid.site_names):
+                self.store.lock_site(conn, site)
             pending = _pending_jobs(conn, now)
             mine = next((p for p in pending if p.job_id == job_id), None)
             if mine is None:
@@ -657,7 +684,13 @@ class CoReserveEngine:
                     self._submit_pilots(made)
 
     def _substitutes_for(self, conn: Connection, job_id: int, now: float) -> list[_NewPilot]:
-        row = conn.execute(select(reservations).where(reservations.c.id == job_id)).mappings().one()
+        # locked before the sites' rows (the holds) and before its own update below: a
+        # pilot's result locks it first too, then the pilot's site
+        row = (
+            conn.execute(select(reservations).where(reservations.c.id == job_id).with_for_update())
+            .mappings()
+            .one()
+        )
         if row["state"] != ReservationPhase.RESERVING.value:
             return []
         request = _request_of(row)
@@ -694,7 +727,7 @@ class CoReserveEngine:
         """Finished jobs let every pilot they still have go."""
         with self.store.begin() as conn:
             rows = conn.execute(
-                select(pilots.c.id, pilots.c.site, pilots.c.site_job_id)
+                select(pilots.c.id, pilots.c.job_id, pilots.c.site, pilots.c.site_job_id)
                 .join(reservations, reservations.c.id == pilots.c.job_id)
                 .where(
                     and_(
@@ -703,8 +736,9 @@ class CoReserveEngine:
                     )
                 )
             ).all()
-        for pilot_id, site, site_job_id in rows:
+        for pilot_id, job_id, site, site_job_id in rows:
             with self._tx() as conn:
+                _lock_reservations(conn, [job_id])
                 _release_pilot(conn, pilot_id, "its job ended", now)
             if site_job_id is not None:
                 self._cancel_site_job(site, site_job_id, "its job ended")
@@ -733,12 +767,15 @@ class CoReserveEngine:
         with self.store.begin() as conn:
             self._end_job(conn, job_id, ReservationPhase.CANCELLED, "cancelled", now)
             rows = conn.execute(
-                select(pilots.c.id, pilots.c.site, pilots.c.site_job_id).where(
+                select(pilots.c.id, pilots.c.site, pilots.c.site_job_id)
+                .where(
                     and_(
                         pilots.c.job_id == job_id,
                         pilots.c.state.in_((*WAITING_PILOT, *LIVE_PILOT)),
                     )
                 )
+                # the sites' counter rows change in name order, as submissions lock them
+                .order_by(pilots.c.site, pilots.c.id)
             ).all()
             for pilot_id, _site, _job in rows:
                 _release_pilot(conn, pilot_id, "its job was cancelled", now)
@@ -934,6 +971,25 @@ def _fail_dispatched(conn: Connection, pilot_id: int, message: str, now: float) 
             )
         )
         .values(state=ReservationPhase.FAILED.value, message=message, finished_at=now)
+    )
+
+
+def _lock_reservations(conn: Connection, job_ids: Sequence[int]) -> None:
+    """Lock these reservation rows, in id order, before any pilot row changes: the lock
+    order of :mod:`gridcore.engine.pilot_pool` (reservation, then its pilots), so a scan
+    and the center's registrations and results never wait on each other in a cycle."""
+    if job_ids:
+        conn.execute(
+            select(reservations.c.id)
+            .where(reservations.c.id.in_(sorted(set(job_ids))))
+            .order_by(reservations.c.id)
+            .with_for_update()
+        ).all()
+
+
+def _job_ids_in(conn: Connection, phase: ReservationPhase) -> list[int]:
+    return list(
+        conn.execute(select(reservations.c.id).where(reservations.c.state == phase.value)).scalars()
     )
 
 
