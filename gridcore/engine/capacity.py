@@ -264,6 +264,11 @@ def release(conn: Connection, kind: HolderKind, holder: str, now: float | None =
     ).one_or_none()
     if row is None or row.ledger is None:
         return False
+    # The site row before the hold row, as a claim takes them (CLAIM, then the hold):
+    # a release taking them the other way round deadlocks with a concurrent release or
+    # claim at the same site on PostgreSQL (SQLite transactions are exclusive anyway).
+    if conn.dialect.name != "sqlite":
+        conn.execute(select(sites.c.name).where(sites.c.name == row.site).with_for_update())
     done = conn.execute(
         update(holds)
         .where(and_(hc.kind == kind.value, hc.holder == holder, hc.ledger == row.ledger))
@@ -279,8 +284,17 @@ def release(conn: Connection, kind: HolderKind, holder: str, now: float | None =
 def release_where(
     conn: Connection, kind: HolderKind, holders: Iterable[str], now: float | None = None
 ) -> int:
-    """Release each of ``holders`` (those still live); returns how many were released."""
-    return sum(release(conn, kind, h, now) for h in list(holders))
+    """Release each of ``holders`` (those still live), their sites in name order (the
+    order every multi-site writer locks ``gc_sites`` in); returns how many were released."""
+    wanted = list(holders)
+    hc = holds.c
+    site_of = dict(
+        conn.execute(
+            select(hc.holder, hc.site).where(and_(hc.kind == kind.value, hc.holder.in_(wanted)))
+        ).all()
+    )
+    ordered = sorted(wanted, key=lambda h: (site_of.get(h, ""), h))
+    return sum(release(conn, kind, h, now) for h in ordered)
 
 
 def release_prefix(
@@ -310,9 +324,9 @@ def release_visible(conn: Connection, site: str, visible_job_ids: Iterable[str])
         return 0
     hc = holds.c
     rows = conn.execute(
-        select(hc.kind, hc.holder).where(
-            and_(hc.site == site, hc.ledger.is_not(None), hc.site_job_id.in_(visible))
-        )
+        select(hc.kind, hc.holder)
+        .where(and_(hc.site == site, hc.ledger.is_not(None), hc.site_job_id.in_(visible)))
+        .order_by(hc.id)
     ).all()
     return sum(release(conn, HolderKind(r.kind), r.holder) for r in rows)
 
