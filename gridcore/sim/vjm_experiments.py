@@ -286,9 +286,14 @@ def plot_coallocation(result: Mapping[str, Any], path: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     setup = result["setup"]
+    runs = (
+        f"live on Slurm, {setup['repeats']} runs per point"
+        if result.get("live")
+        else f"seed {setup['seed']}, {setup['samples_per_point']} samples per point"
+    )
     figure.suptitle(
         f"VJM Fig. 3: {setup['job_processors']}-processor job, two idle 16-processor"
-        f" clusters (seed {setup['seed']}, {setup['samples_per_point']} samples per point)",
+        f" clusters ({runs})",
         fontsize=10,
     )
     figure.tight_layout()
