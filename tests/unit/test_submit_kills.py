@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Connection, select
 
+import gridcore.sites.local as local_site
 from gridcore.config import default_grid
 from gridcore.engine import capacity, ledger
 from gridcore.engine.runtime import SUBMIT_DEADLINE_S, GridRuntime, JobRecord
@@ -66,7 +67,7 @@ def _die_after_commit(k: int) -> None:
 
 def _die_in_files(point: str) -> None:
     """Aim inside the local site's submit: after its mkdir, or after its 1st/2nd file."""
-    mkdir, write_text = Path.mkdir, Path.write_text
+    mkdir, write_whole = Path.mkdir, local_site._write_whole
     writes = [0]
 
     def aimed_mkdir(self: Path, *args: Any, **kwargs: Any) -> None:
@@ -74,15 +75,14 @@ def _die_in_files(point: str) -> None:
         if point == "after-mkdir" and "jobs" in self.parts:
             _die()
 
-    def aimed_write(self: Path, *args: Any, **kwargs: Any) -> int:
-        written = write_text(self, *args, **kwargs)
+    def aimed_write(path: Path, text: str, mode: int | None = None) -> None:
+        write_whole(path, text, mode)
         writes[0] += 1
         if point == f"after-{('first', 'second')[min(writes[0], 2) - 1]}-file":
             _die()
-        return written
 
     Path.mkdir = aimed_mkdir  # type: ignore[method-assign]
-    Path.write_text = aimed_write  # type: ignore[method-assign]
+    local_site._write_whole = aimed_write  # each of the job's files, published whole
 
 
 def _worker(home: str, point: str, url: str | None) -> None:
