@@ -23,6 +23,7 @@ poll never blocks the event loop. Answers are the pools' TypedDicts, sent as the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -83,6 +84,29 @@ class Center:
     clock: Callable[[], float]
     # set when the server stops: long polls answer at once instead of holding shutdown
     closing: threading.Event = field(default_factory=threading.Event)
+    # rung when a request of this server may have changed what a long poll waits for
+    news: News = field(default_factory=lambda: News())
+
+
+class News:
+    """Wakes this server's long polls at once when one of its requests changed the state
+    they wait on (the registration that dispatches a job: every pilot of the job learns
+    within a round trip, not a :data:`POLL_S` apart, which is the dispatch skew). Polls
+    still look every :data:`POLL_S`: another process (a scan) may change it too."""
+
+    def __init__(self) -> None:
+        self._event: asyncio.Event | None = None
+
+    def ring(self) -> None:
+        if self._event is not None:
+            self._event.set()
+            self._event = None
+
+    async def nap(self, timeout_s: float) -> None:
+        if self._event is None:
+            self._event = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._event.wait(), timeout_s)
 
 
 def create_app(
@@ -156,6 +180,7 @@ def _pilot_routes() -> APIRouter:
             heartbeat_s=center.heartbeat_s,
         )
         log.info("pilot %d registered from %s:%d: %s", pilot_id, body.host, body.port, answer)
+        center.news.ring()
         return answer
 
     @router.post("/heartbeat", response_model=None)
@@ -169,7 +194,7 @@ def _pilot_routes() -> APIRouter:
         return await _long_poll(
             request,
             wait,
-            center.closing,
+            center,
             lambda: asyncio.to_thread(pilot_pool.work, center.store, pilot_id),
             lambda answer: answer["action"] == Action.WAIT.value,
         )
@@ -204,6 +229,7 @@ def _component_routes() -> APIRouter:
             body.port,
             center.clock(),
         )
+        center.news.ring()  # the last component's registration releases them all
         return {"state": state.value}
 
     @router.get("/peers", response_model=None)
@@ -213,7 +239,7 @@ def _component_routes() -> APIRouter:
         return await _long_poll(
             request,
             wait,
-            center.closing,
+            center,
             lambda: asyncio.to_thread(barrier_pool.component_peers, center.store, *key),
             lambda answer: answer["state"] == BarrierState.WAIT.value,
         )
@@ -230,7 +256,7 @@ def _component_routes() -> APIRouter:
 async def _long_poll(
     request: Request,
     wait: float,
-    closing: threading.Event,
+    center: Center,
     ask: Callable[[], Awaitable[T]],
     waiting: Callable[[T], bool],
 ) -> T:
@@ -241,11 +267,11 @@ async def _long_poll(
     deadline = loop.time() + min(wait, MAX_WAIT_S)
     while True:
         answer = await ask()
-        if not waiting(answer) or loop.time() >= deadline or closing.is_set():
+        if not waiting(answer) or loop.time() >= deadline or center.closing.is_set():
             return answer
         if await request.is_disconnected():
             return answer
-        await asyncio.sleep(POLL_S)
+        await center.news.nap(POLL_S)
 
 
 def _ping(store: Store) -> None:
