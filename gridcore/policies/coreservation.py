@@ -48,6 +48,14 @@ Where the paper is ambiguous, what we chose:
   bounds with ``k = ceil(m / 2)``: release ``C_k .. C_m``, keep ``C_1 .. C_(k-1)``. The
   mean waiting time that orders the clusters is that of the virtual jobs there that have
   not acquired their resources.
+
+Options of :func:`reorganize`, all off by default (the paper's rule, which the live engine
+uses): ``earlier_only`` (shifts flow only toward older jobs, the global order of the
+paper's refs. [8, 9]), ``held_only`` (Eq. 4 only where ``J_a`` holds something to shift)
+and ``wait_for_younger`` (under the global order the oldest job keeps its reservation
+while a younger job that holds what it lacks will yield). On the simulator's
+``vjm-deadlock`` they raise the share of jobs started but do not make every job start
+(``gridcore.sim.vjm_experiments``).
 """
 
 from __future__ import annotations
@@ -386,7 +394,7 @@ class Reorganization:
     clusters kept, and how many virtual jobs need substitute clusters."""
 
     job_id: int
-    step: str  # "indirect (Eq. 3)" | "direct (Eq. 4)" | "step 3" | "none"
+    step: str  # "indirect (Eq. 3)" | "direct (Eq. 4)" | "step 3" | "wait" | "none"
     shifts: tuple[Shift, ...]
     release: tuple[str, ...]
     keep: tuple[str, ...]
@@ -412,13 +420,20 @@ def indirect_deadlock(
 
 
 def direct_deadlock(
-    a: PendingJob, others: Sequence[PendingJob], *, earlier_only: bool = False
+    a: PendingJob,
+    others: Sequence[PendingJob],
+    *,
+    earlier_only: bool = False,
+    held_only: bool = False,
 ) -> dict[str, PendingJob]:
     """Eq. 4: ``exists (J_a, J_b, C_n): J_a = J_b on C_n``. Returns, per such ``C_n``,
-    the earliest-submitted ``J_b``."""
+    the earliest-submitted ``J_b``. ``held_only``: only clusters where ``J_a`` holds
+    something to shift (:func:`reorganize`)."""
     found: dict[str, PendingJob] = {}
     for b in _by_submission(others, a, earlier_only):
         for c_n in a.clusters:
+            if held_only and a.clusters[c_n].held == 0:
+                continue
             if relation(a, b, c_n) is Relation.EQUAL and c_n not in found:
                 found[c_n] = b
     return found
@@ -441,7 +456,12 @@ def _by_submission(
 
 
 def reorganize(
-    a: PendingJob, others: Sequence[PendingJob], *, earlier_only: bool = False
+    a: PendingJob,
+    others: Sequence[PendingJob],
+    *,
+    earlier_only: bool = False,
+    held_only: bool = False,
+    wait_for_younger: bool = False,
 ) -> Reorganization:
     """Sec. 3.3's resource reorganization for ``a`` after its lifetime: step 1 (Eq. 3),
     else step 2 (Eq. 4), else step 3 (:func:`release_slower_half`).
@@ -451,14 +471,54 @@ def reorganize(
     oldest pending job may give its resources to a younger one and go to the back of the
     queues; with ``earlier_only`` resources only flow toward older jobs, a global order
     (the dining philosophers' remedy of the paper's refs. [8, 9]): the oldest pending
-    job never gives, so it completes, and then the next."""
+    job never gives, so it completes, and then the next.
+
+    ``held_only`` (a reading): Eq. 4 names only clusters where ``J_a`` holds a virtual
+    job. The step's action is to "shift the resources reserved by J_a on C_n to J_b";
+    where ``J_a`` has reserved nothing there is nothing to shift, ``J_a`` does not hold
+    and wait there, and firing only cancels its place in the queue. (Eq. 3's ``C_n`` is
+    a cluster ``J_a`` holds completely, so it always has something.)
+
+    ``wait_for_younger`` (with ``earlier_only``): when no older job qualifies but a
+    younger pending job holds virtual jobs on a cluster where ``a`` is incomplete, the
+    time-out is competition among VJM jobs that the younger job resolves toward ``a``
+    at its own check; step 3's premise ("caused by local jobs or other meta-schedulers")
+    does not hold, so ``a`` keeps everything (step ``"wait"``)."""
     for step, found in (
         ("indirect (Eq. 3)", indirect_deadlock(a, others, earlier_only=earlier_only)),
-        ("direct (Eq. 4)", direct_deadlock(a, others, earlier_only=earlier_only)),
+        (
+            "direct (Eq. 4)",
+            direct_deadlock(a, others, earlier_only=earlier_only, held_only=held_only),
+        ),
     ):
         if found:
             return _shift_to_others(a, step, found)
+    if earlier_only and wait_for_younger:
+        waiting = _younger_holders(a, others)
+        if waiting:
+            return Reorganization(a.job_id, "wait", (), (), tuple(a.clusters), 0, tuple(waiting))
     return release_slower_half(a)
+
+
+def _younger_holders(a: PendingJob, others: Sequence[PendingJob]) -> list[str]:
+    """Why ``a`` waits: younger jobs whose own check would shift held virtual jobs to
+    ``a`` (Eq. 3 or Eq. 4 with ``a`` as their ``J_b``, ``held_only``)."""
+    mine = (a.submitted_at, a.job_id)
+    reasons: list[str] = []
+    for b in others:
+        if (b.submitted_at, b.job_id) <= mine or b.complete:
+            continue
+        found = {
+            **direct_deadlock(b, [a], earlier_only=True, held_only=True),
+            **indirect_deadlock(b, [a], earlier_only=True),
+        }
+        for c in found:
+            if b.clusters[c].held > 0:
+                reasons.append(
+                    f"global order: younger job {b.job_id} holds {b.clusters[c].held} on {c}"
+                    f" and yields to job {a.job_id} at its own check: wait"
+                )
+    return reasons
 
 
 def _shift_to_others(a: PendingJob, step: str, found: Mapping[str, PendingJob]) -> Reorganization:

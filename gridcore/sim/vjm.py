@@ -151,8 +151,12 @@ class VjmParams:
     mode: Mode = Mode.PILOTS
     submit_delay_s: tuple[float, float] = (0.0, 0.0)
     restart_lifetime_on_shift: bool = True
-    # shifts only toward earlier-submitted jobs (policies.coreservation.reorganize)
+    # Options of policies.coreservation.reorganize (off: the paper's rule): shifts only
+    # toward earlier-submitted jobs; Eq. 4 only where J_a holds something; the oldest
+    # job waits while a younger one that holds what it lacks will yield.
     earlier_only: bool = False
+    held_only: bool = False
+    wait_for_younger: bool = False
 
     def __post_init__(self) -> None:
         low, high = self.submit_delay_s
@@ -549,7 +553,13 @@ class _VjmModel:
             self._substitute(job, job.missing)
             return
         others = [self._pending(j) for j in self._jobs if j is not job and self._is_pending(j)]
-        plan = reorganize(self._pending(job), others, earlier_only=self._params.earlier_only)
+        plan = reorganize(
+            self._pending(job),
+            others,
+            earlier_only=self._params.earlier_only,
+            held_only=self._params.held_only,
+            wait_for_younger=self._params.wait_for_younger,
+        )
         self._steps[plan.step] += 1
         self._log("reorganize", job.name, detail="; ".join(plan.reasons))
         job.reorganizations += 1

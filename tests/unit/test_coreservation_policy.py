@@ -454,3 +454,59 @@ def test_dt_is_the_interval_of_a_backlogged_queue(
     scenario: str, records: list[QueueRecord], dt: float
 ) -> None:
     assert estimate_queue_stats(records, now=5000.0).dt == pytest.approx(dt), scenario
+
+
+# -- options beside the paper's rule (off by default) ------------------------------------------
+
+
+def test_held_only_eq4_skips_clusters_where_j_a_holds_nothing() -> None:
+    # The paper's Eq. 4 fires on C (J_a = J_b) though J_a has nothing there to shift.
+    a = job(1, 5.0, C=(3, 0, (9.0,) * 3), D=(2, 1, (9.0,)))
+    b = job(2, 1.0, C=(3, 1, (9.0,) * 2))
+    assert direct_deadlock(a, [b]) == {"C": b}
+    assert direct_deadlock(a, [b], held_only=True) == {}
+    # Nothing with another VJM job that J_a could shift: step 3.
+    assert reorganize(a, [b], held_only=True).step == "step 3"
+    # Where J_a holds something, held_only changes nothing.
+    c = job(3, 1.0, D=(2, 0, (9.0, 9.0)))
+    plan = reorganize(a, [b, c], held_only=True)
+    assert (plan.step, plan.release, [s.to_job for s in plan.shifts]) == (
+        "direct (Eq. 4)",
+        ("D",),
+        [3],
+    )
+
+
+def test_earlier_only_gives_only_to_older_jobs() -> None:
+    old, young = job(1, 0.0, C=(4, 2, (5.0,) * 2)), job(2, 9.0, C=(4, 1, (5.0,) * 3))
+    assert direct_deadlock(old, [young], earlier_only=True) == {}
+    assert direct_deadlock(young, [old], earlier_only=True) == {"C": old}
+
+
+@pytest.mark.parametrize(
+    ("scenario", "young", "step"),
+    [
+        (
+            "a younger job holds on C where the oldest is incomplete: it will yield, so wait",
+            job(2, 9.0, C=(4, 1, (5.0,) * 3)),
+            "wait",
+        ),
+        (
+            "the younger job only queues on C (nothing to yield): the time-out is local, step 3",
+            job(2, 9.0, C=(4, 0, (5.0,) * 4)),
+            "step 3",
+        ),
+    ],
+)
+def test_wait_for_younger_keeps_the_oldest_job_s_reservation(
+    scenario: str, young: PendingJob, step: str
+) -> None:
+    oldest = job(1, 0.0, C=(4, 2, (5.0,) * 2), D=(3, 3))
+    # The paper's rule (and earlier_only alone) sends the oldest job to step 3 or makes
+    # it give; with the global order it keeps what it holds while a younger one yields.
+    assert reorganize(oldest, [young], earlier_only=True).step == "step 3"
+    plan = reorganize(oldest, [young], earlier_only=True, wait_for_younger=True)
+    assert plan.step == step, scenario
+    if step == "wait":
+        assert (plan.shifts, plan.release, plan.substitutes) == ((), (), 0)
+        assert "younger job 2 holds 1 on C" in plan.reasons[0]

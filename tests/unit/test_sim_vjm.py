@@ -308,11 +308,23 @@ def test_vjm_follows_min_and_round_robin_max(fig3_result: dict[str, Any]) -> Non
 def test_vjm_deadlock_keys_and_outcome() -> None:
     result = deadlock_experiment(seed=0, cases=2)
     variants = result["variants"]
-    assert {"reorganize", "no_reorganize", "koala"} <= variants.keys()
+    assert {
+        "reorganize",
+        "reorganize_earlier_only",
+        "reorganize_held_only",
+        "reorganize_global_order",
+        "no_reorganize",
+        "koala",
+    } <= variants.keys()
     for figures in variants.values():
         assert {"submitted", "started", "mean_coallocation_s", "idle_held_cpu_s"} <= figures.keys()
         assert figures["submitted"] == 20
+        assert figures["started_fraction"] == figures["started"] / 20
         assert figures["idle_held_cpu_s"] > 0.0
+    # The options reach the policy: held_only never fires Eq. 4 where J_a holds nothing,
+    # the global order makes the oldest job wait instead of releasing.
+    assert variants["reorganize_global_order"]["reorganization_steps"]["wait"] > 0
+    assert variants["reorganize"]["reorganization_steps"]["wait"] == 0
     # What the model shows (module docstring; not the paper's claim): reorganization
     # starts more jobs than holding pilots until the job runs.
     assert variants["reorganize"]["started"] > variants["no_reorganize"]["started"]
