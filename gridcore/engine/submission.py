@@ -106,9 +106,7 @@ def judge_pilot_job(conn: Connection, pilot_id: int, site: str, job_id: str) -> 
     """A pilot's job is ours while the pilot is not finished; a pilot whose submission
     was not recorded (its submitter died) adopts it."""
     row = conn.execute(
-        select(pilots.c.site, pilots.c.state, pilots.c.site_job_id).where(
-            pilots.c.id == pilot_id
-        )
+        select(pilots.c.site, pilots.c.state, pilots.c.site_job_id).where(pilots.c.id == pilot_id)
     ).one_or_none()
     if row is None or row.site != site or PilotState(row.state).finished:
         return Verdict.ORPHAN
