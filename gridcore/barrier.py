@@ -49,24 +49,30 @@ Exit codes of a barrier that never starts COMMAND:
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import random
 import signal
 import socket
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from gridcore.pilot import advertised_host
+from gridcore.pilot import (
+    PEERS_FILE as PEERS_FILE,  # the peers file a component gets (re-exported)
+)
+from gridcore.pilot import (
+    Center,
+    Refused,
+    Unreachable,
+    advertised_host,
+    listen,
+    write_peers,
+)
 
 TOKEN_ENV = "GRIDCORE_COMPONENT_TOKEN"
 TIMEOUT_ENV = "GRIDCORE_BARRIER_TIMEOUT_S"
@@ -82,7 +88,6 @@ DEFAULT_UNREACHABLE_S = 60.0
 PEERS_WAIT_S = 25.0  # one long poll's wait (the center allows 30)
 REQUEST_SLACK_S = 15.0  # an HTTP request's timeout beyond the wait it asked for
 MIN_POLL_S = 0.05  # a "wait" that came back sooner is not asked again before this
-PEERS_FILE = "peers-{job}-{epoch}-{component}.json"
 API = "/api/v1/components/{job}/{epoch}/{component}"
 
 
@@ -107,17 +112,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not token:
         _say(args, f"no token: set ${TOKEN_ENV}")
         return EXIT_USAGE
-    listener = _listen(args.bind)
+    listener = listen(args.bind)
     host = args.advertise or advertised_host(args.center, args.bind)
     port = int(listener.getsockname()[1])
-    center = Center(args, token)
+    center = _center(args, token)
     try:
         peers = _meet(center, args, host, port)
     except Stop as stop:
         _say(args, str(stop))
         listener.close()
         return stop.code
-    path = _write_peers(args, peers)
+    path = write_peers(
+        Path.cwd(), args.job, args.component, [p.__dict__ for p in peers], args.epoch
+    )
     env = {
         **os.environ,
         "GRIDCORE_PEERS": str(path),
@@ -167,7 +174,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def _meet(center: Center, args: argparse.Namespace, host: str, port: int) -> list[Peer]:
     """Register, wait for every peer, record the release: the peers, or :class:`Stop`."""
-    registered = center.call("POST", "/register", {"host": host, "port": port})
+    registered = _call(center, "POST", "/register", body={"host": host, "port": port})
     if registered.get("state") != "wait":
         raise Stop(EXIT_ABORTED, "aborted before registering (job re-placed, aborted or cancelled)")
     deadline = time.monotonic() + args.timeout
@@ -175,7 +182,7 @@ def _meet(center: Center, args: argparse.Namespace, host: str, port: int) -> lis
         left = deadline - time.monotonic()
         wait = max(0.0, min(PEERS_WAIT_S, left))
         asked = time.monotonic()
-        answer = center.call("GET", f"/peers?wait={wait:.2f}", timeout=wait + REQUEST_SLACK_S)
+        answer = _call(center, "GET", f"/peers?wait={wait:.2f}", timeout=wait + REQUEST_SLACK_S)
         state = answer.get("state")
         if state == "go":
             peers = [Peer(int(p["index"]), str(p["host"]), int(p["port"])) for p in answer["peers"]]
@@ -188,104 +195,37 @@ def _meet(center: Center, args: argparse.Namespace, host: str, port: int) -> lis
                 f"timed out after {args.timeout:g} s waiting for the other components",
             )
         time.sleep(max(0.0, MIN_POLL_S - (time.monotonic() - asked)))
-    if center.call("POST", "/released").get("state") != "go":
+    if _call(center, "POST", "/released").get("state") != "go":
         raise Stop(EXIT_ABORTED, "aborted while being released (job re-placed or cancelled)")
     return peers
 
 
-class Center:
-    """The center's API for one component, with its token in the Authorization header.
+def _center(args: argparse.Namespace, token: str) -> Center:
+    path = API.format(job=args.job, epoch=args.epoch, component=args.component)
+    return Center(args.center.rstrip("/") + path, token, float(args.unreachable_s))
 
-    A request the center cannot answer (no connection, a timeout, HTTP 5xx) is retried
-    with jittered back-off until the center has been silent for ``--unreachable-s``
-    (:class:`Stop` 69). A refused token is :class:`Stop` 77, unless the center accepted
-    it before: then the component's row was replaced by a new placement (75)."""
 
-    def __init__(self, args: argparse.Namespace, token: str) -> None:
-        path = API.format(job=args.job, epoch=args.epoch, component=args.component)
-        self.base = args.center.rstrip("/") + path
-        self.unreachable_s = float(args.unreachable_s)
-        self._headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
-        # Straight to the center: a site's HTTP proxy is for the outside world.
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        self._last_ok = time.monotonic()
-        self._accepted = False
-
-    def call(
-        self,
-        method: str,
-        path: str,
-        body: dict[str, Any] | None = None,
-        *,
-        timeout: float = REQUEST_SLACK_S,
-    ) -> dict[str, Any]:
-        delay = 0.1
-        while True:
-            try:
-                return self._once(method, path, body, timeout)
-            except urllib.error.HTTPError as exc:
-                if exc.code < 500:
-                    raise self._refusal(method, path, exc) from None
-                failure = f"HTTP {exc.code}"
-            except OSError as exc:  # URLError, timeouts, resets
-                failure = _describe(exc)
-            except ValueError as exc:  # an answer that is not a JSON object
-                failure = f"bad answer: {exc}"
-            silent = time.monotonic() - self._last_ok
-            if silent > self.unreachable_s:
-                raise Stop(
-                    EXIT_UNREACHABLE,
-                    f"the center at {self.base} is unreachable (silent for {silent:.0f} s;"
-                    f" last: {failure})",
-                )
-            time.sleep(delay * random.uniform(0.5, 1.0))
-            delay = min(delay * 2, 5.0)
-
-    def _once(
-        self, method: str, path: str, body: dict[str, Any] | None, timeout: float
-    ) -> dict[str, Any]:
-        data = None if body is None else json.dumps(body).encode()
-        headers = dict(self._headers)
-        if data is not None:
-            headers["Content-Type"] = "application/json"
-        request = urllib.request.Request(self.base + path, data, headers, method=method)
-        with self._opener.open(request, timeout=timeout) as response:
-            answer = json.loads(response.read() or b"{}")
-        self._last_ok = time.monotonic()
-        self._accepted = True
-        if not isinstance(answer, dict):
-            raise ValueError(f"{method} {path} answered {type(answer).__name__}, not an object")
-        return answer
-
-    def _refusal(self, method: str, path: str, exc: urllib.error.HTTPError) -> Stop:
-        what = f"{method} {path.split('?')[0]}: HTTP {exc.code} {_detail(exc)}".rstrip()
-        if exc.code == 401 and self._accepted:
-            return Stop(
+def _call(center: Center, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+    """One request through the pilot's client (retried with back-off while the center
+    is silent), its failures as the barrier's exit codes: unreachable 69; a refused
+    token 77, unless the center accepted it before: then the component's row was
+    replaced by a new placement (75); any other 4xx 76."""
+    try:
+        return center.call(method, path, **kwargs)
+    except Unreachable as exc:
+        raise Stop(
+            EXIT_UNREACHABLE, f"the center at {center.base} is unreachable ({exc})"
+        ) from None
+    except Refused as exc:
+        if exc.status == 401 and center.accepted:
+            raise Stop(
                 EXIT_ABORTED,
-                f"aborted while waiting (job re-placed: the center no longer knows this"
-                f" component's token; {what})",
-            )
-        if exc.code in (401, 403):
-            return Stop(EXIT_REFUSED, f"the center refused this component's token ({what})")
-        return Stop(EXIT_REJECTED, f"the center rejected the request ({what})")
-
-
-def _listen(bind: str) -> socket.socket:
-    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
-    listener = socket.create_server((bind, 0), family=family)
-    listener.set_inheritable(True)
-    return listener
-
-
-def _write_peers(args: argparse.Namespace, peers: list[Peer]) -> Path:
-    """One file per component, published by rename: components of one job that share a
-    working directory (two on one site) never read each other's half-written file."""
-    name = PEERS_FILE.format(job=args.job, epoch=args.epoch, component=args.component)
-    path = Path.cwd() / name
-    temporary = path.with_name(f".{name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps({"components": [p.__dict__ for p in peers]}))
-    os.replace(temporary, path)
-    return path
+                "aborted while waiting (job re-placed: the center no longer knows this"
+                f" component's token; {exc})",
+            ) from None
+        if exc.status in (401, 403):
+            raise Stop(EXIT_REFUSED, f"the center refused this component's token ({exc})") from None
+        raise Stop(EXIT_REJECTED, f"the center rejected the request ({exc})") from None
 
 
 def _run(command: list[str], env: dict[str, str], listener: socket.socket) -> int:
@@ -299,19 +239,6 @@ def _run(command: list[str], env: dict[str, str], listener: socket.socket) -> in
     signal.signal(signal.SIGINT, forward)
     code = proc.wait()
     return 128 - code if code < 0 else code
-
-
-def _describe(exc: OSError) -> str:
-    if isinstance(exc, urllib.error.URLError):
-        return str(exc.reason)
-    return f"{type(exc).__name__}: {exc}"
-
-
-def _detail(exc: urllib.error.HTTPError) -> str:
-    try:
-        return str(json.loads(exc.read()).get("detail", ""))
-    except (OSError, ValueError, AttributeError):
-        return ""
 
 
 def _say(args: argparse.Namespace, message: str) -> None:

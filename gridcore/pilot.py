@@ -66,13 +66,18 @@ WORK_WAIT_S = 25  # the long poll's wait (the center allows 30)
 REQUEST_SLACK_S = 15.0  # an HTTP request's timeout beyond the wait it asked for
 RESULT_TRIES = 6  # about 15 s of back-off
 KILL_GRACE_S = 10.0  # SIGTERM, then SIGKILL, for a command whose pilot was released
-PEERS_FILE = "peers-{job}-{epoch}-{component}.json"  # as gridcore.barrier.PEERS_FILE
+PEERS_FILE = "peers-{job}-{epoch}-{component}.json"  # the barrier's too
 API = "/api/v1/pilots/{pilot}"
 DESCRIPTION = "A VJM pilot: hold processors until the VJ center dispatches a command."
 
 
 class Refused(Exception):
-    """The center answered 4xx: the token or the request is wrong; retrying won't help."""
+    """The center answered 4xx (``status``): the token or the request is wrong; retrying
+    won't help."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class Unreachable(Exception):
@@ -85,8 +90,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not token:
         _say(args.pilot, f"no token: set ${TOKEN_ENV}")
         return EXIT_USAGE
-    center = Center(args.center, args.pilot, token, args.unreachable_s)
-    listener = _listen(args.bind)
+    center = Center(
+        args.center.rstrip("/") + API.format(pilot=args.pilot), token, args.unreachable_s
+    )
+    listener = listen(args.bind)
     host = args.advertise or advertised_host(args.center, args.bind)
     pilot = Pilot(args, center, listener, host)
     try:
@@ -121,11 +128,14 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 class Center:
-    """The VJ center's API for one pilot, with its token in the Authorization header."""
+    """The VJ center's API for one pilot (or one co-allocation component:
+    :mod:`gridcore.barrier` uses this client too), its resource at ``base``, with its
+    token in the Authorization header."""
 
-    def __init__(self, url: str, pilot: int, token: str, unreachable_s: float) -> None:
-        self.base = url.rstrip("/") + API.format(pilot=pilot)
+    def __init__(self, base: str, token: str, unreachable_s: float) -> None:
+        self.base = base
         self.unreachable_s = unreachable_s
+        self.accepted = False  # the center has answered one request with 2xx
         self._headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
         # Straight to the center: a site's HTTP proxy is for the outside world.
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -179,10 +189,12 @@ class Center:
                 answer = json.loads(response.read() or b"{}")
         except urllib.error.HTTPError as exc:
             if 400 <= exc.code < 500:
-                raise Refused(f"{method} {path}: HTTP {exc.code} {_detail(exc)}") from None
+                what = f"{method} {path.split('?')[0]}: HTTP {exc.code} {_detail(exc)}".rstrip()
+                raise Refused(what, exc.code) from None
             raise
         with self._lock:
             self._last_ok = time.monotonic()
+            self.accepted = True
         if not isinstance(answer, dict):
             raise ValueError(f"{method} {path} answered {type(answer).__name__}, not an object")
         return answer
@@ -197,7 +209,7 @@ class Heartbeat(threading.Thread):
         self.center = center
         self.interval = min(max(interval, 0.05), 300.0)
         self.released = threading.Event()
-        self.refused: str | None = None
+        self.refused: Refused | None = None
         self.on_release: Any = None
         self._halt = threading.Event()
 
@@ -208,7 +220,7 @@ class Heartbeat(threading.Thread):
             except Unreachable:
                 continue
             except Refused as exc:
-                self.refused = str(exc)
+                self.refused = exc
                 continue
             if answer.get("action") == "exit" and not self.released.is_set():
                 self.released.set()
@@ -251,7 +263,7 @@ class Pilot:
                 self.say("released while holding")
                 return 0
             if heartbeat.refused is not None:
-                raise Refused(heartbeat.refused)
+                raise heartbeat.refused
             work = self.center.call(
                 "GET", f"/work?wait={WORK_WAIT_S}", timeout=WORK_WAIT_S + REQUEST_SLACK_S
             )
@@ -327,10 +339,13 @@ def advertised_host(center_url: str, bind: str) -> str:
         return socket.getfqdn()
 
 
-def write_peers(workdir: Path, job: int, component: int, peers: list[dict[str, Any]]) -> Path:
-    """One file per component, published by rename (pilots sharing a directory never
-    read each other's half-written file); the barrier's format, epoch 0."""
-    name = PEERS_FILE.format(job=job, epoch=0, component=component)
+def write_peers(
+    workdir: Path, job: int, component: int, peers: list[dict[str, Any]], epoch: int = 0
+) -> Path:
+    """One file per component, published by rename (components sharing a directory never
+    read each other's half-written file); pilots' epoch is 0, the barrier's its
+    placement's."""
+    name = PEERS_FILE.format(job=job, epoch=epoch, component=component)
     path = workdir / name
     temporary = path.with_name(f".{name}.{os.getpid()}.tmp")
     rows = [
@@ -341,7 +356,8 @@ def write_peers(workdir: Path, job: int, component: int, peers: list[dict[str, A
     return path
 
 
-def _listen(bind: str) -> socket.socket:
+def listen(bind: str) -> socket.socket:
+    """The data port: listening on ``bind`` port 0, inheritable by the command."""
     family = socket.AF_INET6 if ":" in bind else socket.AF_INET
     listener = socket.create_server((bind, 0), family=family)
     listener.set_inheritable(True)
