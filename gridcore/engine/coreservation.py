@@ -481,10 +481,6 @@ class CoReserveEngine:
     @contextmanager
     def _tx(self) -> Iterator[Connection]:
         """A transition's transaction: fenced by the scan lease during a scan."""
-        if self._grant is None:
-            with self.store.begin() as conn:
-                yield conn
-            return
         with self.lease.transaction(self._grant) as conn:
             yield conn
 

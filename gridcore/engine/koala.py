@@ -327,10 +327,6 @@ class KoalaEngine:
     def _tx(self) -> Iterator[Connection]:
         """The transaction of one transition: during a scan it commits only while the
         scan still holds its lease (fenced: LeaseLost otherwise, and it rolls back)."""
-        if self._grant is None:
-            with self.store.begin() as conn:
-                yield conn
-            return
         with self.lease.transaction(self._grant) as conn:
             yield conn
 

@@ -128,10 +128,12 @@ class Lease:
             )
 
     @contextmanager
-    def transaction(self, grant: Grant) -> Iterator[Connection]:
-        """One transaction that commits only while ``grant`` holds the lease."""
+    def transaction(self, grant: Grant | None) -> Iterator[Connection]:
+        """One transaction that commits only while ``grant`` holds the lease; with no
+        grant (an engine's step outside its scan: submit, cancel) a plain one."""
         with self.store.begin() as conn:
-            self.fence(conn, grant)
+            if grant is not None:
+                self.fence(conn, grant)
             yield conn
 
     def renew(self, grant: Grant) -> None:
