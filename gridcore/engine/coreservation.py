@@ -22,12 +22,15 @@ The engine has no daemon: whoever waits on a job (the Airflow trigger, the CLI) 
    that dies fails its job (the program lost a rank);
 3. dispatch any job whose pilots all hold (a backstop to the registration's dispatch);
 4. after a job's lifetime (Eq. 2) runs out: resource reorganization (Sec. 3.3,
-   :func:`gridcore.policies.coreservation.reorganize`) against every pending job: held
-   pilots shift to another job (one transaction, a ``gc_reservation_shifts`` row per
-   pilot), released clusters' pilots let go;
+   :func:`gridcore.policies.coreservation.reorganize`, with ``CoReserveParams.rule``,
+   the global order unless told otherwise) against every pending job: held pilots
+   shift to another job (one transaction, a ``gc_reservation_shifts`` row per pilot),
+   released clusters' pilots let go; a receiver's lifetime starts afresh, and a job
+   that kept everything is checked again after the lifetime floor;
 5. substitutes: every job with fewer live pilots than virtual jobs gets the missing ones
-   selected again (``already`` = the pilots it keeps; released clusters avoided while
-   others can take them), submitted, and a new lifetime;
+   selected again (:func:`~gridcore.policies.coreservation.select_substitutes`:
+   ``already`` = the pilots it keeps; released clusters avoided while others can take
+   them), submitted, and a new lifetime;
 6. a finished job lets every pilot it still has go.
 
 Exactly once: a pilot's site job carries ``gc-<install>-v<pilot>``; a submitter that
@@ -51,7 +54,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, RowMapping, and_, insert, select, update
+from sqlalchemy import Connection, RowMapping, and_, func, insert, select, update
 from sqlalchemy.exc import OperationalError
 
 from gridcore.engine import capacity, health, lease, pilot_pool, queue_stats, submission
@@ -75,15 +78,19 @@ from gridcore.model import (
     SiteKind,
 )
 from gridcore.policies.coreservation import (
+    DEFAULT_RULE,
+    LIFETIME_CEILING_S,
     ClusterReservation,
     ClusterSelection,
     ClusterView,
     PendingJob,
     QueueStats,
     Reorganization,
+    ReorganizeRule,
     reorganize,
     reservation_lifetime,
     select_clusters,
+    select_substitutes,
     static_selection,
 )
 from gridcore.sites.keys import pilot_key
@@ -115,9 +122,13 @@ class CoReserveParams:
     python: str | None = None
     # False: no reorganization after the lifetime (the experiments' "no_reorganize")
     reorganize: bool = True
+    # how Sec. 3.3 is read (policies.coreservation: the global order by default)
+    rule: ReorganizeRule = DEFAULT_RULE
+    # Eq. 2's ceiling (policies.coreservation.LIFETIME_CEILING_S; not in the paper)
+    lifetime_ceiling_s: float = LIFETIME_CEILING_S
 
     def __post_init__(self) -> None:
-        for name in ("heartbeat_timeout_s", "lease_s"):
+        for name in ("heartbeat_timeout_s", "lease_s", "lifetime_ceiling_s"):
             if not getattr(self, name) > 0:
                 raise RequestError(f"CoReserveParams.{name} must be > 0")
 
@@ -357,7 +368,9 @@ class CoReserveEngine:
             ).scalars()
             if t is not None
         ]
-        lifetime = reservation_lifetime(waiting, request.lifetime_floor_s)
+        lifetime = reservation_lifetime(
+            waiting, request.lifetime_floor_s, self.params.lifetime_ceiling_s
+        )
         _set_selection(conn, job_id, selection, lifetime, now)
         return made
 
@@ -377,11 +390,7 @@ class CoReserveEngine:
         views = [ClusterView(s, stats[s], self.grid.site(s).processors // g) for s in names]
         if request.machine_file is not None:
             return static_selection(dict(request.machine_file), views, already)
-        preferred = [v for v in views if v.name not in avoid or v.name in already]
-        selection = select_clusters(missing, preferred, request.max_clusters, already)
-        if selection.outcome is Outcome.FIT or len(preferred) == len(views):
-            return selection
-        return select_clusters(missing, views, request.max_clusters, already)
+        return select_substitutes(missing, views, request.max_clusters, already, avoid)
 
     def _submit_pilots(self, made: Sequence[_NewPilot]) -> None:
         """Submit to the sites in parallel (one thread per site, each site's pilots in
@@ -661,7 +670,8 @@ class CoReserveEngine:
             mine = next((p for p in pending if p.job_id == job_id), None)
             if mine is None:
                 return
-            decision = reorganize(mine, [p for p in pending if p.job_id != job_id])
+            others = [p for p in pending if p.job_id != job_id]
+            decision = reorganize(mine, others, self.params.rule)
             cancels = _apply_reorganization(conn, decision, now)
             for shift in decision.shifts:
                 pilot_pool.dispatch_if_ready(conn, shift.to_job, now)
@@ -1111,15 +1121,33 @@ def _apply_reorganization(
         or "{}"
     )
     selection["avoid"] = list(decision.release)
+    # With substitutes to find, the new lifetime starts with their selection (Sec. 3.3);
+    # a job that kept everything ("wait", "none") is checked again after the floor.
+    floor = reservations.c.lifetime_floor_s
     conn.execute(
         update(reservations)
         .where(reservations.c.id == a)
         .values(
             reorganizations=reservations.c.reorganizations + 1,
-            deadline_at=None,
+            deadline_at=None if decision.substitutes else now + floor,
             selection=json.dumps(selection),
         )
     )
+    # A job that received held pilots starts its lifetime afresh (the paper is silent;
+    # read literally, its old timer can expire first and shift them straight back:
+    # gridcore.sim.vjm, "A receiver's lifetime").
+    receivers = sorted({shift.to_job for shift in decision.shifts})
+    if receivers:
+        conn.execute(
+            update(reservations)
+            .where(
+                and_(
+                    reservations.c.id.in_(receivers),
+                    reservations.c.state == ReservationPhase.RESERVING.value,
+                )
+            )
+            .values(deadline_at=now + func.coalesce(reservations.c.lifetime_s, floor))
+        )
     return cancels
 
 

@@ -34,11 +34,12 @@ in this run. The model supplies time, queues and other users:
   A shift moves held pilots of ``J_a`` to ``J_b`` (``J_b`` cancels as many of its own
   pilots still waiting on that cluster, its latest first); ``J_a``'s other pilots on the
   released clusters are released (held) or cancelled (waiting or in flight); substitutes
-  are selected by ``select_clusters(n, ..., already=kept counts)`` over all clusters (a
-  released cluster stays a candidate: its new pilots join the tail of its queue, behind
-  the job that received the shift) and a new lifetime starts. A substitute selection
-  that fits nowhere is retried after the floor. Without reorganization pilots hold until
-  their job runs, however long that takes.
+  are selected by ``select_substitutes(n, ..., already=kept counts, avoid=released)``
+  (the released clusters only when the others cannot take them: as the live engine)
+  and a new lifetime starts. A substitute selection that fits nowhere is retried after
+  the floor. Without reorganization pilots hold until their job runs, however long that
+  takes. ``VjmParams.rule`` is the reading of Sec. 3.3 (the global order by default,
+  the printed rule as ``PAPER_RULE``; :mod:`gridcore.policies.coreservation`).
 * **A receiver's lifetime** (``VjmParams.restart_lifetime_on_shift``, the paper is
   silent): Sec. 3.3 sets a new ``T_life_time`` for ``J_a`` after its substitutes; by
   default ``J_b`` also starts its last lifetime afresh when it receives a shift. Read
@@ -79,13 +80,16 @@ from functools import partial
 from gridcore.errors import ConfigError
 from gridcore.model import Outcome
 from gridcore.policies.coreservation import (
+    DEFAULT_RULE,
+    LIFETIME_CEILING_S,
     ClusterReservation,
     ClusterView,
     PendingJob,
     Reorganization,
+    ReorganizeRule,
     reorganize,
     reservation_lifetime,
-    select_clusters,
+    select_substitutes,
 )
 from gridcore.policies.queue_stats import QueueRecord, estimate_queue_stats
 from gridcore.sim.cluster import Cluster, Owner, Queued, ScheduleTicks
@@ -141,22 +145,21 @@ class ParallelJob:
 @dataclass(frozen=True)
 class VjmParams:
     """``vj_processors``: g; ``max_clusters``: M; ``lifetime_floor_s``: Eq. 2's floor;
-    ``submit_delay_s``: the uniform range of a pilot's (component's) submission delay."""
+    ``lifetime_ceiling_s``: Eq. 2's ceiling (``LIFETIME_CEILING_S`` of
+    :mod:`gridcore.policies.coreservation`); ``submit_delay_s``: the uniform range of a
+    pilot's (component's) submission delay."""
 
     vj_processors: int = 1
     max_clusters: int = 2
     selection: Selection = Selection.VJM
     reorganize: bool = True
     lifetime_floor_s: float = 300.0
+    lifetime_ceiling_s: float = LIFETIME_CEILING_S  # not in the paper (policies)
     mode: Mode = Mode.PILOTS
     submit_delay_s: tuple[float, float] = (0.0, 0.0)
     restart_lifetime_on_shift: bool = True
-    # Options of policies.coreservation.reorganize (off: the paper's rule): shifts only
-    # toward earlier-submitted jobs; Eq. 4 only where J_a holds something; the oldest
-    # job waits while a younger one that holds what it lacks will yield.
-    earlier_only: bool = False
-    held_only: bool = False
-    wait_for_younger: bool = False
+    # How Sec. 3.3 is read (policies.coreservation; PAPER_RULE: as printed).
+    rule: ReorganizeRule = DEFAULT_RULE
 
     def __post_init__(self) -> None:
         low, high = self.submit_delay_s
@@ -167,7 +170,7 @@ class VjmParams:
             )
         if not (math.isfinite(high) and 0.0 <= low <= high):
             raise ConfigError(f"submit_delay_s must be 0 <= low <= high, got {self.submit_delay_s}")
-        reservation_lifetime([], self.lifetime_floor_s)  # refuses a bad floor
+        reservation_lifetime([], self.lifetime_floor_s, self.lifetime_ceiling_s)  # refuses bad
 
 
 @dataclass(frozen=True)
@@ -308,6 +311,7 @@ class _Job:
     shifts_given: int = 0
     shifts_received: int = 0
     substitutes: int = 0
+    avoid: tuple[str, ...] = ()  # clusters its last reorganization released
 
     @property
     def name(self) -> str:
@@ -425,7 +429,9 @@ class _VjmModel:
         self._send_pilots(job, order)
         self._start_lifetime(job, t_avails)
 
-    def _select(self, count: int, kept: Mapping[str, int]) -> tuple[list[str], list[float]] | None:
+    def _select(
+        self, count: int, kept: Mapping[str, int], avoid: Sequence[str] = ()
+    ) -> tuple[list[str], list[float]] | None:
         """The cluster of each virtual job in issue order, and their Eq. 1 waits."""
         now = self._sim.now
         g = self._params.vj_processors
@@ -437,7 +443,7 @@ class _VjmModel:
             )
             for name, cluster in self._clusters.items()
         ]
-        selection = select_clusters(count, views, self._params.max_clusters, already=kept)
+        selection = select_substitutes(count, views, self._params.max_clusters, kept, avoid)
         if selection.outcome is not Outcome.FIT:
             return None
         return [c.cluster for c in selection.choices], [c.t_avail for c in selection.choices]
@@ -536,7 +542,9 @@ class _VjmModel:
     def _start_lifetime(self, job: _Job, t_avails: Sequence[float]) -> None:
         if not self._params.reorganize:
             return
-        lifetime = reservation_lifetime(t_avails, self._params.lifetime_floor_s)
+        lifetime = reservation_lifetime(
+            t_avails, self._params.lifetime_floor_s, self._params.lifetime_ceiling_s
+        )
         if job.first_lifetime_s is None:
             job.first_lifetime_s = lifetime
         job.lifetime_s = lifetime
@@ -553,13 +561,7 @@ class _VjmModel:
             self._substitute(job, job.missing)
             return
         others = [self._pending(j) for j in self._jobs if j is not job and self._is_pending(j)]
-        plan = reorganize(
-            self._pending(job),
-            others,
-            earlier_only=self._params.earlier_only,
-            held_only=self._params.held_only,
-            wait_for_younger=self._params.wait_for_younger,
-        )
+        plan = reorganize(self._pending(job), others, self._params.rule)
         self._steps[plan.step] += 1
         self._log("reorganize", job.name, detail="; ".join(plan.reasons))
         job.reorganizations += 1
@@ -585,6 +587,7 @@ class _VjmModel:
             receiver = self._jobs[shift.to_job]
             self._shift(job, receiver, shift.cluster, shift.pilots, touched)
             receivers.append(receiver)
+        job.avoid = plan.release
         for cluster in plan.release:
             for pilot in job.on(cluster):
                 self._drop(pilot, touched)
@@ -629,7 +632,7 @@ class _VjmModel:
 
     def _substitute(self, job: _Job, count: int) -> None:
         kept: Counter[str] = Counter(p.cluster for p in job.pilots)
-        chosen = self._select(count, kept)
+        chosen = self._select(count, kept, job.avoid)
         if chosen is None:
             job.missing = count
             self._log("no-fit", job.name, detail=f"no substitute for {count} virtual jobs")

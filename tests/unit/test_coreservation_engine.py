@@ -125,6 +125,24 @@ def test_cancel_releases_every_pilot_and_its_processors(
     assert_capacity_invariant(engine.store, no_live_holds=True)
 
 
+def test_the_lifetime_is_eq2_capped_at_the_ceiling_and_a_bad_ceiling_is_refused(
+    grid: tuple[GridRuntime, RunningCenter],
+) -> None:
+    with pytest.raises(RequestError, match="lifetime_ceiling_s"):
+        CoReserveParams(lifetime_ceiling_s=0.0)
+    engine = engine_of(grid, CoReserveParams(heartbeat_timeout_s=6.0, lifetime_ceiling_s=45.0))
+    # A grid with no queue history: Eq. 1's cold-start wait (60 s) makes Eq. 2 >= 120 s.
+    request = CoReservationRequest("capped", "true", 2, max_clusters=3, lifetime_floor_s=10.0)
+    job_id = engine.submit(request)
+    record = engine.status(job_id)
+    assert record.lifetime_s == 45.0
+    assert all(t >= 60.0 for t in (c["t_avail_s"] for c in record.selection["choices"]))
+    engine.cancel(job_id)
+    _wait_local_jobs_ended(engine)
+    engine.scan()
+    assert_capacity_invariant(engine.store, no_live_holds=True)
+
+
 def test_a_pilot_killed_while_holding_is_substituted_and_the_job_completes(
     grid: tuple[GridRuntime, RunningCenter], tmp_path: Path
 ) -> None:
@@ -237,7 +255,16 @@ def test_a_live_deadlock_is_resolved_by_reorganization_and_not_without(
             scan_until(with_it, job_id, ReservationPhase.COMPLETED, timeout=90.0)
         with with_it.store.begin() as conn:
             steps = set(conn.execute(select(reservation_shifts.c.step)).scalars())
+            receivers = set(
+                conn.execute(
+                    select(reservation_shifts.c.to_job).where(
+                        reservation_shifts.c.to_job.is_not(None)
+                    )
+                ).scalars()
+            )
         assert step in steps
+        # The global order (the default rule): held pilots go only to the older job.
+        assert receivers == {ids[0]}
         records = [with_it.status(i) for i in ids]
         assert sum(r.shifts_received for r in records) >= 1
         _wait_local_jobs_ended(with_it)

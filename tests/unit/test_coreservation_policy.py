@@ -12,11 +12,16 @@ import pytest
 from gridcore.errors import ConfigError
 from gridcore.model import Outcome
 from gridcore.policies.coreservation import (
+    DEFAULT_RULE,
+    GLOBAL_ORDER,
+    LIFETIME_CEILING_S,
+    PAPER_RULE,
     ClusterReservation,
     ClusterView,
     PendingJob,
     QueueStats,
     Relation,
+    ReorganizeRule,
     direct_deadlock,
     expected_wait,
     expected_wait_printed,
@@ -26,6 +31,7 @@ from gridcore.policies.coreservation import (
     reorganize,
     reservation_lifetime,
     select_clusters,
+    select_substitutes,
 )
 from gridcore.policies.queue_stats import (
     COLD_INTERVAL_S,
@@ -262,6 +268,27 @@ def test_eq2_refuses_a_bad_floor(floor: float) -> None:
         reservation_lifetime([1.0], floor)
 
 
+@pytest.mark.parametrize(
+    ("scenario", "t_avails", "floor", "ceiling", "lifetime"),
+    [
+        ("below the ceiling: Eq. 2", [100.0, 400.0], 60.0, 3600.0, 800.0),
+        ("stale waits of hours: capped", [9000.0], 60.0, 3600.0, 3600.0),
+        ("a floor above the ceiling wins", [9000.0], 7200.0, 3600.0, 7200.0),
+    ],
+)
+def test_eq2_ceiling(
+    scenario: str, t_avails: list[float], floor: float, ceiling: float, lifetime: float
+) -> None:
+    assert reservation_lifetime(t_avails, floor, ceiling) == lifetime, scenario
+    assert LIFETIME_CEILING_S == 3600.0
+
+
+@pytest.mark.parametrize("ceiling", [0.0, -5.0, math.nan])
+def test_eq2_refuses_a_bad_ceiling(ceiling: float) -> None:
+    with pytest.raises(ConfigError, match="ceiling"):
+        reservation_lifetime([1.0], 0.0, ceiling)
+
+
 # -- Definitions 1 and 2 ----------------------------------------------------------------------
 
 
@@ -456,7 +483,37 @@ def test_dt_is_the_interval_of_a_backlogged_queue(
     assert estimate_queue_stats(records, now=5000.0).dt == pytest.approx(dt), scenario
 
 
-# -- options beside the paper's rule (off by default) ------------------------------------------
+# -- rules beside the paper's (ReorganizeRule) ---------------------------------------------------
+
+
+def test_rules_are_named_and_wait_needs_the_global_order() -> None:
+    assert (PAPER_RULE.name, GLOBAL_ORDER.name, DEFAULT_RULE) == (
+        "paper",
+        "global_order",
+        GLOBAL_ORDER,
+    )
+    assert ReorganizeRule(held_only=True).name == "held_only"
+    with pytest.raises(ConfigError, match="wait_for_younger needs earlier_only"):
+        ReorganizeRule(wait_for_younger=True)
+
+
+def test_substitutes_avoid_released_clusters_unless_nothing_else_fits() -> None:
+    idle = QueueStats(0.0, 0.0, 0, 10.0)
+    views = [ClusterView("A", idle, 4), ClusterView("B", idle, 4), ClusterView("C", idle, 4)]
+    # Without avoid, A (first in file order on equal T_avail) takes a virtual job.
+    assert "A" in {c.cluster for c in select_substitutes(3, views, 3).choices}
+    # A was just released: B and C take them.
+    chosen = select_substitutes(3, views, 3, {}, avoid=("A",))
+    assert chosen.outcome is Outcome.FIT
+    assert {c.cluster for c in chosen.choices} == {"B", "C"}
+    # Where the job keeps virtual jobs, a released cluster stays a candidate.
+    kept = select_substitutes(3, views, 3, {"A": 1}, avoid=("A",))
+    assert "A" in {c.cluster for c in kept.choices}
+    # Nine do not fit on B and C (4 + 4): the fallback over every cluster places them.
+    nine = select_substitutes(9, views, 3, {}, avoid=("A",))
+    assert nine.outcome is Outcome.FIT
+    assert "without the released ['A'] nothing fits" in nine.reasons[0]
+    assert len(nine.choices) == 9 and {c.cluster for c in nine.choices} == {"A", "B", "C"}
 
 
 def test_held_only_eq4_skips_clusters_where_j_a_holds_nothing() -> None:
@@ -466,10 +523,10 @@ def test_held_only_eq4_skips_clusters_where_j_a_holds_nothing() -> None:
     assert direct_deadlock(a, [b]) == {"C": b}
     assert direct_deadlock(a, [b], held_only=True) == {}
     # Nothing with another VJM job that J_a could shift: step 3.
-    assert reorganize(a, [b], held_only=True).step == "step 3"
+    assert reorganize(a, [b], ReorganizeRule(held_only=True)).step == "step 3"
     # Where J_a holds something, held_only changes nothing.
     c = job(3, 1.0, D=(2, 0, (9.0, 9.0)))
-    plan = reorganize(a, [b, c], held_only=True)
+    plan = reorganize(a, [b, c], ReorganizeRule(held_only=True))
     assert (plan.step, plan.release, [s.to_job for s in plan.shifts]) == (
         "direct (Eq. 4)",
         ("D",),
@@ -504,8 +561,8 @@ def test_wait_for_younger_keeps_the_oldest_job_s_reservation(
     oldest = job(1, 0.0, C=(4, 2, (5.0,) * 2), D=(3, 3))
     # The paper's rule (and earlier_only alone) sends the oldest job to step 3 or makes
     # it give; with the global order it keeps what it holds while a younger one yields.
-    assert reorganize(oldest, [young], earlier_only=True).step == "step 3"
-    plan = reorganize(oldest, [young], earlier_only=True, wait_for_younger=True)
+    assert reorganize(oldest, [young], ReorganizeRule(earlier_only=True)).step == "step 3"
+    plan = reorganize(oldest, [young], GLOBAL_ORDER)
     assert plan.step == step, scenario
     if step == "wait":
         assert (plan.shifts, plan.release, plan.substitutes) == ((), (), 0)
