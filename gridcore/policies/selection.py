@@ -34,10 +34,11 @@ Eq. (C), a member of ``p`` processors and reference runtime ``r`` at site ``s``:
 ``C_s = W_s + transfer_s + r * slowness_s`` where ``transfer_s`` is the input and output
 transfer time (:func:`gridcore.policies.transfer.job_transfer_seconds`) and ``W_s`` the
 expected wait before it starts, 0 where it fits, else Eq. (W)
-(:func:`estimated_queue_delay`): ``W_s = max(W_obs, R_s / 2, deficit_s * R_s / T_p)``
+(:func:`estimated_queue_delay`): ``W_s = max(W_obs, R_s / 2, deficit_s * B_s / T_p)``
 with ``deficit_s = p - free_s``, ``T_p = floor(T_s / p) * p`` of the site's ``T_s``
-processors, ``R_s`` the mean runtime
-observed there (else ``r * slowness_s``) and ``W_obs`` the mean queue wait observed there.
+processors, ``R_s`` the mean runtime observed there (else ``r * slowness_s``), ``B_s``
+the backlog's runtime (our in-flight processors at ``r * slowness_s``, others' queued
+ones at ``R_s``, weighted by processors) and ``W_obs`` the mean queue wait observed there.
 
 Pure: no I/O, no clock; randomness only through the injected ``rng``.
 """
@@ -218,8 +219,10 @@ def estimated_queue_delay(request: JobRequest, snapshot: SiteSnapshot, idle: int
     Eq. (W): with ``deficit = p - idle`` > 0 (``idle`` as the protocol sees it, so our
     in-flight members and others' queued work are the backlog), ``T`` the site's
     processors, ``T_p = floor(T / p) * p`` the processors members of this size keep busy
-    at once, and ``R`` the mean runtime there (observed, else this member's runtime x
-    slowness), ``W = max(W_obs, R / 2, deficit * R / T_p)``: no sooner than the observed
+    at once, ``R`` the mean runtime there (observed, else this member's runtime x
+    slowness) and ``B`` the backlog's (our in-flight processors at this member's runtime
+    x slowness, others' queued ones at ``R``), ``W = max(W_obs, R / 2, deficit * B /
+    T_p)``: no sooner than the observed
     mean queue wait; no sooner than a running job ends (half a runtime away on average,
     for jobs in random phase); no sooner than the backlog drains at ``T_p`` processors per
     runtime (a FIFO queue without backfill packs a small site badly: 4-processor
@@ -228,13 +231,20 @@ def estimated_queue_delay(request: JobRequest, snapshot: SiteSnapshot, idle: int
     deficit = request.processors - idle
     if deficit <= 0:
         return 0.0
+    own = request.runtime_s * snapshot.slowness
     runtime = snapshot.mean_runtime_s
     if runtime is None:
-        runtime = request.runtime_s * snapshot.slowness
+        runtime = own
     packed = snapshot.total_processors // request.processors * request.processors
     if packed == 0:
         return math.inf  # the site is smaller than the member: it never starts there
-    drain = deficit / packed * runtime
+    # The backlog's runtime: our in-flight members (this burst's, shaped like this one)
+    # run about ``own``; others' queued work the observed mean. Others' short jobs must
+    # not make a queue of our own long members look fast.
+    inflight, external = snapshot.in_flight_processors, snapshot.external_pending_processors
+    backlog = inflight + external
+    backlog_runtime = (inflight * own + external * runtime) / backlog if backlog else runtime
+    drain = deficit / packed * backlog_runtime
     observed = snapshot.mean_queue_wait_s or 0.0
     return max(observed, runtime / 2, drain)
 

@@ -229,3 +229,30 @@ def test_no_usable_site_is_no_fit_with_every_reason() -> None:
 def test_reason_names_the_numbers() -> None:
     decision = pick(JobRequest("j", 8), [SiteSnapshot("beta", 16, 14, in_flight_processors=8)])
     assert "site beta: 6 idle < 8 needed (reported 14, ours in flight 8" in decision.reasons[-1]
+
+
+def test_a_burst_queued_behind_its_own_members_is_not_sped_up_by_others_short_jobs() -> None:
+    """The embedded grid after short jobs ran on local-a (observed mean runtime 0.2 s): a
+    burst of 6 two-processor members of 2 s. The first 4 fill local-a; the 5th would wait
+    behind them there, and their runtime is 2 s, not the 0.2 s other jobs took: it goes
+    to local-b (1.2 x slower, free) instead of queueing (found by the integration tier,
+    where the burst all went to local-a)."""
+    from gridcore.policies.selection import select_sites
+
+    def fast(_src: str, _dst: str) -> float:
+        return 1e9
+
+    snaps = [
+        SiteSnapshot("local-a", 8, 8, 1.0, mean_runtime_s=0.2),
+        SiteSnapshot("local-b", 4, 4, 1.2),
+        SiteSnapshot("local-c", 4, 4, 1.5),
+    ]
+    burst = [JobRequest(f"m{i}", 2, 2.0) for i in range(6)]
+    decisions = select_sites(burst, snaps, fast, rng=random.Random(0))
+    assert [d.site for d in decisions] == ["local-a"] * 4 + ["local-b"] * 2
+    # Others' queued work still drains at the observed runtime: 8 processors of other
+    # users' short jobs queued on an idle local-a: max(0.2 / 2, 2 / 8 x 0.2) = 0.1 s.
+    busy = [SiteSnapshot("local-a", 8, 8, external_pending_processors=8, mean_runtime_s=0.2)]
+    (only,) = select_sites([burst[0]], busy, fast, rng=random.Random(0))
+    assert only.site == "local-a"
+    assert only.estimates[0].queue_delay_s == pytest.approx(0.1)
