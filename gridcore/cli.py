@@ -9,10 +9,14 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gridcore.errors import GridError
+from gridcore.errors import ConfigError, GridError
 from gridcore.sim import registry
+
+if TYPE_CHECKING:
+    from gridcore.dataplan_format import CanonicalWorkload, PipelineSpec, SitePlan
+    from gridcore.model import GridSpec
 
 log = logging.getLogger("gridcore")
 
@@ -142,6 +146,27 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--decisions", type=int, default=2000)
     p.add_argument("--per-process", type=int, default=250)
     p.set_defaults(handler=_bench)
+
+    p = sub.add_parser(
+        "plan",
+        help="data-driven plan for a batch-pipeline file (DADC 2009): feasible strategies,"
+        " every chooser's predictions and pick, the padding to canonical",
+        description="Plan a batch-pipeline file (format: gridcore/dataplan_format.py) on the"
+        " grid's sites. With --json one object: feasible, predicted {CHOOSER: {STRATEGY:"
+        " seconds, null when infinite}}, picks {CHOOSER: STRATEGY}, reasons {CHOOSER:"
+        " [...]}, padding, site, workload, environment. With --site, that site's plan and"
+        " exactly those keys. Without --site every site of the grid is planned: the keys"
+        " above are then the site whose bent2009 pick is predicted fastest, plus sites"
+        " {NAME: that site's object without padding} and site_choice {by, reason,"
+        " skipped {NAME: why}} (a site without storage_gb is skipped; none left: exit 2).",
+    )
+    common(p)
+    p.add_argument("pipeline", metavar="PIPELINE.toml", help="the pipeline file")
+    p.add_argument(
+        "--site",
+        help="plan for this site only (default: every site of the grid, choosing the fastest)",
+    )
+    p.set_defaults(handler=_plan)
 
     p = sub.add_parser(
         "serve", help="the VJ center's HTTP API for pilots and barrier components (token auth)"
@@ -291,6 +316,133 @@ def _plot(
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     plot(result, path)
     result["plot"] = path
+
+
+def _plan(args: argparse.Namespace) -> int:
+    """Everything is read and checked before any plan: a bad file, site or grid exits 2
+    and nothing is written (the state database is only read, and only for sizes the file
+    leaves to the replica catalog)."""
+    from gridcore import dataplan_format as fmt
+
+    spec = fmt.load_pipeline(args.pipeline)
+    grid = _grid(args)
+    if args.site:
+        grid.site(args.site)  # an unknown site is refused before the catalog is read
+    canonical = fmt.to_canonical(spec, _catalog_sizes(args, spec.unsized_logical_names()))
+    names = [args.site] if args.site else list(grid.site_names)
+    plans, skipped = [], {}
+    for name in names:
+        try:
+            plans.append(fmt.plan_for_site(canonical, grid, name))
+        except ConfigError as exc:
+            if args.site:
+                raise
+            skipped[name] = str(exc)
+    if not plans:
+        raise ConfigError(
+            f"no site of grid {grid.source} can be planned: {'; '.join(skipped.values())}"
+            " (pass --grid with sites that set storage_gb, e.g. examples/pipelines/grid.toml)"
+        )
+    best, why = fmt.choose_site(plans)
+    data = best.as_json() | {"padding": canonical.padding.as_json()}
+    if not args.site:
+        data["sites"] = {plan.site: plan.as_json() for plan in plans}
+        data["site_choice"] = {"by": fmt.DEFAULT_CHOOSER, "reason": why, "skipped": skipped}
+    lines = _plan_header(spec, canonical)
+    for plan in plans:
+        lines += _plan_site_table(plan)
+    if not args.site:
+        lines += [f"chosen: {why}", *(f"skipped {n}: {e}" for n, e in skipped.items())]
+    lines.append("(* the chooser's pick; times in seconds predicted by its models)")
+    _emit(args, data, "\n".join(lines))
+    return 0
+
+
+def _grid(args: argparse.Namespace) -> GridSpec:
+    """The grid of --grid / $GRIDCORE_GRID, else the embedded default (GridRuntime's
+    rule, without opening the state database)."""
+    import os
+
+    from gridcore.config import GRID_ENV, default_grid, load_grid
+    from gridcore.state.store import state_dir
+
+    path = args.grid or os.environ.get(GRID_ENV)
+    return load_grid(path) if path else default_grid(state_dir())
+
+
+def _catalog_sizes(args: argparse.Namespace, names: Sequence[str]) -> dict[str, int]:
+    """Sizes of ``names`` from the replica catalog (the largest replica of each); a
+    name it does not know is left out for to_canonical to refuse by its field. Never
+    creates a database: a SQLite file that does not exist is an error."""
+    if not names:
+        return {}
+    from sqlalchemy.engine import make_url
+
+    from gridcore.errors import StateError
+    from gridcore.staging import ReplicaCatalog
+    from gridcore.state.store import default_db_url, open_store
+
+    url = make_url(args.db or default_db_url())
+    if url.get_backend_name() == "sqlite" and not (url.database and Path(url.database).is_file()):
+        raise StateError(
+            f"sizes of {', '.join(map(repr, names))} are left to the replica catalog, but there"
+            f" is no state database {url.database!r} (give them in the file, or --db)"
+        )
+    store = open_store(url.render_as_string(hide_password=False))
+    try:
+        store.check_migrated()
+        catalog = ReplicaCatalog(store)
+        found = {name: catalog.replicas(name) for name in names}
+    finally:
+        store.dispose()
+    return {
+        name: max(r.size_bytes for r in replicas) for name, replicas in found.items() if replicas
+    }
+
+
+def _plan_header(spec: PipelineSpec, canonical: CanonicalWorkload) -> list[str]:
+    w, padding = canonical.workload, canonical.padding
+    return [
+        f"{spec.name} ({spec.source}): W = {w.W} pipelines, D = {w.D} depths; canonical"
+        f" S_B {_bytes(int(w.S_B))}, S_P {_bytes(int(w.S_P))}, R_bar {w.R_bar:g} s,"
+        f" SD_R {w.SD_R:.3g} s",
+        f"padding: +{_bytes(padding.padding_bytes)} ({_bytes(padding.actual_bytes)} actual ->"
+        f" {_bytes(padding.padded_bytes)} canonical)"
+        + ("" if padding.padding_bytes else ", none: already canonical sizes"),
+    ]
+
+
+def _plan_site_table(plan: SitePlan) -> list[str]:
+    """One site: its environment, then per strategy whether Eq. 1-4 allow it and each
+    chooser's prediction, its pick starred (Remote only when it is the last resort)."""
+    from gridcore.policies.dataplan import STORAGE_STRATEGIES, Strategy
+
+    env, data = plan.environment, plan.as_json()
+    choosers = list(data["predicted"])
+    lines = [
+        f"site {plan.site}: N_CPU {env.N_CPU}, S {_bytes(int(env.S))}, BW_R"
+        f" {env.BW_R / 1e6:g} MB/s, BW_L {env.BW_L / 1e6:g} MB/s, F {env.F:g}/s,"
+        f" slowness {plan.slowness:g}",
+        f"  {'strategy':<10} {'feasible':<8} " + " ".join(f"{c:>16}" for c in choosers),
+    ]
+    remote = [Strategy.REMOTE] if Strategy.REMOTE.value in data["feasible"] else []
+    for strategy in (*STORAGE_STRATEGIES, *remote):
+        cells = " ".join(_plan_cell(data, chooser, strategy.value) for chooser in choosers)
+        feasible = "yes" if strategy.value in data["feasible"] else "no"
+        lines.append(f"  {strategy.value:<10} {feasible:<8} {cells}".rstrip())
+    return lines
+
+
+def _plan_cell(data: dict[str, Any], chooser: str, strategy: str) -> str:
+    predicted = data["predicted"][chooser]
+    if strategy not in predicted:
+        text = "-"
+    elif predicted[strategy] is None:
+        text = "inf"
+    else:
+        text = f"{predicted[strategy]:,.1f} s"
+    mark = " *" if data["picks"][chooser] == strategy else "  "
+    return f"{text + mark:>16}"
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -65,7 +65,7 @@ def load_grid(path: str | os.PathLike[str]) -> GridSpec:
     """Read and validate a grid description file: a regular file of UTF-8 TOML text."""
     file = Path(path)
     try:
-        raw = tomllib.loads(_read_text(file))
+        raw = tomllib.loads(read_text_file(file))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{file}: not valid TOML: {exc}") from exc
     return parse_grid(raw, source=str(file))
@@ -89,30 +89,33 @@ def default_grid(state_dir: str | os.PathLike[str]) -> GridSpec:
     return GridSpec(sites, MappingProxyType(bandwidth), 100.0, "<embedded default>")
 
 
-def _read_text(file: Path) -> str:
-    """The file's text; ConfigError unless it is a regular file of UTF-8 text (a
-    directory, a device or a FIFO is refused before it is opened)."""
+def read_text_file(
+    file: Path, kind: str = "grid description", limit: int = MAX_GRID_BYTES, hint: str = ""
+) -> str:
+    """The text of ``file``, a TOML ``kind`` of at most ``limit`` bytes; ConfigError
+    unless it is a regular file of UTF-8 text (a directory, a device or a FIFO is
+    refused before it is opened). ``hint`` follows the size error."""
     try:
         info = file.stat()
     except FileNotFoundError:
-        raise ConfigError(f"grid description {file} does not exist") from None
+        raise ConfigError(f"{kind} {file} does not exist") from None
     except OSError as exc:
         raise ConfigError(f"{file}: cannot be read: {exc.strerror or exc}") from None
     if stat.S_ISDIR(info.st_mode):
-        raise ConfigError(f"{file}: is a directory, not a grid description file")
+        noun = kind if kind.endswith(" file") else f"{kind} file"
+        raise ConfigError(f"{file}: is a directory, not a {noun}")
     if not stat.S_ISREG(info.st_mode):
         raise ConfigError(f"{file}: not a regular file")
-    if info.st_size > MAX_GRID_BYTES:
+    if info.st_size > limit:
         raise ConfigError(
-            f"{file}: {info.st_size} bytes, more than a grid description's limit"
-            f" of {MAX_GRID_BYTES}"
+            f"{file}: {info.st_size} bytes, more than a {kind}'s limit of {limit}{hint}"
         )
     try:
         data = file.read_bytes()
     except OSError as exc:
         raise ConfigError(f"{file}: cannot be read: {exc.strerror or exc}") from None
     if b"\x00" in data:
-        raise ConfigError(f"{file}: a binary file (NUL bytes), not a TOML grid description")
+        raise ConfigError(f"{file}: a binary file (NUL bytes), not a TOML {kind}")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
