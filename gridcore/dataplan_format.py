@@ -119,6 +119,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gridcore.config import read_text_file
+from gridcore.dataplan_choosers import choose_by_simulation
 from gridcore.errors import ConfigError, RequestError
 from gridcore.model import MB, ORIGIN, GridSpec
 from gridcore.policies.dataplan import (
@@ -172,8 +173,13 @@ DEFAULT_F = 0.0
 MEASURED_KEYS = ("N_CPU", "S", "F", "BW_R", "BW_L")
 
 Chooser = Callable[[Workload, Environment], DataPlan]
-CHOOSERS: Mapping[str, Chooser] = MappingProxyType({"bent2009": choose_bent2009})
-"""Every chooser ``gridcore plan`` reports, by name: each returns the policy's DataPlan."""
+CHOOSERS: Mapping[str, Chooser] = MappingProxyType(
+    {"bent2009": choose_bent2009, "simulation": choose_by_simulation}
+)
+"""Every chooser ``gridcore plan`` reports, by name: each returns the policy's DataPlan.
+``bent2009``: the paper's models (Eq. 5-24); ``simulation``: every feasible plan run on
+the project's simulator over three seeds, the fastest mean makespan
+(:mod:`gridcore.dataplan_choosers`; its predictions are the simulated means)."""
 DEFAULT_CHOOSER = "bent2009"
 """The chooser whose pick decides the site when several are planned."""
 

@@ -191,6 +191,7 @@ EXPERIMENTS: Mapping[str, str] = MappingProxyType(
         "selection-robustness": "gridcore.sim.robustness:SELECTION_ROBUSTNESS",
         "vjm-coallocation": "gridcore.sim.vjm_experiments:VJM_COALLOCATION",
         "vjm-deadlock": "gridcore.sim.vjm_experiments:VJM_DEADLOCK",
+        "dataplan": "gridcore.sim.dataplan_experiments:DATAPLAN",
     }
 )
 """``gridcore experiment NAME``: the seed papers' experiments on the simulator."""
