@@ -136,6 +136,7 @@ workload as given and again on these (the two differ only within a byte of a bou
 
 from __future__ import annotations
 
+import abc
 import enum
 import math
 import random
@@ -738,7 +739,7 @@ class _Model:
 # -- the strategies' rules (Sec. 2, Fig. 2) ----------------------------------------------------
 
 
-class _Rule:
+class _Rule(abc.ABC):
     """What one strategy decides; the model does the rest. ``stores_data``: private data
     lives at the cluster (all but Remote); ``caches_batch``: batch volumes are cached."""
 
@@ -748,30 +749,30 @@ class _Rule:
     def __init__(self, model: _Model) -> None:
         self.m = model
 
-    def begin(self) -> None:
+    def begin(self) -> None:  # noqa: B027 (a hook: by default nothing to do)
         """The claims made before anything runs."""
 
+    @abc.abstractmethod
     def candidates(self) -> Iterator[_Pipeline]:
         """Pipelines whose next job may start now, in the order they are tried; once one
         may not start (:meth:`may_start`), none after it could: they need at least as
         many bytes."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def may_start(self, pipeline: _Pipeline, missing_bytes: int) -> bool:
         """Whether ``pipeline``'s next job may claim ``missing_bytes`` more and start."""
-        raise NotImplementedError
 
-    def job_done(self, pipeline: _Pipeline, depth: int) -> None:
+    def job_done(self, pipeline: _Pipeline, depth: int) -> None:  # noqa: B027 (a hook: by default nothing to do)
         """Releases after ``pipeline``'s job at ``depth`` (its depth already advanced)."""
 
-    def progress(self) -> None:
+    def progress(self) -> None:  # noqa: B027 (a hook: by default nothing to do)
         """After a job's end or a reset: barriers, groups, admissions."""
 
+    @abc.abstractmethod
     def lost(self, pipeline: _Pipeline) -> str:
         """``pipeline`` lost its private data (depth already 0); returns how it restarts."""
-        raise NotImplementedError
 
-    def end(self) -> None:
+    def end(self) -> None:  # noqa: B027 (a hook: by default nothing to do)
         """Releases once every pipeline is done."""
 
 
@@ -874,8 +875,9 @@ class _GroupRule(_Rule):
         self.group: list[_Pipeline] | None = None
         self.depth = 0
 
+    @abc.abstractmethod
     def width(self) -> int:
-        raise NotImplementedError
+        """How many pipelines a group holds (Slice: all of them; Minimal: Eq. 23's C)."""
 
     def begin(self) -> None:
         self._next_group()
