@@ -91,7 +91,8 @@ def _parser() -> argparse.ArgumentParser:
         "--cases",
         type=int,
         metavar="N",
-        help="selection-robustness: how many random cases (seeds --seed onwards; default 300)",
+        help="selection-robustness, dataplan-robustness: how many random cases (seeds --seed"
+        " onwards; default 300 and 800)",
     )
     p.add_argument(
         "--case",

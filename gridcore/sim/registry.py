@@ -192,6 +192,7 @@ EXPERIMENTS: Mapping[str, str] = MappingProxyType(
         "vjm-coallocation": "gridcore.sim.vjm_experiments:VJM_COALLOCATION",
         "vjm-deadlock": "gridcore.sim.vjm_experiments:VJM_DEADLOCK",
         "dataplan": "gridcore.sim.dataplan_experiments:DATAPLAN",
+        "dataplan-robustness": "gridcore.sim.dataplan_robustness:DATAPLAN_ROBUSTNESS",
     }
 )
 """``gridcore experiment NAME``: the seed papers' experiments on the simulator."""

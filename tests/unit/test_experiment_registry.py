@@ -24,7 +24,8 @@ def test_every_registered_name_loads_an_experiment(table: dict[str, str]) -> Non
 
 def test_an_unknown_name_is_refused_with_the_registered_ones() -> None:
     with pytest.raises(
-        ConfigError, match="unknown name 'nope'; registered: dataplan, koala-claiming"
+        ConfigError,
+        match="unknown name 'nope'; registered: dataplan, dataplan-robustness, koala-claiming",
     ):
         registry.load(EXPERIMENTS, "nope")
 
