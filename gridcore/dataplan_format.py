@@ -130,7 +130,7 @@ from gridcore.policies.dataplan import (
     choose_bent2009,
     serial_bandwidth,
 )
-from gridcore.validation import COMMAND_MAX, INT64_MAX, check_logical_name
+from gridcore.validation import COMMAND_MAX, INT64_MAX, check_logical_name, shown_value
 
 __all__ = [
     "CHOOSERS",
@@ -340,28 +340,17 @@ class _Problem(Exception):
     """What is wrong with one value (the caller knows which field it is)."""
 
 
-def _shown(value: object) -> str:
-    if isinstance(value, str) and len(value) > 40:
-        return f"a string of {len(value)} characters ({value[:20]!r}...)"
-    if isinstance(value, Mapping):
-        return "a table"
-    if isinstance(value, list | tuple):
-        return f"a list of {len(value)}"
-    text = repr(value)
-    return text if len(text) <= 60 else f"{text[:57]}..."
-
-
 def _name(value: object) -> None:
     if not isinstance(value, str) or not _NAME.fullmatch(value):
         raise _Problem(
             f"must be 1-{NAME_MAX} of A-Z a-z 0-9 _ . -, first a letter or digit,"
-            f" got {_shown(value)}"
+            f" got {shown_value(value)}"
         )
 
 
 def _command(value: object, *, has_batch: bool) -> None:
     if not isinstance(value, str) or not value.strip() or "\x00" in value:
-        raise _Problem(f"must be a non-blank string without a NUL byte, got {_shown(value)}")
+        raise _Problem(f"must be a non-blank string without a NUL byte, got {shown_value(value)}")
     if len(value) > COMMAND_MAX:
         raise _Problem(f"must be at most {COMMAND_MAX} characters")
     try:
@@ -384,12 +373,14 @@ def _seconds(value: object) -> None:
         or not isinstance(value, int | float)
         or not (math.isfinite(value) and value >= 0)
     ):
-        raise _Problem(f"must be a finite number of seconds >= 0, got {_shown(value)}")
+        raise _Problem(f"must be a finite number of seconds >= 0, got {shown_value(value)}")
 
 
 def _bytes(value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= INT64_MAX:
-        raise _Problem(f"must be an integer >= 0 (bytes, at most {INT64_MAX}), got {_shown(value)}")
+        raise _Problem(
+            f"must be an integer >= 0 (bytes, at most {INT64_MAX}), got {shown_value(value)}"
+        )
 
 
 def _optional_bytes(value: object) -> None:
@@ -411,19 +402,19 @@ def _logical_name(value: object) -> None:
 
 def _path(value: object) -> None:
     if not isinstance(value, str) or not value.strip() or "\x00" in value:
-        raise _Problem(f"must be a non-blank path without a NUL byte, got {_shown(value)}")
+        raise _Problem(f"must be a non-blank path without a NUL byte, got {shown_value(value)}")
 
 
 def _one_processor(value: object) -> None:
     if type(value) is not int or value != 1:  # not True, not 1.0
         raise _Problem(
-            f"must be 1 (the paper's model runs each job on one node), got {_shown(value)}"
+            f"must be 1 (the paper's model runs each job on one node), got {shown_value(value)}"
         )
 
 
 def _instance(value: object, kind: type, *, optional: bool = False) -> None:
     if not (isinstance(value, kind) or (optional and value is None)):
-        raise _Problem(f"must be a {kind.__name__}, got {_shown(value)}")
+        raise _Problem(f"must be a {kind.__name__}, got {shown_value(value)}")
 
 
 def _as_tuple(value: object, where: str, name: str) -> tuple[Any, ...]:
@@ -431,7 +422,7 @@ def _as_tuple(value: object, where: str, name: str) -> tuple[Any, ...]:
         return value
     if isinstance(value, list):
         return tuple(value)
-    raise PipelineFieldError(where, name, f"must be a list or tuple, got {_shown(value)}")
+    raise PipelineFieldError(where, name, f"must be a list or tuple, got {shown_value(value)}")
 
 
 def _check_items(
@@ -449,7 +440,7 @@ def _check_items(
     seen: dict[str, int] = {}
     for i, item in enumerate(items):
         if not isinstance(item, kind):
-            problem = f"must be a {kind.__name__}, got {_shown(item)}"
+            problem = f"must be a {kind.__name__}, got {shown_value(item)}"
             raise PipelineFieldError(where, f"{name}[{i}]", problem)
         first = seen.setdefault(item.name, i)
         if first != i:
@@ -490,7 +481,7 @@ def parse_pipeline(
 ) -> PipelineSpec:
     """Validate an already-parsed pipeline file (a dict shaped like the TOML)."""
     if not isinstance(raw, Mapping):
-        raise ConfigError(f"{source}: must be a table of keys, got {_shown(raw)}")
+        raise ConfigError(f"{source}: must be a table of keys, got {shown_value(raw)}")
     _check_version(raw, source)
     _table(raw, source, "", required=("name", "depths"), optional=tuple(_TOP))
     depths = _list_of_tables(raw["depths"], source, "depths")
@@ -508,7 +499,7 @@ def _check_version(raw: Mapping[str, Any], source: str) -> None:
         raise PipelineFieldError(source, "version", problem)
     version = raw["version"]
     if type(version) is not int or version != PIPELINE_FORMAT_VERSION:  # not True, not 1.0
-        problem = f"must be {PIPELINE_FORMAT_VERSION}, got {_shown(version)}"
+        problem = f"must be {PIPELINE_FORMAT_VERSION}, got {shown_value(version)}"
         raise PipelineFieldError(source, "version", problem)
 
 
@@ -516,7 +507,7 @@ def _table(
     raw: object, source: str, at: str, *, required: Sequence[str], optional: Sequence[str] = ()
 ) -> Mapping[str, Any]:
     if not isinstance(raw, Mapping):
-        raise PipelineFieldError(source, at, f"must be a table, got {_shown(raw)}")
+        raise PipelineFieldError(source, at, f"must be a table, got {shown_value(raw)}")
     known = {*required, *optional}
     for key in raw:
         if key not in known:
@@ -534,7 +525,7 @@ def _join(at: str, key: str) -> str:
 
 def _list_of_tables(raw: object, source: str, at: str) -> list[Any]:
     if not isinstance(raw, list):
-        problem = f"must be a list of tables ([[{at}]]), got {_shown(raw)}"
+        problem = f"must be a list of tables ([[{at}]]), got {shown_value(raw)}"
         raise PipelineFieldError(source, at, problem)
     return raw
 
@@ -604,10 +595,10 @@ def _pipeline_range(raw: object, source: str, base_dir: Path | None) -> tuple[Pi
     table = _table(raw, source, at, required=("count", "name"), optional=_RANGE_OPTIONAL)
     count, first = table["count"], table.get("first", 1)
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_PIPELINES:
-        problem = f"must be an integer from 1 to {MAX_PIPELINES:,}, got {_shown(count)}"
+        problem = f"must be an integer from 1 to {MAX_PIPELINES:,}, got {shown_value(count)}"
         raise PipelineFieldError(source, f"{at}.count", problem)
     if isinstance(first, bool) or not isinstance(first, int) or not 0 <= first <= INT64_MAX:
-        problem = f"must be an integer >= 0, got {_shown(first)}"
+        problem = f"must be an integer >= 0, got {shown_value(first)}"
         raise PipelineFieldError(source, f"{at}.first", problem)
     templates = {k: table[k] for k in ("name", "logical_name", "path") if k in table}
     for key, template in templates.items():
@@ -627,7 +618,7 @@ def _range_item(filled: Mapping[str, str], size: Any, path: Any) -> Callable[[],
 
 def _check_template(template: object, source: str, at: str) -> None:
     if not isinstance(template, str):
-        raise PipelineFieldError(source, at, f"must be a string, got {_shown(template)}")
+        raise PipelineFieldError(source, at, f"must be a string, got {shown_value(template)}")
     if not _INDEX.search(template):
         problem = "must contain {i} (or {i:0N}) so that every pipeline gets its own"
         raise PipelineFieldError(source, at, problem)

@@ -106,7 +106,7 @@ def _refused(message: str, *at: str | int) -> PydanticCustomError:
     return PydanticCustomError("gridcore", "{message}", {"message": message, "at": at})
 
 
-def _shown(value: Any) -> str:
+def shown_value(value: Any) -> str:
     """``value`` for a one-line message: short, never a secret-sized blob."""
     if isinstance(value, str) and len(value) > 40:
         return f"a string of {len(value)} characters ({value[:20]!r}...)"
@@ -134,7 +134,7 @@ def _worded(
                 at = (first.get("ctx") or {}).get("at", ())
                 raise _refused(first["msg"], *first["loc"], *at) from None
             message = wording.get(first["type"], default)
-            got = f", got {_shown(value)}" if show else ""
+            got = f", got {shown_value(value)}" if show else ""
             raise _refused(message + got) from None
 
     return WrapValidator(wrap)
@@ -249,7 +249,7 @@ def _storage_dir(value: Any, handler: ValidatorFunctionWrapHandler) -> str:
     (``a//b/./c/`` -> ``a/b/c``); refused with a NUL byte or a ``..`` segment (a storage
     directory never climbs out of where it is written to be)."""
     if not isinstance(value, str) or not value:
-        raise _refused(f"must be a non-empty path, got {_shown(value)}")
+        raise _refused(f"must be a non-empty path, got {shown_value(value)}")
     if "\x00" in value:
         raise _refused("must not contain a NUL byte")
     if len(value) > STORAGE_DIR_MAX:
@@ -259,11 +259,13 @@ def _storage_dir(value: Any, handler: ValidatorFunctionWrapHandler) -> str:
         scheme, _, rest = value.partition("://")
         netloc, slash, path = rest.partition("/")
         if scheme != "sftp" or not netloc or not slash:
-            raise _refused(f"must be a path or sftp://user@host:port/path, got {_shown(value)}")
+            raise _refused(
+                f"must be a path or sftp://user@host:port/path, got {shown_value(value)}"
+            )
         prefix, path = f"sftp://{netloc}", "/" + path
     if ".." in path.split("/"):
         raise _refused(
-            f"must not contain '..' (it would escape the directory), got {_shown(value)}"
+            f"must not contain '..' (it would escape the directory), got {shown_value(value)}"
         )
     return prefix + posixpath.normpath(re.sub("/{2,}", "/", path))  # normpath keeps "//x"
 
@@ -287,10 +289,10 @@ def _pydantic_message(kind: str, text: str, value: Any) -> str:
     if kind == "missing":
         return "is required"
     if kind in ("model_type", "dict_type", "model_attributes_type"):
-        return f"must be a table, got {_shown(value)}"
+        return f"must be a table, got {shown_value(value)}"
     if kind in ("tuple_type", "list_type"):
-        return f"must be a list, got {_shown(value)}"
-    return f"{text[:1].lower()}{text[1:]}, got {_shown(value)}"
+        return f"must be a list, got {shown_value(value)}"
+    return f"{text[:1].lower()}{text[1:]}, got {shown_value(value)}"
 
 
 def _field(parts: tuple[Any, ...]) -> str:
@@ -456,7 +458,7 @@ class _Grid(_Model):
 def grid_from_raw(raw: Any, source: str = "<memory>") -> GridSpec:
     """Validate an already-parsed grid description (a dict shaped like the TOML)."""
     if not isinstance(raw, Mapping):
-        raise ConfigError(f"{source}: must be a table of keys, got {_shown(raw)}")
+        raise ConfigError(f"{source}: must be a table of keys, got {shown_value(raw)}")
     grid = _validated(_Grid, raw, lambda m: ConfigError(f"{source}: {m}"))
     return grid.spec(source)
 
