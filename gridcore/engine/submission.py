@@ -98,18 +98,39 @@ def _judge(
     if holder.kind is HolderKind.COMPONENT:
         return judge_component_job(conn, holder.ids, site, job_id)
     if holder.kind is HolderKind.PILOT:
-        return judge_pilot_job(conn, holder.ids[0], site, job_id)
+        return judge_pilot_job(conn, holder.ids[0], site, job_id, now)
     return judge_probe_job(conn, holder, site, job_id)
 
 
-def judge_pilot_job(conn: Connection, pilot_id: int, site: str, job_id: str) -> Verdict:
-    """A pilot's job is ours while the pilot is not finished; a pilot whose submission
+PILOT_EXIT_GRACE_S = 30.0
+"""A pilot that reported its command's result exits by itself right after: its site job
+is left this long to end on its own (cancelling it would show a finished job as
+CANCELLED in the site's accounting)."""
+
+
+def judge_pilot_job(conn: Connection, pilot_id: int, site: str, job_id: str, now: float) -> Verdict:
+    """A pilot's job is ours while the pilot is not finished, or for
+    :data:`PILOT_EXIT_GRACE_S` after it reported its result; a pilot whose submission
     was not recorded (its submitter died) adopts it."""
     row = conn.execute(
-        select(pilots.c.site, pilots.c.state, pilots.c.site_job_id).where(pilots.c.id == pilot_id)
+        select(
+            pilots.c.site,
+            pilots.c.state,
+            pilots.c.site_job_id,
+            pilots.c.exit_code,
+            pilots.c.finished_at,
+        ).where(pilots.c.id == pilot_id)
     ).one_or_none()
-    if row is None or row.site != site or PilotState(row.state).finished:
+    if row is None or row.site != site:
         return Verdict.ORPHAN
+    if PilotState(row.state).finished:
+        exiting = (
+            row.exit_code is not None
+            and row.finished_at is not None
+            and now - row.finished_at < PILOT_EXIT_GRACE_S
+            and row.site_job_id == job_id
+        )
+        return Verdict.KEEP if exiting else Verdict.ORPHAN
     if row.site_job_id is not None:
         return Verdict.KEEP if row.site_job_id == job_id else Verdict.ORPHAN
     done = conn.execute(

@@ -22,7 +22,7 @@ from gridcore.engine.phases import PilotState, ReservationPhase
 from gridcore.engine.runtime import GridRuntime
 from gridcore.errors import RequestError
 from gridcore.model import CoReservationRequest, JobSubmission
-from gridcore.state.schema import local_jobs, reservation_shifts, reservations
+from gridcore.state.schema import local_jobs, pilots, reservation_shifts, reservations
 from gridcore.state.store import open_store
 from tests.capacity_checks import assert_capacity_invariant
 
@@ -388,3 +388,31 @@ def test_a_static_machine_file_pins_the_pilots_where_it_says(
     record = scan_until(engine, job_id, ReservationPhase.COMPLETED)
     assert record.clusters == {"local-b": 1, "local-c": 3}
     assert record.selection["reasons"] == ["static machine file: local-b x1, local-c x3"]
+
+
+def test_a_pilot_that_reported_its_result_is_left_to_exit_before_it_counts_as_orphan(
+    grid: tuple[GridRuntime, RunningCenter],
+) -> None:
+    """Cancelling a pilot's site job in the instant between its result and its exit
+    shows a finished job as CANCELLED at the site (seen on Slurm under load)."""
+    from gridcore.engine.submission import PILOT_EXIT_GRACE_S, Verdict, judge_pilot_job
+
+    engine = engine_of(grid)
+    job_id = engine.submit(CoReservationRequest("one", "true", 1, max_clusters=3))
+    record = scan_until(engine, job_id, ReservationPhase.COMPLETED)
+    (pilot,) = record.pilots
+    assert pilot.state is PilotState.COMPLETED and pilot.site_job_id is not None
+    with engine.store.begin() as conn:
+        finished = conn.execute(
+            select(pilots.c.finished_at).where(pilots.c.id == pilot.id)
+        ).scalar_one()
+
+        def verdict(now: float, job: str = pilot.site_job_id or "") -> Verdict:
+            return judge_pilot_job(conn, pilot.id, pilot.site, job, now)
+
+        assert verdict(finished + 1.0) is Verdict.KEEP
+        assert verdict(finished + PILOT_EXIT_GRACE_S) is Verdict.ORPHAN
+        assert verdict(finished + 1.0, job="another") is Verdict.ORPHAN
+    _wait_local_jobs_ended(engine)
+    engine.scan()
+    assert_capacity_invariant(engine.store, no_live_holds=True)
