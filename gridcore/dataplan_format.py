@@ -17,7 +17,10 @@ Format (version 1)::
                                     # {input} the pipeline's private input (the previous
                                     # depth's output), {output} this job's private output,
                                     # {pipeline} the pipeline's name, {depth} its 0-based
-                                    # index; {{ and }} are literal braces, nothing else
+                                    # index, {python} the absolute path of the Python
+                                    # that runs gridcore (site jobs get a bare PATH);
+                                    # every value is filled shell-quoted; {{ and }} are
+                                    # literal braces; the rest is run by /bin/sh as is
     runtime_mean_s = 4.0            # runtime estimate on a reference site (slowness 1), s
     runtime_sd_s = 0.5              # optional (default 0): its standard deviation, s
     processors = 1                  # optional: must be 1 (the paper's jobs use one node)
@@ -110,7 +113,9 @@ from __future__ import annotations
 import math
 import os
 import re
+import shlex
 import string
+import sys
 import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -165,7 +170,7 @@ MAX_PIPELINE_BYTES = 32 * 1024 * 1024
 MAX_DEPTHS = 1000
 MAX_PIPELINES = 1_000_000
 NAME_MAX = 128
-PLACEHOLDERS = frozenset({"batch", "input", "output", "pipeline", "depth"})
+PLACEHOLDERS = frozenset({"batch", "input", "output", "pipeline", "depth", "python"})
 PYTHON = "<python>"
 
 DEFAULT_BW_L = BandwidthReading.GIGABIT.bytes_per_s
@@ -248,9 +253,15 @@ class DepthSpec:
     def command_for(
         self, *, pipeline: str, depth: int, input_path: str, output_path: str, batch_path: str = ""
     ) -> str:
-        """The command one pipeline's job at this depth runs, its placeholders filled."""
+        """The command one pipeline's job at this depth runs, its placeholders filled with
+        shell-quoted values (a path with a space stays one argument)."""
         return self.command.format(
-            batch=batch_path, input=input_path, output=output_path, pipeline=pipeline, depth=depth
+            batch=shlex.quote(batch_path),
+            input=shlex.quote(input_path),
+            output=shlex.quote(output_path),
+            pipeline=shlex.quote(pipeline),
+            depth=depth,
+            python=shlex.quote(sys.executable),
         )
 
 

@@ -195,9 +195,14 @@ def _transfer_from_best(
 
 
 def default_replica_url(spec: SiteSpec, logical_name: str) -> str:
-    """``<storage_dir>/replicas/<logical_name>``; a local site without a storage_dir
-    uses the local adapter's default (``$GRIDCORE_HOME/sites/<name>``)."""
+    """``<storage root>/replicas/<logical_name>`` (:func:`site_storage_root`)."""
     check_logical_name(logical_name)
+    return f"{site_storage_root(spec)}/{REPLICA_DIR}/{logical_name}"
+
+
+def site_storage_root(spec: SiteSpec) -> str:
+    """The site's ``storage_dir``; a local site without one uses the local adapter's
+    default (``$GRIDCORE_HOME/sites/<name>``). ConfigError for another site without one."""
     root = spec.storage_dir
     if root is None and spec.kind is SiteKind.LOCAL:
         root = str(state_dir() / "sites" / spec.name)
@@ -206,7 +211,38 @@ def default_replica_url(spec: SiteSpec, logical_name: str) -> str:
             f"site {spec.name} has no storage_dir: set one in the grid description"
             " (a path, or sftp://user@host:port/path for remote storage) or pass dst_url"
         )
-    return f"{root.rstrip('/')}/{REPLICA_DIR}/{logical_name}"
+    return root.rstrip("/")
+
+
+class Throttle:
+    """A :data:`Progress` callback that paces a copy to at most ``mbps`` MB/s on
+    average (it sleeps after a chunk that got ahead): emulates a slow link between two
+    places on one machine (``gridcore experiment dataplan --live``). One object per
+    copy, made just before it: the pace is measured from its creation."""
+
+    def __init__(
+        self,
+        mbps: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if not (mbps > 0) or mbps == float("inf"):
+            raise ConfigError(f"Throttle: mbps must be a finite rate > 0, got {mbps!r}")
+        self.bytes_per_s = mbps * MB
+        self.clock = clock
+        self.sleep = sleep
+        self._start = clock()
+        self._last = 0
+
+    def __call__(self, copied: int, expected: int) -> None:
+        now = self.clock()
+        if copied < self._last:  # a fallback source starts the copy again
+            self._start = now
+        self._last = copied
+        ahead = copied / self.bytes_per_s - (now - self._start)
+        if ahead > 0:
+            self.sleep(ahead)
 
 
 def register_source(
