@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import math
 import re
+import shlex
+import sys
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -76,12 +78,23 @@ def test_the_example_file_parses_into_eight_samples_of_three_depths() -> None:
     assert [d.name for d in spec.depths] == ["lookup", "count", "merge"]
     assert [p.name for p in spec.pipelines] == [f"sample-{i:02}" for i in range(1, 9)]
     assert spec.pipelines[0] == PipelineInput(
-        "sample-01", 8_000_000, logical_name="kmer/reads/sample-01.fq"
+        "sample-01", 1_784_000, logical_name="kmer/reads/sample-01.fq"
     )
-    assert spec.depths[1].batch == BatchVolume("kmer/ref/kmer-table.bin", 40_000_000)
+    assert spec.depths[1].batch == BatchVolume("kmer/ref/kmer-table.bin", 11_997_136)
     assert spec.depths[2].command_for(
         pipeline="sample-03", depth=2, input_path="c.tsv", output_path="r.txt", batch_path="t"
-    ) == ("kmer-merge --taxonomy t --counts c.tsv --out r.txt --sample sample-03")
+    ) == (
+        f"{shlex.quote(sys.executable)} -m gridcore.apps.kmer merge --taxonomy t --counts c.tsv"
+        " --out r.txt --sample sample-03"
+    )
+    # filled values are shell-quoted: a path with a space or a quote stays one argument
+    assert (
+        spec.depths[2]
+        .command_for(
+            pipeline="s", depth=2, input_path="my c.tsv", output_path="it's", batch_path="t"
+        )
+        .endswith("--counts 'my c.tsv' --out 'it'\"'\"'s' --sample s")
+    )
     assert spec.unsized_logical_names() == ()
 
 
@@ -90,7 +103,7 @@ def test_the_example_grid_is_the_default_grid_with_storage() -> None:
     assert all(site.storage_bytes is None for site in default_grid("/tmp/x").sites)
     grid = load_grid(EXAMPLE_GRID)
     assert grid.site_names == default_grid("/tmp/x").site_names
-    assert [s.storage_bytes for s in grid.sites] == [250 * MB, 500 * MB, 100 * MB]
+    assert [s.storage_bytes for s in grid.sites] == [35 * MB, 100 * MB, 20 * MB]
 
 
 # -- round trip ------------------------------------------------------------------------------
@@ -617,7 +630,7 @@ def test_each_example_site_is_planned_with_its_slowness_and_the_fastest_chosen()
     grid = load_grid(EXAMPLE_GRID)
     plans = [plan_for_site(canonical, grid, name) for name in grid.site_names]
     b = plans[1]
-    assert b.environment == Environment(4, 500 * MB, 0.0, 2 * MB, DEFAULT_BW_L)
+    assert b.environment == Environment(4, 100 * MB, 0.0, 2 * MB, DEFAULT_BW_L)
     assert b.workload.R_bar == pytest.approx(1.2 * canonical.workload.R_bar)
     assert b.plans["bent2009"] == choose_bent2009(b.workload, b.environment)
     best, why = choose_site(plans)
@@ -670,10 +683,10 @@ def test_plan_json_for_one_site_has_exactly_the_documented_keys(
     data = _no_infinity(out)
     assert set(data) == PLAN_KEYS
     assert data["site"] == "local-a" and data["picks"]["bent2009"] in data["feasible"]
-    assert set(data["feasible"]) == {"all_batch", "slice", "minimal"}
+    assert set(data["feasible"]) == {"slice", "minimal"}
     assert set(data["predicted"]["bent2009"]) == set(data["feasible"])
-    assert data["workload"]["W"] == 8 and data["workload"]["S_B"] == 60 * MB
-    assert data["environment"]["S"] == 250 * MB and data["padding"]["padding_bytes"] == 174 * MB
+    assert data["workload"]["W"] == 8 and data["workload"]["S_B"] == 11_997_136
+    assert data["environment"]["S"] == 35 * MB and data["padding"]["padding_bytes"] == 40_242_718
     assert list(tmp_path.iterdir()) == []  # no state database, no home: nothing written
 
 
@@ -700,7 +713,7 @@ def test_plan_table_marks_each_pick(capsys: pytest.CaptureFixture[str], db_url: 
     assert status == 0
     lines = out.splitlines()
     assert lines[0].startswith("kmer-count (") and "W = 8 pipelines, D = 3 depths" in lines[0]
-    assert lines[1] == "padding: +174.0 MB (262.0 MB actual -> 436.0 MB canonical)"
+    assert lines[1] == "padding: +40.2 MB (52.8 MB actual -> 93.1 MB canonical)"
     rows = {line.split()[0]: line for line in lines if line.startswith("  ")}
     # one column per registered chooser; only Minimal fits local-c's 100 MB
     assert rows["minimal"].endswith(" *") and rows["slice"].split()[1:] == ["no"] + ["-"] * len(
