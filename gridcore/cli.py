@@ -167,6 +167,12 @@ def _parser() -> argparse.ArgumentParser:
         "--site",
         help="plan for this site only (default: every site of the grid, choosing the fastest)",
     )
+    p.add_argument(
+        "--refine",
+        action="store_true",
+        help="refine the file's runtimes and each site's BW_R with what earlier runs measured"
+        " (the state database's completed pipeline jobs and staging rates; key refinement)",
+    )
     p.set_defaults(handler=_plan)
 
     p = sub.add_parser(
@@ -329,12 +335,42 @@ def _plan(args: argparse.Namespace) -> int:
     grid = _grid(args)
     if args.site:
         grid.site(args.site)  # an unknown site is refused before the catalog is read
+    measured: dict[str, Any] = {}
+    refinement: list[str] | None = None
+    if args.refine:
+        spec, measured, refinement = _refined(args, spec, grid)
     canonical = fmt.to_canonical(spec, _catalog_sizes(args, spec.unsized_logical_names()))
+    plans, skipped = _plan_sites(args, canonical, grid, measured)
+    best, why = fmt.choose_site(plans)
+    data = best.as_json() | {"padding": canonical.padding.as_json()}
+    if refinement is not None:
+        data["refinement"] = refinement
+    if not args.site:
+        data["sites"] = {plan.site: plan.as_json() for plan in plans}
+        data["site_choice"] = {"by": fmt.DEFAULT_CHOOSER, "reason": why, "skipped": skipped}
+    lines = _plan_header(spec, canonical)
+    for plan in plans:
+        lines += _plan_site_table(plan)
+    if not args.site:
+        lines += [f"chosen: {why}", *(f"skipped {n}: {e}" for n, e in skipped.items())]
+    lines += [f"refined: {note}" for note in refinement or []]
+    lines.append("(* the chooser's pick; times in seconds predicted by its models)")
+    _emit(args, data, "\n".join(lines))
+    return 0
+
+
+def _plan_sites(
+    args: argparse.Namespace, canonical: CanonicalWorkload, grid: GridSpec, measured: Any
+) -> tuple[list[SitePlan], dict[str, str]]:
+    """Every site's plan (or --site's); a site that cannot be planned is skipped, with
+    why, unless it was asked for; none left is a ConfigError."""
+    from gridcore import dataplan_format as fmt
+
     names = [args.site] if args.site else list(grid.site_names)
     plans, skipped = [], {}
     for name in names:
         try:
-            plans.append(fmt.plan_for_site(canonical, grid, name))
+            plans.append(fmt.plan_for_site(canonical, grid, name, measured=measured.get(name)))
         except ConfigError as exc:
             if args.site:
                 raise
@@ -344,19 +380,31 @@ def _plan(args: argparse.Namespace) -> int:
             f"no site of grid {grid.source} can be planned: {'; '.join(skipped.values())}"
             " (pass --grid with sites that set storage_gb, e.g. examples/pipelines/grid.toml)"
         )
-    best, why = fmt.choose_site(plans)
-    data = best.as_json() | {"padding": canonical.padding.as_json()}
-    if not args.site:
-        data["sites"] = {plan.site: plan.as_json() for plan in plans}
-        data["site_choice"] = {"by": fmt.DEFAULT_CHOOSER, "reason": why, "skipped": skipped}
-    lines = _plan_header(spec, canonical)
-    for plan in plans:
-        lines += _plan_site_table(plan)
-    if not args.site:
-        lines += [f"chosen: {why}", *(f"skipped {n}: {e}" for n, e in skipped.items())]
-    lines.append("(* the chooser's pick; times in seconds predicted by its models)")
-    _emit(args, data, "\n".join(lines))
-    return 0
+    return plans, skipped
+
+
+def _refined(
+    args: argparse.Namespace, spec: PipelineSpec, grid: GridSpec
+) -> tuple[PipelineSpec, dict[str, Any], list[str]]:
+    """``--refine``: the spec and per-site environment values measured by earlier runs
+    (gridcore.engine.dataplan.refine_from_runs), read from an existing state database."""
+    from sqlalchemy.engine import make_url
+
+    from gridcore.engine.dataplan import refine_from_runs
+    from gridcore.errors import StateError
+    from gridcore.state.store import default_db_url, open_store
+
+    url = make_url(args.db or default_db_url())
+    if url.get_backend_name() == "sqlite" and not (url.database and Path(url.database).is_file()):
+        raise StateError(f"--refine: there is no state database {url.database!r} (or give --db)")
+    store = open_store(url.render_as_string(hide_password=False))
+    try:
+        store.check_migrated()
+        found = refine_from_runs(spec, grid, store)
+    finally:
+        store.dispose()
+    notes = list(found.notes) or ["nothing measured yet: the file's estimates are used"]
+    return found.spec, {site: dict(v) for site, v in found.measured.items()}, notes
 
 
 def _grid(args: argparse.Namespace) -> GridSpec:

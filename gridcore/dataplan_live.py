@@ -25,6 +25,10 @@ the best's is within the two half-widths). The top-level ``plans``, ``picks`` an
 site); ``sites`` has them all. The claim (exit status): the simulation chooser's pick is
 the measured best, or within noise of it, at that site.
 
+Beyond the paper, each site is planned again with what the runs measured
+(:func:`~gridcore.engine.dataplan.refine_from_runs`: the jobs' runtimes, the staging
+rates from the origin): ``sites.SITE.refined`` has the refined predictions and picks.
+
 Local sites do not emulate a site's ``slowness``: predictions scale runtimes by it and the
 jobs run at this machine's speed, so sites with a slowness above 1 are predicted slower
 than they run. The jobs share this machine's cores: a site with more processors than
@@ -53,7 +57,12 @@ from gridcore.dataplan_format import (
     plan_for_site,
     to_canonical,
 )
-from gridcore.engine.dataplan import DataPlanRunner, build_run, runtime_factory
+from gridcore.engine.dataplan import (
+    DataPlanRunner,
+    build_run,
+    refine_from_runs,
+    runtime_factory,
+)
 from gridcore.model import ORIGIN, GridSpec
 from gridcore.policies.dataplan import STORAGE_STRATEGIES, Strategy
 from gridcore.staging import ReplicaCatalog, register_source
@@ -96,6 +105,24 @@ def run_live(
                 sites[site_plan.site] = _measure_site(
                     spec, grid, store, base, site_plan, runs, progress
                 )
+            # beyond the paper: plan again with what these runs measured
+            refinement = refine_from_runs(spec, grid, store)
+            refined_canonical = to_canonical(refinement.spec)
+            for site, data in sites.items():
+                again = plan_for_site(
+                    refined_canonical, grid, site, measured=refinement.measured.get(site)
+                )
+                data["refined"] = {
+                    "predicted_s": {
+                        label: {
+                            name: _predicted(plan, Strategy(label.split("@")[0]), label)
+                            for name, plan in again.plans.items()
+                        }
+                        for label in data["plans"]
+                    },
+                    "picks": {name: _pick_label(plan) for name, plan in again.plans.items()},
+                    "notes": list(refinement.notes),
+                }
         finally:
             store.dispose()
     top = sites.get(chosen.site) or next(iter(sites.values()))

@@ -59,24 +59,27 @@ rather than starting again from depth 0; under All and AllBatch it starts again.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import re
+import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from sqlalchemy import select
 
-from gridcore.dataplan_format import PipelineInput, PipelineSpec
+from gridcore.dataplan_format import DepthSpec, PipelineInput, PipelineSpec
 from gridcore.engine import capacity
 from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.errors import ConfigError, GridError, RequestError, StagingError
-from gridcore.model import ORIGIN, GridSpec, JobRequest, JobState, JobSubmission, Replica
+from gridcore.model import MB, ORIGIN, GridSpec, JobRequest, JobState, JobSubmission, Replica
 from gridcore.policies.dataplan import DataPlan, Strategy
 from gridcore.policies.dataplan_stages import Stage, StageKind, plan_stages
 from gridcore.staging import (
@@ -94,6 +97,7 @@ POLL_S = 0.25
 ROOM_WAIT_S = 3600.0  # a job whose output never fits fails after this long
 RESTARTS_MAX = 3  # a pipeline whose data keeps vanishing fails after this many restarts
 STREAM_PREFIX = "dataplan:"
+MIN_RUNTIME_SAMPLES = 3  # a depth's runtime is refined from this many completed jobs
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -636,6 +640,73 @@ def build_run(
         batch_depths=[d for d, depth in enumerate(spec.depths) if depth.batch is not None],
     )
     return PipelineRun(run_id, spec, site, chosen, stages, home_dir, wan_mbps)
+
+
+@dataclass(frozen=True)
+class Refinement:
+    """What earlier runs measured, to plan with: ``spec`` with each depth's runtime mean
+    and sd replaced by the measured ones (normalized to a reference site: divided by the
+    slowness of the site each job ran at), ``measured`` per site the environment values
+    observed (``BW_R`` from the replica catalog's mean rate from the origin), and
+    ``notes`` saying what was refined from how many samples."""
+
+    spec: PipelineSpec
+    measured: Mapping[str, Mapping[str, float]]
+    notes: tuple[str, ...]
+
+
+def refine_from_runs(spec: PipelineSpec, grid: GridSpec, store: Any) -> Refinement:
+    """Refine ``spec``'s runtimes and each site's ``BW_R`` with what the state database
+    measured: the completed jobs of earlier runs of a pipeline with the same depth and
+    pipeline names (selections in ``dataplan:*`` streams named ``<pipeline>/<depth>``;
+    their site's runtime from start to end) and the transfer rates staging recorded
+    from the origin. A depth with fewer than :data:`MIN_RUNTIME_SAMPLES` samples keeps
+    its estimate; its sd is refined only with 2 or more."""
+    slowness = {site.name: site.slowness for site in grid.sites}
+    wanted = {p.name for p in spec.pipelines}
+    samples: dict[str, list[float]] = {d.name: [] for d in spec.depths}
+    with store.begin() as conn:
+        rows = conn.execute(
+            select(
+                selections.c.name,
+                selections.c.site,
+                selections.c.started_at,
+                selections.c.finished_at,
+            ).where(
+                selections.c.stream.like(STREAM_PREFIX + "%")
+                & (selections.c.state == JobState.COMPLETED.value)
+                & selections.c.started_at.is_not(None)
+                & selections.c.finished_at.is_not(None)
+            )
+        ).all()
+    for row in rows:
+        pipeline, _, depth_name = str(row.name).rpartition("/")
+        if pipeline in wanted and depth_name in samples and row.site in slowness:
+            elapsed = max(0.0, float(row.finished_at) - float(row.started_at))
+            samples[depth_name].append(elapsed / slowness[row.site])
+    depths: list[DepthSpec] = []
+    notes: list[str] = []
+    for depth in spec.depths:
+        got = samples[depth.name]
+        if len(got) < MIN_RUNTIME_SAMPLES:
+            depths.append(depth)
+            continue
+        mean = statistics.fmean(got)
+        sd = statistics.stdev(got) if len(got) > 1 else depth.runtime_sd_s
+        depths.append(dataclasses.replace(depth, runtime_mean_s=mean, runtime_sd_s=sd))
+        notes.append(
+            f"depth {depth.name}: runtime {mean:.3g} s (sd {sd:.3g} s) measured over"
+            f" {len(got)} job(s), was {depth.runtime_mean_s:g} s"
+        )
+    catalog = ReplicaCatalog(store)
+    measured: dict[str, dict[str, float]] = {}
+    for site in grid.sites:
+        rate = catalog.measured_rate(ORIGIN, site.name)
+        if rate is not None:
+            measured[site.name] = {"BW_R": rate * MB}
+            notes.append(f"site {site.name}: BW_R {rate:.3g} MB/s measured by staging")
+    refined = dataclasses.replace(spec, depths=tuple(depths))
+    return Refinement(refined, MappingProxyType(measured), tuple(notes))
 
 
 def runtime_factory(grid: GridSpec, store: Any) -> Callable[[], GridRuntime]:

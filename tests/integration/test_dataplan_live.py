@@ -304,3 +304,28 @@ def _crash_once_patched(
     real = getattr(owner, name)
     patched.setattr(owner, name, real)  # restored when the context ends
     _crash_once(owner, name, after=after)
+
+
+def test_runs_refine_the_runtimes_and_the_origin_rate_a_plan_is_made_with(
+    tmp_path: Path,
+) -> None:
+    from gridcore.engine.dataplan import refine_from_runs
+
+    live = setup(tmp_path, storage_bytes=6 * 10**6, W=3, D=2, job_s=0.3)
+    before = refine_from_runs(live.spec, live.grid, live.store)
+    assert before.spec == live.spec and before.notes == () and dict(before.measured) == {}
+    runner(live, make_run(live, Strategy.ALL_BATCH, 3)).run()
+    after = refine_from_runs(live.spec, live.grid, live.store)
+    for depth in after.spec.depths:  # 3 jobs each, every one sleeping 0.3 s
+        assert depth.runtime_mean_s >= 0.3
+        assert depth.runtime_sd_s >= 0.0
+    assert [n.split(":")[0] for n in after.notes[:2]] == ["depth d0", "depth d1"]
+    assert "measured over 3 job(s), was 0.3 s" in after.notes[0]
+    (rate,) = after.measured.values()  # staging 1 MB batch volumes recorded a rate
+    assert rate["BW_R"] > 0
+    # another workload's jobs (other pipeline names) are not taken for this one's
+    other = type(live.spec)(
+        "other", live.spec.depths, (type(live.spec.pipelines[0])("zz", 1, logical_name="x/y"),)
+    )
+    assert refine_from_runs(other, live.grid, live.store).spec == other
+    live.store.dispose()

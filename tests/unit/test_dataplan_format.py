@@ -810,3 +810,23 @@ def test_strategy_names_in_the_json_are_the_policy_values(
     values = {s.value for s in Strategy}
     for site in data["sites"].values():
         assert set(site["feasible"]) <= values and set(site["predicted"]["bent2009"]) <= values
+
+
+def test_plan_refine_reads_what_earlier_runs_measured_and_never_creates_a_database(
+    capsys: pytest.CaptureFixture[str], db_url: str, tmp_path: Path
+) -> None:
+    from gridcore.state.store import open_store
+
+    args = (str(EXAMPLE), "--grid", str(EXAMPLE_GRID), "--site", "local-a", "--json")
+    status, out, err = _plan(capsys, *args, "--refine")
+    assert status == 2 and "--refine: there is no state database" in err
+    assert not (tmp_path / "state.db").exists()
+    store = open_store(db_url, upgrade=True)
+    store.dispose()
+    status, out, _ = _plan(capsys, *args, "--refine")
+    assert status == 0
+    data = _no_infinity(out)
+    assert data["refinement"] == ["nothing measured yet: the file's estimates are used"]
+    # without --refine the key is absent (exactly the documented keys)
+    status, out, _ = _plan(capsys, *args)
+    assert "refinement" not in _no_infinity(out)
