@@ -329,7 +329,16 @@ class DataPlanRunner:
             catalog.remove(logical_name, site)
         source = catalog.require(logical_name)[0]
         self._claim_volumes(((logical_name, source.size_bytes),), f"staging {logical_name!r}")
-        staged = stage_measured(catalog, self.grid, logical_name, site, progress=self._throttle())
+        try:
+            staged = stage_measured(
+                catalog, self.grid, logical_name, site, progress=self._throttle()
+            )
+        except Exception:
+            # every source failed: the room held for the copy goes back (a process that
+            # dies here keeps it held, and its resumption stages into it)
+            if catalog.replica(logical_name, site) is None:
+                self._release_hold(logical_name)
+            raise
         with self._counts.lock:
             self._counts.batch_stagings += 1 if batch and not staged.skipped else 0
         self._sample_held()
@@ -716,12 +725,6 @@ def runtime_factory(grid: GridSpec, store: Any) -> Callable[[], GridRuntime]:
         return GridRuntime(grid, store)
 
     return build
-
-
-def held_bytes(store: Any, site: str) -> int:
-    """The bytes the ledger holds at ``site`` now."""
-    with store.begin() as conn:
-        return int(capacity.usage(conn)[site].storage_claimed)
 
 
 def _local_path(url: str) -> str:

@@ -329,3 +329,16 @@ def test_runs_refine_the_runtimes_and_the_origin_rate_a_plan_is_made_with(
     )
     assert refine_from_runs(other, live.grid, live.store).spec == other
     live.store.dispose()
+
+
+def test_a_failed_staging_gives_back_the_room_held_for_it(tmp_path: Path) -> None:
+    live = setup(tmp_path, storage_bytes=6 * 10**6, W=1, D=1)
+    (tmp_path / "origin" / "batch0.bin").write_bytes(b"not the registered bytes")
+    run = make_run(live, Strategy.ALL_BATCH, 1)
+    with pytest.raises(Exception, match="live/batch0"):
+        runner(live, run).run()
+    with live.store.begin() as conn:
+        assert capacity.check_invariant(conn) == []
+        assert capacity.usage(conn)[SITE].storage_claimed == 0
+    assert live.executions() == {}
+    live.store.dispose()
