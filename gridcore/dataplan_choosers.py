@@ -22,36 +22,67 @@ What :func:`choose_by_simulation` does instead:
   groups as wide as storage allows while every group still runs at full concurrency
   (:func:`wide_minimal_width`; the simulator's ``minimal_width``). A plan with a group
   width is labelled ``minimal@WIDTH``.
-* **Seeds**: each candidate runs on :data:`CHOOSING_SEEDS`, three seeds (common random
-  numbers: one seed gives every plan the same runtimes and resets). Three because Table
-  1's runtimes vary by 10 % of their mean, which moves a makespan by a few percent at
-  most, and the plans worth telling apart differ by more; one seed would let one unlucky
-  barrier decide, more would triple the cost of a choice for little. When ``SD_R = 0``
-  and ``F = 0`` every seed runs the same simulation, so one seed is used. The seeds are
-  far from 0 so that an experiment measuring the pick on seeds ``0, 1, ...`` measures it
-  on seeds it did not choose with (:mod:`gridcore.sim.dataplan_experiments` checks).
-* **Pick**: the smallest mean simulated makespan over the seeds (``trace=False``); ties
-  go to the first candidate in the policy's tie order, the wide Minimal after Minimal. A
-  run that does not end within :data:`HORIZON_FACTOR` times the largest finite model
-  prediction (without failures) is infinite (failures can make a plan never settle);
-  the mean over seeds is then infinite too.
-* **Cost**: about 0.1 ms per simulated job. Beyond :data:`MAX_SIMULATED_JOBS` jobs in all
-  (``J`` x seeds x candidates) the chooser does not simulate and returns the paper's
-  pick, saying so in its reasons, so ``gridcore plan`` stays interactive for huge
-  workloads.
+* **Seeds** (:func:`race`): common random numbers, one seed giving every plan the same
+  runtimes and resets, so that the per-seed difference of two plans' makespans (the
+  *paired* difference) varies far less than either makespan. Every candidate first runs
+  on the first :func:`first_seeds` of :data:`CHOOSING_SEEDS`: :data:`FIRST_SEEDS` = 3
+  where nodes do not fail, which suffice where only runtimes vary (Table 1's 10 % moves a
+  makespan by a few percent, and the plans worth telling apart differ by more), but
+  :data:`FIRST_SEEDS_WITH_FAILURES` = 10 where they do (``F > 0``). A reset costs what
+  the pipeline or barrier it hits has fetched and computed, so on most seeds two plans
+  fare alike and on a few one loses a barrier the other does not: an interval from three
+  seeds that happen to hold no such reset is narrow and wrong. In case 67 of
+  :mod:`gridcore.sim.dataplan_robustness` Minimal is 0-0.9 % faster than Slice on the
+  first 8 choosing seeds and 21 % to five times slower on 8 of the 30, so three seeds
+  picked Minimal, 14 % slower over 30 (20.7 % on the experiment's measurement seeds); a
+  swing that hits a share ``p`` of the seeds is missed by ``n`` seeds with probability
+  ``(1 - p)^n``, 34 % for ``p = 0.3`` and three seeds, 3 % for ten. Then a race: after
+  each round of seeds, a plan other than the leader (the smallest mean) stays in the
+  race while the 95 % Student t interval of its paired differences to the leader, ``mean
+  +- t(0.975, n - 1) * s / sqrt(n)`` over the ``n`` seeds (:func:`paired_interval`, as
+  :mod:`gridcore.sim.seeds` bounds a mean), reaches below ``-INDIFFERENCE`` (1 %) of the
+  leader's mean, i.e. while it might still be more than 1 % faster. A plan whose
+  interval stays above that leaves the race: it is slower, or at most 1 % faster, so
+  choosing the leader costs at most 1 % against it, half the issue's 2 % median bound.
+  While plans are in the race beside the leader, the seeds double (3, 6, 12, 24; 10, 20)
+  for those plans and the leader only, up to :data:`MAX_CHOOSING_SEEDS` = 30 (the
+  paper's runs per point, which :mod:`gridcore.sim.dataplan_experiments` measures its
+  ``failure`` sweep with) or the job budget (below). Doubling rather than one seed at a
+  time: fewer looks at the interval, each a chance to stop on a lucky draw, for at most
+  twice the seeds needed. Plans well apart, or running identically (a difference of 0 on
+  every seed), leave after the first round: on 60 random cases without failures (the
+  robustness experiment's ranges, cases from seed 200,000 on, apart from its own), the
+  race added 2.6 % to the runs of three seeds; on 31 with failures, the first round of
+  ten and the race cost 3.3 times those runs.
+  When ``SD_R = 0`` and ``F = 0`` every seed runs the same simulation, so one seed is
+  used and there is no race. The seeds are 1,000,001 onwards, far from 0, so that an
+  experiment measuring the pick on seeds ``0, 1, ...`` measures it on seeds it did not
+  choose with (:func:`gridcore.sim.dataplan_experiments.measurement_seeds` refuses all
+  30).
+* **Pick**: the smallest mean simulated makespan among the plans still in the race at
+  the end, all over the same seeds (``trace=False``); ties go to the first candidate in
+  the policy's tie order, the wide Minimal after Minimal. A run that does not end within
+  :data:`HORIZON_FACTOR` times the largest finite model prediction (without failures) is
+  infinite (failures can make a plan never settle); the mean over seeds is then infinite
+  too, and such a plan leaves the race at once when another has a finite mean.
+* **Cost**: about 0.1 ms per simulated job. Beyond :data:`MAX_SIMULATED_JOBS` jobs
+  (``J`` x seeds x candidates) in the first round the chooser does not simulate and
+  returns the paper's pick, saying so in its reasons, so ``gridcore plan`` stays
+  interactive for huge workloads; a later round is cut to the seeds that fit in what is
+  left of that budget (the reasons say so too).
 
 The result is a :class:`SimulatedPlan`, a :class:`~gridcore.policies.dataplan.DataPlan`
 whose ``predictions`` are the simulated means (one per strategy, Minimal's the better of
 its widths) and whose ``group_width`` says how wide Minimal's groups are (``None``: the
-strategy's own). Not pure (it runs the simulator), but deterministic: the same inputs give
-the same plan.
+strategy's own). A plan that left the race reports its mean over the seeds it ran on.
+Not pure (it runs the simulator), but deterministic: the same inputs give the same plan.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gridcore.errors import ConfigError
@@ -67,9 +98,22 @@ from gridcore.policies.dataplan import (
     minimal_concurrency,
 )
 from gridcore.sim.dataplan import WanSharing, simulate_dataplan
+from gridcore.sim.seeds import student_t_975
 
-CHOOSING_SEEDS: tuple[int, ...] = (1_000_001, 1_000_002, 1_000_003)
-"""The seeds :func:`choose_by_simulation` chooses with (module docstring)."""
+FIRST_SEEDS = 3
+"""The seeds every candidate runs on before the race, nodes not failing (module
+docstring)."""
+FIRST_SEEDS_WITH_FAILURES = 10
+"""The seeds every candidate runs on before the race when nodes fail (``F > 0``; module
+docstring)."""
+MAX_CHOOSING_SEEDS = 30
+"""The most seeds a plan in the race runs on (module docstring)."""
+CHOOSING_SEEDS: tuple[int, ...] = tuple(range(1_000_001, 1_000_001 + MAX_CHOOSING_SEEDS))
+"""The seeds :func:`choose_by_simulation` chooses with, in the order it uses them: the
+first :func:`first_seeds` always, the others while plans are in the race."""
+INDIFFERENCE = 0.01
+"""A plan stays in the race while it might be faster than the leader by more than this
+share of the leader's mean (module docstring)."""
 HORIZON_FACTOR = 20.0
 MAX_SIMULATED_JOBS = 600_000
 
@@ -90,12 +134,16 @@ class Candidate:
         return f"{self.strategy.value}@{self.group_width}"
 
 
+Runner = Callable[[Candidate, int], float]
+"""One simulated makespan: ``run(candidate, seed)``."""
+
+
 @dataclass(frozen=True)
 class SimulatedPlan(DataPlan):
     """A :class:`DataPlan` chosen by simulation: ``group_width`` is Minimal's group width
-    when not Eq. 23's (``None`` otherwise), ``seeds`` those simulated (empty when the
-    chooser fell back to the paper's), ``simulated`` the mean makespan per candidate
-    label (``inf`` when a run did not end)."""
+    when not Eq. 23's (``None`` otherwise), ``seeds`` those the pick was simulated on
+    (empty when the chooser fell back to the paper's), ``simulated`` the mean makespan
+    per candidate label over the seeds it ran on (``inf`` when a run did not end)."""
 
     group_width: int | None
     seeds: tuple[int, ...]
@@ -104,6 +152,38 @@ class SimulatedPlan(DataPlan):
     @property
     def label(self) -> str:
         return Candidate(self.strategy, self.group_width).label
+
+
+@dataclass(frozen=True)
+class Departure:
+    """Why a plan left the race: after ``seeds`` seeds, the 95 % interval of its paired
+    difference to ``leader`` was ``low`` .. ``high`` (shares of the leader's mean; an
+    infinite ``low`` for a plan whose run did not end)."""
+
+    leader: Candidate
+    seeds: int
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
+class Race:
+    """The per-seed makespans of every candidate (in candidate order; a plan that left
+    the race has fewer), the plans still in the race at the end (the pick among them),
+    how each other plan left, the seed counts of the rounds, and the plans that were
+    still in the race beside the leader after each round (``()`` for the last round when
+    the race was decided)."""
+
+    runs: Mapping[Candidate, tuple[float, ...]]
+    finalists: tuple[Candidate, ...]
+    departures: Mapping[Candidate, Departure]
+    rounds: tuple[int, ...]
+    undecided: tuple[tuple[Candidate, ...], ...]
+    budget_cut: bool
+
+    def mean(self, candidate: Candidate) -> float:
+        """``candidate``'s mean makespan over the seeds it ran on."""
+        return _mean(self.runs[candidate])
 
 
 def plan_label(plan: DataPlan) -> str:
@@ -168,6 +248,35 @@ def distinct_seeds(workload: Workload, env: Environment, seeds: Sequence[int]) -
     return tuple(seeds)
 
 
+def first_seeds(env: Environment) -> int:
+    """How many seeds every candidate runs on before the race: more when nodes fail,
+    whose effect on a makespan a few seeds may not show (module docstring)."""
+    return FIRST_SEEDS_WITH_FAILURES if env.F > 0 else FIRST_SEEDS
+
+
+def makespan(
+    candidate: Candidate,
+    workload: Workload,
+    env: Environment,
+    seed: int,
+    *,
+    horizon_s: float = math.inf,
+    wan: WanSharing = WanSharing.SERIAL,
+) -> float:
+    """``candidate``'s simulated makespan on ``seed`` (``inf`` if it stopped at
+    ``horizon_s``)."""
+    return simulate_dataplan(
+        candidate.strategy,
+        workload,
+        env,
+        seed=seed,
+        wan=wan,
+        horizon_s=horizon_s,
+        trace=False,
+        minimal_width=candidate.group_width,
+    ).makespan_s
+
+
 def mean_makespan(
     candidate: Candidate,
     workload: Workload,
@@ -179,20 +288,12 @@ def mean_makespan(
 ) -> float:
     """The mean simulated makespan of ``candidate`` over ``seeds`` (``inf`` if a run
     stopped at ``horizon_s``)."""
-    runs = [
-        simulate_dataplan(
-            candidate.strategy,
-            workload,
-            env,
-            seed=seed,
-            wan=wan,
-            horizon_s=horizon_s,
-            trace=False,
-            minimal_width=candidate.group_width,
-        ).makespan_s
-        for seed in distinct_seeds(workload, env, seeds)
-    ]
-    return math.inf if any(math.isinf(r) for r in runs) else statistics.fmean(runs)
+    return _mean(
+        [
+            makespan(candidate, workload, env, seed, horizon_s=horizon_s, wan=wan)
+            for seed in distinct_seeds(workload, env, seeds)
+        ]
+    )
 
 
 def choose_by_simulation(
@@ -205,8 +306,9 @@ def choose_by_simulation(
     wan: WanSharing = WanSharing.SERIAL,
     max_simulated_jobs: int = MAX_SIMULATED_JOBS,
 ) -> SimulatedPlan:
-    """Simulate every candidate plan on ``seeds`` and pick the smallest mean makespan
-    (module docstring). Falls back to the paper's pick, with a reason, when simulating
+    """Race every candidate plan over ``seeds`` (the first :func:`first_seeds`, more
+    while plans are not told apart) and pick the smallest mean makespan (module
+    docstring). Falls back to the paper's pick, with a reason, when the first round
     would exceed ``max_simulated_jobs`` jobs."""
     if not seeds:
         raise ConfigError("choose_by_simulation: at least one seed is required")
@@ -214,17 +316,20 @@ def choose_by_simulation(
     candidates = candidate_plans(
         workload, env, consider_all=consider_all, wide_minimal=wide_minimal
     )
-    used = distinct_seeds(workload, env, seeds)
-    jobs = workload.J * len(used) * len(candidates)
+    pool = distinct_seeds(workload, env, seeds)
+    first = min(first_seeds(env), len(pool))
+    jobs = workload.J * first * len(candidates)
     if jobs > max_simulated_jobs:
         return _fallback(paper, jobs, max_simulated_jobs)
     horizon = simulation_horizon(paper.predictions)
-    simulated = {
-        c: mean_makespan(c, workload, env, used, horizon_s=horizon, wan=wan) for c in candidates
-    }
-    best = min(candidates, key=lambda c: (simulated[c], candidates.index(c)))
-    predictions = _simulated_predictions(paper, simulated)
-    reasons = _reasons(best, simulated, used, paper)
+
+    def run(candidate: Candidate, seed: int) -> float:
+        return makespan(candidate, workload, env, seed, horizon_s=horizon, wan=wan)
+
+    budget = max_simulated_jobs // max(workload.J, 1)
+    result = race(candidates, pool, run, budget=budget, first=first)
+    best = min(result.finalists, key=lambda c: (result.mean(c), candidates.index(c)))
+    simulated = {c: result.mean(c) for c in candidates}
     return SimulatedPlan(
         strategy=best.strategy,
         outcome=Outcome.FIT if math.isfinite(simulated[best]) else Outcome.NO_FIT,
@@ -233,12 +338,106 @@ def choose_by_simulation(
         predicted_s=simulated[best],
         feasible=paper.feasible,
         considered=paper.considered,
-        predictions=predictions,
-        reasons=reasons,
+        predictions=_simulated_predictions(paper, simulated),
+        reasons=_reasons(best, result, pool, paper),
         group_width=best.group_width,
-        seeds=used,
+        seeds=tuple(pool[: len(result.runs[best])]),
         simulated=tuple((c.label, t) for c, t in simulated.items()),
     )
+
+
+# -- the race ----------------------------------------------------------------------------------
+
+
+def race(
+    candidates: Sequence[Candidate],
+    seeds: Sequence[int],
+    run: Runner,
+    *,
+    budget: int | None = None,
+    first: int = FIRST_SEEDS,
+) -> Race:
+    """Run every candidate on the first ``first`` seeds, then, while a plan is still in
+    the race beside the leader (:func:`still_racing`), the leader and those plans on
+    twice as many seeds, up to all of ``seeds`` (module docstring). ``run(candidate,
+    seed)`` is one makespan; ``budget`` caps the runs in all (one run: one candidate on
+    one seed; ``None``: no cap), a round being cut to the seeds that fit."""
+    runs: dict[Candidate, list[float]] = {c: [] for c in candidates}
+    racing = tuple(candidates)
+    departures: dict[Candidate, Departure] = {}
+    rounds: list[int] = []
+    undecided: list[tuple[Candidate, ...]] = []
+    spent, done, size = 0, 0, min(first, len(seeds))
+    budget_cut = False
+    while True:
+        for candidate in racing:
+            runs[candidate].extend(run(candidate, seed) for seed in seeds[done:size])
+        spent += (size - done) * len(racing)
+        done = size
+        rounds.append(done)
+        leader, left = still_racing(racing, runs, departures)
+        racing = tuple(c for c in racing if c == leader or c in left)
+        undecided.append(left)
+        if not left or done == len(seeds):
+            break
+        size = min(2 * done, len(seeds))
+        if budget is not None and spent + (size - done) * len(racing) > budget:
+            size = done + max(budget - spent, 0) // len(racing)
+            budget_cut = True
+            if size == done:
+                break
+    return Race(
+        runs={c: tuple(r) for c, r in runs.items()},
+        finalists=racing,
+        departures=departures,
+        rounds=tuple(rounds),
+        undecided=tuple(undecided),
+        budget_cut=budget_cut,
+    )
+
+
+def still_racing(
+    racing: Sequence[Candidate],
+    runs: dict[Candidate, list[float]],
+    departures: dict[Candidate, Departure],
+) -> tuple[Candidate, tuple[Candidate, ...]]:
+    """The leader among ``racing`` (smallest mean, then candidate order) and the plans
+    that stay in the race beside it: those whose 95 % paired interval to the leader
+    reaches below ``-INDIFFERENCE`` of its mean (a plan whose run did not end leaves).
+    Records in ``departures`` why the others left. When no run of the leader ended,
+    nothing is told apart and the race ends."""
+    leader = min(racing, key=lambda c: (_mean(runs[c]), racing.index(c)))
+    if math.isinf(_mean(runs[leader])):
+        return leader, ()
+    stay = []
+    for candidate in racing:
+        if candidate == leader:
+            continue
+        low, high = paired_interval(runs[candidate], runs[leader])
+        if low >= -INDIFFERENCE:
+            departures[candidate] = Departure(leader, len(runs[leader]), low, high)
+        else:
+            stay.append(candidate)
+    return leader, tuple(stay)
+
+
+def paired_interval(times: Sequence[float], leader: Sequence[float]) -> tuple[float, float]:
+    """The 95 % Student t interval of the mean per-seed difference ``times - leader``
+    as shares of the leader's mean, whose runs all ended: ``inf .. inf`` when a run of
+    ``times`` did not, ``-inf .. inf`` from one seed (nothing bounds it then)."""
+    if math.isinf(_mean(times)):
+        return math.inf, math.inf
+    if len(times) < 2:
+        return -math.inf, math.inf
+    scale = _mean(leader)
+    differences = [(t - lead) / scale for t, lead in zip(times, leader, strict=True)]
+    half = (
+        student_t_975(len(differences) - 1)
+        * statistics.stdev(differences)
+        / math.sqrt(len(differences))
+    )
+    centre = statistics.fmean(differences)
+    return centre - half, centre + half
 
 
 def _concurrency(best: Candidate, paper: DataPlan) -> float:
@@ -285,23 +484,71 @@ def _simulated_predictions(
 
 
 def _reasons(
-    best: Candidate, simulated: dict[Candidate, float], seeds: Sequence[int], paper: DataPlan
+    best: Candidate, result: Race, seeds: Sequence[int], paper: DataPlan
 ) -> tuple[str, ...]:
-    seeds_text = ", ".join(str(s) for s in seeds)
+    used = seeds[: len(result.runs[best])]
     chosen = (
-        f"chose {best.label}: smallest mean simulated makespan {_seconds(simulated[best])}"
-        f" over seeds {seeds_text}"
+        f"chose {best.label}: smallest mean simulated makespan {_seconds(result.mean(best))}"
+        f" over {_seeds_text(used)}"
     )
-    rejected = [
-        f"{c.label} rejected: simulated {_seconds(t)} > {best.label}'s {_seconds(simulated[best])}"
-        if t > simulated[best]
-        else f"{c.label} rejected: simulated {_seconds(t)} ties with {best.label} (tie order)"
-        for c, t in simulated.items()
-        if c != best
-    ]
+    rejected = [_rejected(c, best, result) for c in result.runs if c != best]
     infeasible = [r for r in paper.reasons if "infeasible" in r or "not considered" in r]
     paper_pick = f"the paper's models (Eq. 5-24) pick {paper.strategy.label}"
-    return (chosen, *rejected, *infeasible, paper_pick)
+    return (chosen, *_race_lines(result, len(seeds)), *rejected, *infeasible, paper_pick)
+
+
+def _race_lines(result: Race, given: int) -> list[str]:
+    """Why more seeds than the first round's, and whether they told the plans apart."""
+    rounds, lines = result.rounds, []
+    if len(rounds) > 1:
+        lines.append(
+            f"raced over {' -> '.join(str(n) for n in rounds)} seeds: after {rounds[0]},"
+            f" {_labels(result.undecided[0])} might still be more than {INDIFFERENCE:.0%}"
+            " faster than the leader (95 % paired interval)"
+        )
+    last = result.undecided[-1]
+    if last and rounds[-1] > 1:
+        limit = "the job budget" if result.budget_cut else f"the last of {given} seeds"
+        lines.append(
+            f"not told apart at {rounds[-1]} seeds ({limit}): {_labels(last)} might still"
+            f" be more than {INDIFFERENCE:.0%} faster"
+        )
+    return lines
+
+
+def _rejected(candidate: Candidate, best: Candidate, result: Race) -> str:
+    """The candidate's mean against the pick's over the seeds both ran on, and, if it
+    left the race, the interval it left with."""
+    count = len(result.runs[candidate])
+    own, pick = result.mean(candidate), _mean(result.runs[best][:count])
+    if own == pick:
+        text = f"ties with {best.label}'s {_seconds(pick)} (tie order)"
+    else:
+        text = f"{'>' if own > pick else '<'} {best.label}'s {_seconds(pick)}"
+    line = f"{candidate.label} rejected: simulated {_seconds(own)} {text}"
+    if count < len(result.runs[best]):
+        line += f" over the first {count} seeds"
+    left = result.departures.get(candidate)
+    if left is not None and math.isfinite(left.low):
+        line += (
+            f"; left the race at {left.seeds} seeds, its paired difference to"
+            f" {left.leader.label} {left.low:+.1%} .. {left.high:+.1%} (95 %)"
+        )
+    return line
+
+
+def _seeds_text(seeds: Sequence[int]) -> str:
+    if len(seeds) <= FIRST_SEEDS:
+        return "seeds " + ", ".join(str(s) for s in seeds)
+    return f"{len(seeds)} seeds {seeds[0]}, ..., {seeds[-1]}"
+
+
+def _labels(candidates: Sequence[Candidate]) -> str:
+    return ", ".join(c.label for c in candidates)
+
+
+def _mean(times: Sequence[float]) -> float:
+    return math.inf if any(math.isinf(t) for t in times) else statistics.fmean(times)
 
 
 def _fallback(paper: DataPlan, jobs: int, limit: int) -> SimulatedPlan:

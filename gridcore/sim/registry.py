@@ -202,6 +202,7 @@ BENCHMARKS: Mapping[str, str] = MappingProxyType(
         "selection": "gridcore.bench:SELECTION",
         "placement": "gridcore.bench:PLACEMENT",
         "coreservation": "gridcore.bench_coreservation:CORESERVATION",
+        "dataplan": "gridcore.bench_dataplan:DATAPLAN",
     }
 )
 """``gridcore bench NAME``: decision throughput and latency."""

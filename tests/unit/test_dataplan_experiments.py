@@ -97,7 +97,7 @@ def test_simulation_chooser_never_chooses_with_the_measurement_seeds(
     workload = replace(TABLE1_WORKLOADS["mixed"], W=20)
     plan = choose_by_simulation(workload, ENV)
     choosing = set(seen)
-    assert choosing == set(CHOOSING_SEEDS) == set(plan.seeds)
+    assert choosing == set(plan.seeds) <= set(CHOOSING_SEEDS)
     seen.clear()
     measured = dx.measurement_seeds(0, dx.FAILURE_SEEDS)
     dx.measure_point(1, workload, ENV, measured, {"bent2009": choose_bent2009})
