@@ -13,20 +13,24 @@
   (:func:`~gridcore.dataplan_choosers.choose_by_simulation`) on a small workload
   (:data:`SMALL_WORKLOAD`, Table 1's mixed pipelines, 20 of them), the median of
   :data:`SIMULATION_REPEATS` calls, with the seeds its pick was simulated on.
-* ``dag_parse_s``: the example DAG's parse time, the median of :data:`DAG_PARSE_REPEATS`
-  runs of ``python -c 'from airflow.dag_processing.dagbag import DagBag;
-  DagBag(dag_folder=...)'`` in a subprocess with ``AIRFLOW__CORE__LOAD_EXAMPLES=False``
-  (the interpreter and its Airflow import included, as a scheduler's DAG processor pays
-  them), only when ``dag_file`` (default :data:`DAG_FILE`, ``dags/batch_pipeline.py``)
-  exists; otherwise, or when a run fails or reports import errors, ``null`` with
-  ``dag_parse_reason``. Airflow 3's DagBag takes no ``include_examples`` (the setting is
-  read from the configuration instead) and lives in ``airflow.dag_processing.dagbag``
-  (``airflow.models.dagbag`` is a deprecated alias). ``gridcore`` never imports Airflow:
-  the subprocess does.
+* ``dag_parse_s``: the example DAG's parse time: how long ``DagBag(dag_folder=FILE)``
+  takes in a fresh subprocess once Airflow itself is imported (the DAG file's own imports,
+  gridcore's planning of every site with every chooser and the DAG's construction: what a
+  DAG processor, which has Airflow loaded, spends on the file, and what
+  ``dag_file_processor_timeout`` bounds), the median of :data:`DAG_PARSE_REPEATS` runs
+  with ``AIRFLOW__CORE__LOAD_EXAMPLES=False``; ``dag_parse_process_s`` is the whole
+  subprocess (interpreter start and Airflow's import included) beside it, and
+  ``airflow_import_s`` that import alone. Only when ``dag_file`` (default
+  :data:`DAG_FILE`, ``dags/batch_pipeline.py``) exists; otherwise, or when a run fails or
+  reports import errors, ``null`` with ``dag_parse_reason``. Airflow 3's DagBag takes no
+  ``include_examples`` (the setting is read from the configuration instead) and lives in
+  ``airflow.dag_processing.dagbag`` (``airflow.models.dagbag`` is a deprecated alias).
+  ``gridcore`` never imports Airflow: the subprocess does.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
@@ -132,27 +136,41 @@ def bench_dag_parse(
     if not dag_file.is_file():
         return _no_parse(f"{dag_file} does not exist")
     code = (
-        "import sys\n"
+        "import json, sys, time\n"
+        "t0 = time.perf_counter()\n"
         "from airflow.dag_processing.dagbag import DagBag\n"
+        "t1 = time.perf_counter()\n"
         f"bag = DagBag(dag_folder={str(dag_file)!r})\n"
+        "t2 = time.perf_counter()\n"
         "if bag.import_errors:\n"
         "    sys.exit('import errors in ' + ', '.join(sorted(bag.import_errors)))\n"
+        "print(json.dumps({'import_s': t1 - t0, 'parse_s': t2 - t1}))\n"
     )
     with tempfile.TemporaryDirectory(prefix="gridcore-bench-airflow-") as home:
         env = {"AIRFLOW_HOME": home} | dict(os.environ) | {"AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
-        samples = []
+        parse, process, imports = [], [], []
         for _ in range(repeats):
             start = time.perf_counter()
-            failed = _parse_once(python, code, env, dag_file.parent.parent)
-            samples.append(time.perf_counter() - start)
+            failed, timings = _parse_once(python, code, env, dag_file.parent.parent)
+            process.append(time.perf_counter() - start)
             if failed is not None:
                 return _no_parse(failed)
-    return {"dag_parse_s": statistics.median(samples), "dag_parse_reason": None}
+            parse.append(timings["parse_s"])
+            imports.append(timings["import_s"])
+    return {
+        "dag_parse_s": statistics.median(parse),
+        "dag_parse_process_s": statistics.median(process),
+        "airflow_import_s": statistics.median(imports),
+        "dag_parse_reason": None,
+    }
 
 
-def _parse_once(python: str, code: str, env: Mapping[str, str], cwd: Path) -> str | None:
+def _parse_once(
+    python: str, code: str, env: Mapping[str, str], cwd: Path
+) -> tuple[str | None, dict[str, float]]:
     """One parse in a subprocess run from the repository (as ``python -c`` from there
-    would, the repository's packages importable); why it failed, or ``None``."""
+    would, the repository's packages importable): why it failed (or ``None``) and its
+    timings."""
     try:
         done = subprocess.run(
             [python, "-c", code],
@@ -164,15 +182,24 @@ def _parse_once(python: str, code: str, env: Mapping[str, str], cwd: Path) -> st
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as error:
-        return f"the DagBag run did not complete: {error}"
-    if done.returncode == 0:
-        return None
-    last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-    return f"the DagBag run exited {done.returncode}: {last}"
+        return f"the DagBag run did not complete: {error}", {}
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"the DagBag run exited {done.returncode}: {last}", {}
+    try:
+        timings = json.loads(done.stdout.strip().splitlines()[-1])
+        return None, {"import_s": float(timings["import_s"]), "parse_s": float(timings["parse_s"])}
+    except (ValueError, KeyError, IndexError, TypeError):
+        return f"the DagBag run printed no timings: {done.stdout[-200:]!r}", {}
 
 
 def _no_parse(reason: str) -> dict[str, Any]:
-    return {"dag_parse_s": None, "dag_parse_reason": reason}
+    return {
+        "dag_parse_s": None,
+        "dag_parse_process_s": None,
+        "airflow_import_s": None,
+        "dag_parse_reason": reason,
+    }
 
 
 def _seconds(call: Callable[[], object]) -> float:
