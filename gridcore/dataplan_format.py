@@ -183,7 +183,8 @@ CHOOSERS: Mapping[str, Chooser] = MappingProxyType(
 )
 """Every chooser ``gridcore plan`` reports, by name: each returns the policy's DataPlan.
 ``bent2009``: the paper's models (Eq. 5-24); ``simulation``: every feasible plan run on
-the project's simulator over three seeds, the fastest mean makespan
+the project's simulator over paired seeds (3, or 10 where nodes fail, raced up to 30), the
+fastest mean makespan
 (:mod:`gridcore.dataplan_choosers`; its predictions are the simulated means)."""
 DEFAULT_CHOOSER = "bent2009"
 """The chooser whose pick decides the site when several are planned."""

@@ -35,8 +35,9 @@ A draw is rejected and drawn again from the same case's stream (reported as ``re
 by reason) when fewer than 2 of the storage strategies (All, AllBatch, Slice, Minimal;
 Eq. 1-4) are possible, since there is then nothing to choose, or when ``W * D`` exceeds
 :data:`MAX_JOBS` = 2000 jobs, which bounds a case's cost: every candidate plan (at most 5)
-runs on 3 choosing and 3 measurement seeds, at most 60,000 simulated jobs (seconds on one
-core) plus the re-runs failures cause.
+runs on 3 measurement seeds and on the chooser's seeds (3, or 10 where nodes fail, raced up
+to 30: :mod:`gridcore.dataplan_choosers`), at most about 330,000 simulated jobs (seconds
+on one core) plus the re-runs failures cause.
 
 Per case, as the ``dataplan`` experiment does per point: the feasible set, the mean
 simulated makespan of every candidate plan
