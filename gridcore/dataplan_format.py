@@ -143,6 +143,7 @@ __all__ = [
     "DEFAULT_CHOOSER",
     "DEFAULT_F",
     "MEASURED_KEYS",
+    "PAPER_CHOOSER",
     "PIPELINE_FORMAT_VERSION",
     "BatchVolume",
     "CanonicalWorkload",
@@ -186,8 +187,12 @@ CHOOSERS: Mapping[str, Chooser] = MappingProxyType(
 the project's simulator over paired seeds (3, or 10 where nodes fail, raced up to 30), the
 fastest mean makespan
 (:mod:`gridcore.dataplan_choosers`; its predictions are the simulated means)."""
-DEFAULT_CHOOSER = "bent2009"
-"""The chooser whose pick decides the site when several are planned."""
+DEFAULT_CHOOSER = "simulation"
+"""The chooser whose pick runs by default (``operators.dataplan.pipeline_dag``) and decides
+the site when several are planned: ours, whose regret ``gridcore experiment dataplan``
+measures (the paper's is reported beside it)."""
+PAPER_CHOOSER = "bent2009"
+"""The paper's chooser, by name."""
 
 _NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.-]{{0,{NAME_MAX - 1}}}")
 _INDEX = re.compile(r"\{i(?::0([1-9]))?\}")

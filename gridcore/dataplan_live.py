@@ -51,6 +51,7 @@ from typing import Any
 from gridcore.config import load_grid
 from gridcore.dataplan_format import (
     DEFAULT_CHOOSER,
+    PAPER_CHOOSER,
     SitePlan,
     choose_site,
     load_pipeline,
@@ -72,7 +73,6 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "pipelines"
 EXAMPLE_PIPELINE = EXAMPLES / "kmer_count.toml"
 EXAMPLE_GRID = EXAMPLES / "grid.toml"
 LIVE_RUNS = 3
-LIVE_CHOOSER = "simulation"  # ours, the example DAG's
 LOGICAL_PREFIX = "kmer"
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}
 
@@ -97,7 +97,7 @@ def run_live(
             _make_data(store, base / "origin", spec.W, seed)
             canonical = to_canonical(spec)
             site_plans = [plan_for_site(canonical, grid, s) for s in grid.site_names]
-            chosen, why = choose_site(site_plans, LIVE_CHOOSER)
+            chosen, why = choose_site(site_plans, DEFAULT_CHOOSER)
             sites = {}
             for site_plan in site_plans:
                 if only_sites is not None and site_plan.site not in only_sites:
@@ -140,8 +140,7 @@ def run_live(
             "grid": str(EXAMPLE_GRID.relative_to(EXAMPLES.parents[1])),
             "runs": runs,
             "data_seed": seed,
-            "chooser": LIVE_CHOOSER,
-            "default_chooser": DEFAULT_CHOOSER,
+            "chooser": DEFAULT_CHOOSER,
             "wan": "emulated at the grid's origin bandwidth",
         },
     }
@@ -188,8 +187,8 @@ def _measure_site(
     progress: Any,
 ) -> dict[str, Any]:
     site = site_plan.site
-    paper = site_plan.plans[DEFAULT_CHOOSER]
-    ours = site_plan.plans[LIVE_CHOOSER]
+    paper = site_plan.plans[PAPER_CHOOSER]
+    ours = site_plan.plans[DEFAULT_CHOOSER]
     candidates: list[tuple[str, Any, Strategy]] = [
         (s.value, paper, s) for s in STORAGE_STRATEGIES if s in paper.feasible
     ]
@@ -278,7 +277,7 @@ def _within_noise(pick: Mapping[str, Any], best: Mapping[str, Any]) -> bool:
 
 def live_ok(result: Mapping[str, Any]) -> bool:
     """The claim: our chooser's pick is the measured best, or within noise of it."""
-    return bool(result["pick_within_noise"][LIVE_CHOOSER])
+    return bool(result["pick_within_noise"][DEFAULT_CHOOSER])
 
 
 def live_table(result: Mapping[str, Any]) -> str:

@@ -39,6 +39,7 @@ from airflow.sdk import DAG, Context, get_current_context
 
 from gridcore.dataplan_format import (
     CHOOSERS,
+    DEFAULT_CHOOSER,
     PipelineSpec,
     SitePlan,
     choose_site,
@@ -61,7 +62,6 @@ from operators.base import GridcoreOperator
 from operators.site_job import translated
 
 PIPELINE_CONTEXT_KEY = "gridcore_pipeline"  # what map_index_template shows
-DEFAULT_DAG_CHOOSER = "simulation"
 
 
 class _DataPlanOperator(GridcoreOperator):
@@ -153,7 +153,7 @@ def plan_pipeline(
     grid: GridSpec,
     *,
     site: str | None = None,
-    chooser: str = DEFAULT_DAG_CHOOSER,
+    chooser: str = DEFAULT_CHOOSER,
 ) -> tuple[SitePlan, str]:
     """Every chooser's plan at ``site`` (None: every site with storage), and the site
     whose ``chooser`` pick is predicted fastest with why."""
@@ -179,7 +179,7 @@ def pipeline_dag(
     *,
     grid_file: str | os.PathLike[str] | None = None,
     site: str | None = None,
-    chooser: str = DEFAULT_DAG_CHOOSER,
+    chooser: str = DEFAULT_CHOOSER,
     home_dir: str,
     emulate_wan: bool = False,
     dag_id: str | None = None,

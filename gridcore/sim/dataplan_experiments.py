@@ -70,6 +70,7 @@ from gridcore.dataplan_choosers import (
     plan_label,
     simulation_horizon,
 )
+from gridcore.dataplan_format import DEFAULT_CHOOSER
 from gridcore.errors import ConfigError
 from gridcore.policies.dataplan import (
     TABLE1_WORKLOADS,
@@ -88,7 +89,6 @@ Chooser = Callable[[Workload, Environment], DataPlan]
 CHOOSERS: Mapping[str, Chooser] = MappingProxyType(
     {"bent2009": choose_bent2009, "simulation": choose_by_simulation}
 )
-DEFAULT_CHOOSER = "simulation"
 SWEEPS = ("width", "depth", "batch_size", "variability", "failure")
 WIDTH_RATIOS: tuple[int, ...] = tuple(range(1, 11))
 DEPTHS: tuple[int, ...] = tuple(range(1, 11))

@@ -75,6 +75,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gridcore.dataplan_choosers import CHOOSING_SEEDS
+from gridcore.dataplan_format import DEFAULT_CHOOSER
 from gridcore.errors import ConfigError
 from gridcore.model import MB
 from gridcore.policies.dataplan import (
@@ -86,7 +87,6 @@ from gridcore.policies.dataplan import (
 )
 from gridcore.sim.dataplan_experiments import (
     CHOOSERS,
-    DEFAULT_CHOOSER,
     MAX_REGRET_MAX,
     MEASUREMENT_SEEDS,
     MEDIAN_REGRET_MAX,

@@ -633,7 +633,10 @@ def test_each_example_site_is_planned_with_its_slowness_and_the_fastest_chosen()
     assert b.environment == Environment(4, 100 * MB, 0.0, 2 * MB, DEFAULT_BW_L)
     assert b.workload.R_bar == pytest.approx(1.2 * canonical.workload.R_bar)
     assert b.plans["bent2009"] == choose_bent2009(b.workload, b.environment)
-    best, why = choose_site(plans)
+    best, why = choose_site(plans)  # by the default chooser, ours
+    expected = min(plans, key=lambda p: p.plans["simulation"].predicted_s)
+    assert best is expected and why.startswith(f"{best.site}: simulation's pick")
+    best, why = choose_site(plans, "bent2009")
     expected = min(plans, key=lambda p: p.plans["bent2009"].predicted_s)
     assert best is expected and why.startswith(f"{best.site}: bent2009's pick")
     # local-c (100 MB) only fits Minimal: one batch volume and a few pipelines at a time
@@ -704,7 +707,7 @@ def test_plan_without_site_plans_every_site_and_reports_the_fastest(
     )
     assert data["site"] == fastest["site"]
     assert {k: data[k] for k in fastest} == fastest
-    assert data["site_choice"]["by"] == "bent2009" and data["site_choice"]["skipped"] == {}
+    assert data["site_choice"]["by"] == "simulation" and data["site_choice"]["skipped"] == {}
     assert "chosen: " in err  # the table goes to stderr with --json
 
 
