@@ -157,7 +157,8 @@ def _parser() -> argparse.ArgumentParser:
         " seconds, null when infinite}}, picks {CHOOSER: STRATEGY}, reasons {CHOOSER:"
         " [...]}, padding, site, workload, environment. With --site, that site's plan and"
         " exactly those keys. Without --site every site of the grid is planned: the keys"
-        " above are then the site whose simulation (default chooser) pick is predicted fastest, plus sites"
+        " above are then the site whose pick by the default chooser (simulation) is"
+        " predicted fastest, plus sites"
         " {NAME: that site's object without padding} and site_choice {by, reason,"
         " skipped {NAME: why}} (a site without storage_gb is skipped; none left: exit 2).",
     )
