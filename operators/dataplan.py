@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,7 @@ from operators.base import GridcoreOperator
 from operators.site_job import translated
 
 PIPELINE_CONTEXT_KEY = "gridcore_pipeline"  # what map_index_template shows
+DEFAULT_RETRIES = 2
 
 
 class _DataPlanOperator(GridcoreOperator):
@@ -196,6 +197,8 @@ def pipeline_dag(
     :param home_dir: where final outputs are written, per run ``<home_dir>/<run>/<pipeline>``.
     :param emulate_wan: pace copies between the origin and the site to the grid's
         bandwidth (one machine standing in for a WAN).
+    :param operator_kwargs: more arguments for every task (default: ``retries`` 2 after
+        10 s: a task whose worker died runs again and resumes where its steps got).
     """
     from gridcore.config import GRID_ENV, default_grid, load_grid
     from gridcore.state.store import state_dir
@@ -214,6 +217,9 @@ def pipeline_dag(
         "home_dir": home_dir,
         "wan_mbps": wan,
         "grid_file": str(Path(grid_file).resolve()) if grid_file is not None else None,
+        # a task whose worker died runs again and resumes its steps (none runs twice)
+        "retries": DEFAULT_RETRIES,
+        "retry_delay": timedelta(seconds=10),
         **dict(operator_kwargs or {}),
     }
     kwargs: dict[str, Any] = {
