@@ -105,6 +105,14 @@ MEMBER_COMMAND = (
 )
 
 
+# How a mapped member is shown in the UI instead of "Map Index N": its storm, member
+# number and wind, and its site once chosen (the operator puts it in the context).
+MEMBER_LABEL = (
+    "{{ task.env['STORM'] }} #{{ task.env['MEMBER'] }} wind {{ task.env['WIND_MS'] }} m/s"
+    "{% if gridcore_site is defined and gridcore_site %} @ {{ gridcore_site }}{% endif %}"
+)
+
+
 def member_rows(
     storm: str,
     members: int,
@@ -209,6 +217,7 @@ def ensemble_surge() -> None:
     members = SiteJobOperator.partial(
         task_id="member",
         command=MEMBER_COMMAND,
+        map_index_template=MEMBER_LABEL,
         poll_interval=0.5,
         retries=2,
         retry_delay=timedelta(seconds=2),

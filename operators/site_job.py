@@ -36,6 +36,9 @@ from sensors.triggers import SiteJobTrigger
 AUTO_SITE = "auto"
 INPUTS_ENV = "GRIDCORE_INPUTS"
 SELECTION_KEY = "gridcore_selection_id"  # in the task state store, shared by all tries
+SITE_CONTEXT_KEY = "gridcore_site"
+"""The chosen site, put into the task's context once known, so that a ``map_index_template``
+(rendered again when the task ends) can show it: ``{{ gridcore_site | default('') }}``."""
 RESULT_KEYS = ("site", "job_id", "state", "selected_at", "started_at", "finished_at", "queued_s")
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 _NAME_MAX = 200  # Slurm truncates longer names in some views; selections.name is 256
@@ -147,6 +150,7 @@ class SiteJobOperator(GridcoreOperator):
                 if record is None:
                     record = self._select_and_submit(runtime, state, job)
         self._selection_id = record.selection_id
+        context[SITE_CONTEXT_KEY] = record.site  # type: ignore[literal-required]
         if record.finished:  # an earlier try's job completed: its result stands
             return self.execute_complete(context, dict(SiteJobTrigger.event_for(record)))
         trigger = SiteJobTrigger(
@@ -241,6 +245,8 @@ class SiteJobOperator(GridcoreOperator):
         """Map the trigger's event to the XCom result or an Airflow failure. Everything
         comes from the event: ``dag.test()`` in Airflow 3.3.2 drops ``defer(kwargs=)``."""
         record = SiteJobTrigger.completed_record(event)
+        # a resumed task has a fresh context: the site again, for the label rendered now
+        context[SITE_CONTEXT_KEY] = record.get("site")  # type: ignore[literal-required]
         result = {key: record.get(key) for key in RESULT_KEYS}
         result["selection_id"] = record["selection_id"]
         return result

@@ -60,6 +60,16 @@ def test_dag_test_counts_every_sample_within_the_sites_storage(
         head = report.read_text().splitlines()
         assert head[0].startswith(f"# sample={report.parent.name} reads=")
         assert head[1].split("\t")[:2] == ["taxon", "lineage"]
+    # every mapped pipeline task is labelled by its sample's name
+    from tests.integration.test_ensemble_local import rendered_map_indexes
+
+    jobs = [t.task_id for t in dag.tasks if t.task_type == "DataPlanPipelineOperator"]
+    for task_id in jobs:
+        labels = rendered_map_indexes(DAG_ID, run.run_id, task_id)
+        pipelines = dag.get_task(task_id).expand_input.value["pipeline"]
+        assert [labels[i] for i in range(len(pipelines))] == [
+            f"sample-{p + 1:02}" for p in pipelines
+        ]
     assert_capacity_invariant(airflow_env.db_url, no_live_holds=True)
     store = open_store(airflow_env.db_url)
     try:

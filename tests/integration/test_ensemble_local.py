@@ -83,7 +83,26 @@ def test_dag_test_decides_the_burst_at_once_and_runs_every_member(
         results[i]["site"] for i in range(members)
     ]
     assert sum(summary["per_site"].values()) == members
+    # every mapped member is labelled by its parameters and the site it ran at
+    labels = rendered_map_indexes(DAG_ID, run.run_id, "member")
+    assert [labels[i] for i in range(members)] == [
+        f"manual #{i} wind {35.0 * (0.8 + 0.4 * i / (members - 1)):.2f} m/s @ {results[i]['site']}"
+        for i in range(members)
+    ]
     assert_capacity_invariant(airflow_env.db_url, no_live_holds=True)
+
+
+def rendered_map_indexes(dag_id: str, run_id: str, task_id: str) -> dict[int, str | None]:
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        tis = session.query(TaskInstance).filter(
+            TaskInstance.dag_id == dag_id,
+            TaskInstance.run_id == run_id,
+            TaskInstance.task_id == task_id,
+        )
+        return {ti.map_index: ti.rendered_map_index for ti in tis}
 
 
 @pytest.fixture(scope="module")
