@@ -23,8 +23,6 @@ sample).
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 from airflow.sdk import task
@@ -37,11 +35,10 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "pipelines"
 PIPELINE_FILE = EXAMPLES / "kmer_count.toml"
 GRID_FILE = EXAMPLES / "grid.toml"
 SAMPLES = 8
-LOGICAL_PREFIX = "kmer"  # the file's logical names: kmer/ref/..., kmer/reads/...
 
 
 def origin_dir() -> Path:
-    return state_dir() / "origin" / LOGICAL_PREFIX
+    return state_dir() / "origin" / "kmer"
 
 
 dag = pipeline_dag(
@@ -58,32 +55,9 @@ with dag:
     def make_data() -> dict[str, int]:
         """Generate the samples and reference files at the origin (deterministic: the
         same bytes every run) and register each in the replica catalog at the origin."""
-        from gridcore.model import ORIGIN
-        from gridcore.staging import register_source
+        from gridcore.dataplan_live import make_example_data
 
-        out = origin_dir()
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "gridcore.apps.kmer",
-                "make-data",
-                "--out",
-                str(out),
-                "--samples",
-                str(SAMPLES),
-            ],
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
-        registered = {}
         with GridcoreHook(grid_file=str(GRID_FILE)).catalog() as (_, catalog):
-            for path in sorted(p for p in out.rglob("*") if p.is_file()):
-                name = f"{LOGICAL_PREFIX}/{path.relative_to(out).as_posix()}"
-                known = catalog.replica(name, ORIGIN)
-                if known is None or known.size_bytes != path.stat().st_size:
-                    register_source(catalog, name, ORIGIN, str(path))
-                registered[name] = path.stat().st_size
-        return registered
+            return make_example_data(catalog, origin_dir(), SAMPLES)
 
     make_data() >> dag.get_task("prepare")

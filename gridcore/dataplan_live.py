@@ -94,7 +94,7 @@ def run_live(
         grid = _grid_in(load_grid(EXAMPLE_GRID), base)
         store = open_store(f"sqlite:///{base / 'state.db'}", upgrade=True)
         try:
-            _make_data(store, base / "origin", spec.W, seed)
+            make_example_data(ReplicaCatalog(store), base / "origin", spec.W, seed)
             canonical = to_canonical(spec)
             site_plans = [plan_for_site(canonical, grid, s) for s in grid.site_names]
             chosen, why = choose_site(site_plans, DEFAULT_CHOOSER)
@@ -153,7 +153,13 @@ def _grid_in(grid: GridSpec, base: Path) -> GridSpec:
     return dataclasses.replace(grid, sites=sites)
 
 
-def _make_data(store: Any, origin: Path, samples: int, seed: int) -> None:
+def make_example_data(
+    catalog: ReplicaCatalog, origin: Path, samples: int, seed: int = 0
+) -> dict[str, int]:
+    """The example workload's data (``gridcore.apps.kmer make-data``: deterministic, the
+    same bytes for the same seed) written to ``origin`` and each file registered at the
+    origin as ``kmer/<path>`` (again only when its size changed); logical name -> bytes.
+    Used by ``--live`` and by ``dags/batch_pipeline.py``."""
     subprocess.run(
         [
             sys.executable,
@@ -170,11 +176,15 @@ def _make_data(store: Any, origin: Path, samples: int, seed: int) -> None:
         check=True,
         stdout=subprocess.DEVNULL,
     )
-    catalog = ReplicaCatalog(store)
+    registered = {}
     for path in sorted(p for p in origin.rglob("*") if p.is_file()):
-        register_source(
-            catalog, f"{LOGICAL_PREFIX}/{path.relative_to(origin).as_posix()}", ORIGIN, str(path)
-        )
+        name = f"{LOGICAL_PREFIX}/{path.relative_to(origin).as_posix()}"
+        known = catalog.replica(name, ORIGIN)
+        size = path.stat().st_size
+        if known is None or known.size_bytes != size:
+            register_source(catalog, name, ORIGIN, str(path))
+        registered[name] = size
+    return registered
 
 
 def _measure_site(
