@@ -7,11 +7,6 @@ consistent and holds nothing; no job ran twice."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -185,58 +180,6 @@ def test_remote_is_refused_on_a_live_site(tmp_path: Path) -> None:
     live = setup(tmp_path)
     with pytest.raises(ConfigError, match="Remote is not run on a live site"):
         runner(live, make_run(live, Strategy.REMOTE, 2))
-    live.store.dispose()
-
-
-_RUN_SCRIPT = textwrap.dedent(
-    """
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, {repo!r})
-    from tests.dataplan_live import setup
-    from tests.integration.test_dataplan_live import make_run, runner
-    from gridcore.policies.dataplan import Strategy
-    from gridcore.state.store import open_store
-    base = Path({base!r})
-    live = setup(base, storage_bytes=3_000_000, W=4, D=2, job_s=1.0)
-    runner(live, make_run(live, Strategy(sys.argv[1]), 2)).run()
-    """
-)
-
-
-@pytest.mark.parametrize("strategy", [Strategy.ALL_BATCH, Strategy.SLICE])
-@pytest.mark.parametrize("kill_after_executions", [1, 3, 6])
-def test_a_runner_killed_mid_run_is_resumed_without_running_a_job_twice(
-    tmp_path: Path, strategy: Strategy, kill_after_executions: int
-) -> None:
-    """The runner (a worker) is SIGKILLed once ``kill_after_executions`` jobs have
-    started; a new runner of the same run resumes it: every job ran once, the ledger is
-    consistent and holds nothing at the end, the disk never held more than the storage."""
-    script = _RUN_SCRIPT.format(repo=str(REPO), base=str(tmp_path))
-    proc = subprocess.Popen(
-        [sys.executable, "-c", script, strategy.value],
-        cwd=REPO,
-        start_new_session=True,  # its site jobs are detached anyway; kill only the runner
-    )
-    runs_log = tmp_path / "runs.log"
-    deadline = time.monotonic() + 60
-    sampler = DiskSampler(tmp_path / SITE)
-    with sampler:
-        while time.monotonic() < deadline:
-            if runs_log.exists() and len(runs_log.read_text().split()) >= kill_after_executions:
-                break
-            assert proc.poll() is None, "the runner ended before the kill"
-            time.sleep(0.02)
-        else:
-            pytest.fail("no job started within 60 s")
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        live = setup(tmp_path, storage_bytes=3_000_000, W=4, D=2, job_s=1.0)
-        runner(live, make_run(live, strategy, 2)).run()
-    assert sampler.peak <= 3_000_000
-    assert set(live.executions().values()) == {1}, live.executions()
-    assert len(live.executions()) == 8
-    assert_clean(live)
     live.store.dispose()
 
 
