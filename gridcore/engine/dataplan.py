@@ -337,7 +337,7 @@ class DataPlanRunner:
             # every source failed: the room held for the copy goes back (a process that
             # dies here keeps it held, and its resumption stages into it)
             if catalog.replica(logical_name, site) is None:
-                self._release_hold(logical_name)
+                catalog.remove(logical_name, site)  # releases the hold
             raise
         with self._counts.lock:
             self._counts.batch_stagings += 1 if batch and not staged.skipped else 0
@@ -345,17 +345,13 @@ class DataPlanRunner:
         return staged.replica
 
     def _evict(self, logical_name: str) -> None:
+        """Delete the volume's file, then forget its replica and release its bytes (the
+        catalog does both in one transaction, replica or not)."""
         catalog, site = self.catalog, self.run_spec.site
         found = catalog.replica(logical_name, site)
         if found is not None:
             _remove_file(found.url)
         catalog.remove(logical_name, site)
-        self._release_hold(logical_name)
-
-    def _release_hold(self, logical_name: str) -> None:
-        holder = capacity.volume_holder(logical_name, self.run_spec.site)
-        with self.runtime.store.begin() as conn:
-            capacity.release(conn, capacity.HolderKind.VOLUME, holder)
 
     # -- pipelines ----------------------------------------------------------------------------
 
@@ -584,12 +580,34 @@ class DataPlanRunner:
                 for future in futures:
                     future.result()
 
+    def first_stage_to_run(self) -> int:
+        """Where a run resumes: at the last jobs stage that has begun (one of its jobs
+        was selected). Stages run in order, so every stage before it had ended; running
+        them again would fetch batch volumes already evicted (crossing the WAN again, and
+        possibly waiting for ever for room the later stages' outputs hold)."""
+        stages = self.run_spec.stages
+        with self.runtime.store.begin() as conn:
+            begun = {
+                str(name)
+                for name in conn.execute(
+                    select(selections.c.name).where(selections.c.stream == self.run_spec.stream)
+                ).scalars()
+            }
+        for index in range(len(stages) - 1, -1, -1):
+            stage = stages[index]
+            if stage.kind is StageKind.JOBS and any(
+                self._job_name(p, d) in begun for p in stage.pipelines for d in stage.depths
+            ):
+                return index
+        return 0
+
     def run(self) -> RunReport:
-        """Every stage in order; a report of the run."""
+        """Every stage in order, from where an earlier (killed) run of the same id got;
+        a report of the run."""
         self.prepare()
         begun = time.monotonic()
         times = []
-        for stage in self.run_spec.stages:
+        for stage in self.run_spec.stages[self.first_stage_to_run() :]:
             t0 = time.monotonic()
             self.run_stage(stage)
             times.append(StageTime(stage.name, stage.kind.value, time.monotonic() - t0))

@@ -12,6 +12,13 @@ submission key), then its row is inserted, with its working directory, in one
 transaction. A worker killed (or a write failing) before that insert leaves at most a
 directory no row refers to; a row always has its files. The key is unique, so a second
 submission with the same key returns the first job instead of starting another.
+
+A job is started at most once, even when the worker starting it dies: the site marks it
+running (attempt N) in one transaction, then spawns its wrapper, which runs the command
+only if it can create the fence directory ``start.N`` first. A running job that has no
+pid after ``SPAWN_GRACE_S`` is fenced by whoever looks next (``mkdir start.N``): if that
+succeeds no wrapper of attempt N can ever run it, and the job is queued again; if it
+fails the wrapper did start, and its pid is read from ``start.N/pid``.
 """
 
 from __future__ import annotations
@@ -44,10 +51,16 @@ from gridcore.sites.keys import is_valid_key
 from gridcore.state.schema import local_jobs
 from gridcore.state.store import Store, state_dir
 
-# A job marked running whose process never got a pid within this time was lost by a
-# worker that died between the commit and the spawn.
+# A job marked running whose process never got a pid within this time was (probably)
+# lost by a worker that died between the commit and the spawn: it is fenced and queued
+# again, or adopted if its wrapper did start.
 SPAWN_GRACE_S = 30.0
-_WRAPPER = "sh job.sh > stdout.txt 2> stderr.txt; echo $? > rc.tmp && mv rc.tmp rc"
+# The fence: only the wrapper that creates start.N runs attempt N's command.
+_WRAPPER = (
+    'mkdir "start.$GRIDCORE_ATTEMPT" 2>/dev/null || exit 0; '
+    'echo $$ > "start.$GRIDCORE_ATTEMPT/pid"; '
+    "sh job.sh > stdout.txt 2> stderr.txt; echo $? > rc.tmp && mv rc.tmp rc"
+)
 
 
 class LocalSite:
@@ -211,6 +224,12 @@ class LocalSite:
                     state=JobState.CANCELLED.value, finished_at=self.clock(), message="cancelled"
                 )
             )
+        if row["state"] == JobState.RUNNING.value and row["pid"] is None:
+            # a spawn may be under way: fence it so the cancelled job never starts
+            _fence(Path(row["workdir"]) / f"start.{row['attempt']}")
+            pid = _read_pid(Path(row["workdir"]) / f"start.{row['attempt']}" / "pid")
+            if pid is not None:
+                _kill_group(_pgid(pid) or pid)
         if row["pgid"]:
             _kill_group(int(row["pgid"]))
         self.reconcile()
@@ -223,8 +242,8 @@ class LocalSite:
             self.store.lock_site(conn, self.spec.name)
             self._reap(conn)
             to_start = self._admit(conn)
-        for jid, workdir in to_start:
-            self._spawn(jid, Path(workdir))
+        for jid, workdir, attempt in to_start:
+            self._spawn(jid, Path(workdir), attempt)
 
     def _reap(self, conn: Connection) -> None:
         running = (
@@ -251,13 +270,9 @@ class LocalSite:
         if rc_file.exists():
             return _exit_outcome(rc_file)
         if row["pid"] is None:
-            if self.clock() - (row["started_at"] or 0) > SPAWN_GRACE_S:
-                return {
-                    "state": JobState.FAILED.value,
-                    "finished_at": self.clock(),
-                    "message": "the worker that started this job died before spawning it",
-                }
-            return None
+            if self.clock() - (row["started_at"] or 0) <= SPAWN_GRACE_S:
+                return None  # its worker is (probably) spawning it now
+            return self._unspawned(row)
         if _alive(int(row["pid"]), Path(row["workdir"])):
             return None
         # The job may have written its exit code and exited between the two checks.
@@ -269,7 +284,28 @@ class LocalSite:
             "message": "process vanished without an exit code",
         }
 
-    def _admit(self, conn: Connection) -> list[tuple[int, str]]:
+    def _unspawned(self, row: Any) -> dict[str, Any] | None:
+        """A running job with no pid past the grace: fence its attempt and queue it
+        again, or adopt the wrapper that did start (its pid file)."""
+        fence = Path(row["workdir"]) / f"start.{row['attempt']}"
+        if _fence(fence):
+            return {
+                "state": JobState.PENDING.value,
+                "started_at": None,
+                "message": f"queued again: attempt {row['attempt']} was never spawned",
+            }
+        pid = _read_pid(fence / "pid")
+        if pid is not None:
+            return {"pid": pid, "pgid": _pgid(pid)}
+        if self.clock() - (row["started_at"] or 0) > 2 * SPAWN_GRACE_S:
+            return {
+                "state": JobState.FAILED.value,
+                "finished_at": self.clock(),
+                "message": "its wrapper started but vanished before recording its pid",
+            }
+        return None
+
+    def _admit(self, conn: Connection) -> list[tuple[int, str, int]]:
         busy = conn.execute(
             select(func.coalesce(func.sum(local_jobs.c.processors), 0)).where(
                 and_(
@@ -280,7 +316,12 @@ class LocalSite:
         ).scalar_one()
         free = self.spec.processors - int(busy)
         pending = conn.execute(
-            select(local_jobs.c.id, local_jobs.c.processors, local_jobs.c.workdir)
+            select(
+                local_jobs.c.id,
+                local_jobs.c.processors,
+                local_jobs.c.workdir,
+                local_jobs.c.attempt,
+            )
             .where(
                 and_(
                     local_jobs.c.site == self.spec.name,
@@ -289,20 +330,27 @@ class LocalSite:
             )
             .order_by(local_jobs.c.id)
         ).all()
-        started: list[tuple[int, str]] = []
+        started: list[tuple[int, str, int]] = []
         for row in pending:
             if row.processors > free:
                 break  # strict FIFO: no overtaking, like a batch queue without backfill
             free -= row.processors
+            attempt = row.attempt + 1
             conn.execute(
                 update(local_jobs)
                 .where(local_jobs.c.id == row.id)
-                .values(state=JobState.RUNNING.value, started_at=self.clock())
+                .values(
+                    state=JobState.RUNNING.value,
+                    started_at=self.clock(),
+                    attempt=attempt,
+                    pid=None,
+                    pgid=None,
+                )
             )
-            started.append((row.id, row.workdir))
+            started.append((row.id, row.workdir, attempt))
         return started
 
-    def _spawn(self, jid: int, workdir: Path) -> None:
+    def _spawn(self, jid: int, workdir: Path, attempt: int) -> None:
         # An intermediate shell in a new session backgrounds the wrapper and exits at once:
         # the job is reparented away from this (possibly short-lived) process, and the
         # whole group can be signalled by the intermediate's pgid.
@@ -313,7 +361,7 @@ class LocalSite:
                 f"/bin/sh -c {shlex.quote(_WRAPPER)} </dev/null >/dev/null 2>&1 & echo $!",
             ],
             cwd=workdir,
-            env=self._job_env(jid, workdir),
+            env={**self._job_env(jid, workdir), "GRIDCORE_ATTEMPT": str(attempt)},
             capture_output=True,
             text=True,
             start_new_session=True,
@@ -330,7 +378,20 @@ class LocalSite:
                 "message": f"could not start: {proc.stderr.strip()[:200]}",
             }
         with self.store.begin() as conn:
-            conn.execute(update(local_jobs).where(local_jobs.c.id == jid).values(**values))
+            # only for this attempt, if still running: a spawn slower than the grace
+            # (fenced and queued again meanwhile) must not overwrite a later attempt
+            conn.execute(
+                update(local_jobs)
+                .where(
+                    and_(
+                        local_jobs.c.id == jid,
+                        local_jobs.c.attempt == attempt,
+                        local_jobs.c.state == JobState.RUNNING.value,
+                        local_jobs.c.pid.is_(None),
+                    )
+                )
+                .values(**values)
+            )
 
     def _job_env(self, jid: int, workdir: Path) -> dict[str, str]:
         extra = json.loads((workdir / "env.json").read_text())
@@ -390,6 +451,23 @@ def _int_id(site: str, job_id: str) -> int:
     if not job_id.isdigit():
         raise UnknownJob(site, f"local job ids are integers, got {job_id!r}")
     return int(job_id)
+
+
+def _fence(directory: Path) -> bool:
+    """Create ``directory``; False if it exists (the wrapper got there first)."""
+    try:
+        directory.mkdir()
+    except FileExistsError:
+        return False
+    return True
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        return None
+    return int(text) if text.isdigit() else None
 
 
 def _pgid(pid: int) -> int | None:

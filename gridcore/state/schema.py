@@ -100,6 +100,9 @@ local_jobs = Table(
     Column("finished_at", Float, nullable=True),
     # the submission key (gridcore.sites.keys): one job per key, whoever submits it
     Column("key", String(128), nullable=True),
+    # which start this is: the wrapper of attempt N runs only if it creates the fence
+    # directory start.N first, so a start whose worker died can be fenced and redone
+    Column("attempt", Integer, nullable=False, server_default="0"),
     Index("ix_gc_local_jobs_site_state", "site", "state"),
     UniqueConstraint("key", name="uq_gc_local_jobs_key"),
 )

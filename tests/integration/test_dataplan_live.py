@@ -7,6 +7,11 @@ consistent and holds nothing; no job ran twice."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +26,8 @@ from gridcore.engine.dataplan import (
 from gridcore.errors import ConfigError
 from gridcore.policies.dataplan import Strategy
 from gridcore.policies.dataplan_stages import plan_stages
+from gridcore.sites import local as local_site
+from gridcore.sites.local import LocalSite
 from tests.dataplan_live import SITE, DiskSampler, LiveSetup, setup
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,7 +41,10 @@ def make_run(
 
 
 def runner(live: LiveSetup, run: PipelineRun) -> DataPlanRunner:
-    return DataPlanRunner(live.grid, runtime_factory(live.grid, live.store), run, poll_s=0.05)
+    # a job that waits for room longer than this fails the test instead of hanging it
+    return DataPlanRunner(
+        live.grid, runtime_factory(live.grid, live.store), run, poll_s=0.05, room_wait_s=120
+    )
 
 
 def assert_clean(live: LiveSetup) -> None:
@@ -183,6 +193,61 @@ def test_remote_is_refused_on_a_live_site(tmp_path: Path) -> None:
     live.store.dispose()
 
 
+_RUN_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, {repo!r})
+    from tests.dataplan_live import setup
+    from tests.integration.test_dataplan_live import make_run, runner
+    from gridcore.policies.dataplan import Strategy
+    from gridcore.state.store import open_store
+    base = Path({base!r})
+    live = setup(base, storage_bytes=3_000_000, W=4, D=2, job_s=1.0)
+    runner(live, make_run(live, Strategy(sys.argv[1]), 2)).run()
+    """
+)
+
+
+@pytest.mark.parametrize("strategy", [Strategy.ALL_BATCH, Strategy.SLICE])
+@pytest.mark.parametrize("kill_after_executions", [1, 3, 6])
+def test_a_runner_killed_mid_run_is_resumed_without_running_a_job_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, strategy: Strategy, kill_after_executions: int
+) -> None:
+    """The runner (a worker) is SIGKILLed once ``kill_after_executions`` jobs have
+    started; a new runner of the same run resumes it: every job ran once, the ledger is
+    consistent and holds nothing at the end, the disk never held more than the storage."""
+    script = _RUN_SCRIPT.format(repo=str(REPO), base=str(tmp_path))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, strategy.value],
+        cwd=REPO,
+        start_new_session=True,  # its site jobs are detached anyway; kill only the runner
+    )
+    runs_log = tmp_path / "runs.log"
+    deadline = time.monotonic() + 60
+    sampler = DiskSampler(tmp_path / SITE)
+    with sampler:
+        while time.monotonic() < deadline:
+            if runs_log.exists() and len(runs_log.read_text().split()) >= kill_after_executions:
+                break
+            assert proc.poll() is None, "the runner ended before the kill"
+            time.sleep(0.02)
+        else:
+            pytest.fail("no job started within 60 s")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        # a job the killed runner marked running but never spawned is fenced and
+        # started again after the grace, shortened here
+        monkeypatch.setattr(local_site, "SPAWN_GRACE_S", 2.0)
+        live = setup(tmp_path, storage_bytes=3_000_000, W=4, D=2, job_s=1.0)
+        runner(live, make_run(live, strategy, 2)).run()
+    assert sampler.peak <= 3_000_000
+    assert set(live.executions().values()) == {1}, live.executions()
+    assert len(live.executions()) == 8
+    assert_clean(live)
+    live.store.dispose()
+
+
 class _Crash(BaseException):
     """The process dies here (a BaseException: nothing catches it on the way out)."""
 
@@ -217,6 +282,9 @@ def _crash_once(target: object, name: str, *, after: bool, pipeline: int = 1) ->
         ("runner", "_after_job", False),  # output registered, input not evicted
         ("runner", "_evict", True),  # a volume evicted, the next one not
         ("runner", "fetch_batch", True),  # a batch volume fetched, the next not
+        ("site", "_insert", False),  # the site wrote the job's files, not its row
+        ("site", "_spawn", False),  # the site marked the job running, did not spawn it
+        ("site", "_spawn", True),  # the site spawned the job, the runner did not see it
     ],
 )
 def test_a_crash_at_every_step_of_a_job_is_resumed_without_doubling_or_leaking(
@@ -228,7 +296,10 @@ def test_a_crash_at_every_step_of_a_job_is_resumed_without_doubling_or_leaking(
     from gridcore.engine.runtime import GridRuntime
 
     live = setup(tmp_path, storage_bytes=3 * 10**6, W=3, D=2, job_s=0.1)
-    owner = DataPlanRunner if target == "runner" else GridRuntime
+    owner = {"runner": DataPlanRunner, "runtime": GridRuntime, "site": LocalSite}[target]
+    # a job recorded as running but never spawned is fenced and started again after
+    # the grace, shortened here
+    monkeypatch.setattr(local_site, "SPAWN_GRACE_S", 2.0)
     with monkeypatch.context() as patched:
         _crash_once_patched(patched, owner, step, after=after)
         with pytest.raises(_Crash):

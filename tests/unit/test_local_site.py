@@ -3,6 +3,7 @@ accounted in the state DB across processes, failures and cancellation."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -17,6 +18,7 @@ from gridcore.engine import ledger
 from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.errors import ConfigError, RequestError, SiteRejected
 from gridcore.model import JobRequest, JobSubmission
+from gridcore.sites import local as local_site
 from gridcore.sites.local import LocalSite
 from gridcore.state.schema import local_jobs, selections
 from gridcore.state.store import open_store
@@ -191,3 +193,107 @@ def test_a_jobs_environment_file_is_readable_by_its_owner_only(tmp_path: Path) -
     env_file = site.workdir(job_id) / "env.json"
     assert env_file.stat().st_mode & 0o777 == 0o600
     runtime.store.dispose()
+
+
+# -- a worker dying between marking a job running and spawning it (the fence) ----------
+
+
+class _Died(BaseException):
+    """The worker dies here (nothing catches a BaseException on the way out)."""
+
+
+def _counting_job(rt: GridRuntime, counter: Path, name: str = "once") -> int:
+    """Select and submit a job that appends a line to ``counter`` each time it runs;
+    the submit may die inside the site (patched by the caller)."""
+    rec = rt.select(JobRequest(name, 1, 1.0), site="local-a")
+    with contextlib.suppress(_Died):
+        rt.submit(rec.selection_id, _counting_submission(counter, name))
+    return rec.selection_id
+
+
+def _counting_submission(counter: Path, name: str = "once") -> JobSubmission:
+    return JobSubmission(name, f"echo ran >> {counter}", 1)
+
+
+def _retry(rt: GridRuntime, sid: int, counter: Path) -> JobRecord:
+    """What the retried task does: submit the selection again (its key finds the job
+    the dead worker left at the site), then wait for it."""
+    rt.submit(sid, _counting_submission(counter))
+    return wait(rt, sid)
+
+
+def _runs(counter: Path) -> int:
+    return len(counter.read_text().split()) if counter.exists() else 0
+
+
+def _row(rt: GridRuntime) -> dict[str, object]:
+    with rt.store.begin() as conn:
+        return dict(conn.execute(select(local_jobs)).mappings().one())
+
+
+def test_a_job_whose_worker_died_before_spawning_it_is_started_again_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt, counter = runtime(tmp_path), tmp_path / "count"
+    monkeypatch.setattr(local_site, "SPAWN_GRACE_S", 0.5)
+    with monkeypatch.context() as patched:
+        patched.setattr(LocalSite, "_spawn", lambda *a: (_ for _ in ()).throw(_Died()))
+        sid = _counting_job(rt, counter)
+    row = _row(rt)
+    assert (row["state"], row["pid"], row["attempt"]) == ("running", None, 1)
+    time.sleep(0.6)
+    rec = _retry(rt, sid, counter)  # the next look fences attempt 1, starts attempt 2
+    assert rec.state == "completed" and _runs(counter) == 1
+    assert _row(rt)["attempt"] == 2
+    assert (Path(str(row["workdir"])) / "start.1").is_dir()
+    assert_capacity_invariant(rt.store, no_live_holds=True)
+
+
+def test_a_job_spawned_by_a_worker_that_died_before_recording_its_pid_is_adopted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt, counter = runtime(tmp_path), tmp_path / "count"
+    monkeypatch.setattr(local_site, "SPAWN_GRACE_S", 0.5)
+    with monkeypatch.context() as patched:
+        # _pgid runs after the wrapper started and before the pid is written
+        patched.setattr(local_site, "_pgid", lambda pid: (_ for _ in ()).throw(_Died()))
+        sid = _counting_job(rt, counter)
+    assert _row(rt)["pid"] is None
+    time.sleep(0.6)
+    rec = _retry(rt, sid, counter)
+    assert rec.state == "completed" and _runs(counter) == 1
+    assert _row(rt)["attempt"] == 1  # adopted, not started again
+
+
+def test_a_spawn_slower_than_the_grace_is_fenced_and_never_runs_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt, counter = runtime(tmp_path), tmp_path / "count"
+    monkeypatch.setattr(local_site, "SPAWN_GRACE_S", 0.5)
+    real_spawn = LocalSite._spawn
+    slow: list[tuple[object, ...]] = []
+    with monkeypatch.context() as patched:
+        patched.setattr(LocalSite, "_spawn", lambda *a: slow.append(a))
+        sid = _counting_job(rt, counter)
+    time.sleep(0.6)
+    rec = wait(rt, sid)  # attempt 1 fenced, attempt 2 ran
+    real_spawn(*slow[0])  # ... and now the slow worker spawns attempt 1
+    time.sleep(0.5)
+    assert rec.state == "completed" and _runs(counter) == 1
+    assert _row(rt)["state"] == "completed"
+
+
+def test_a_job_cancelled_while_its_spawn_is_under_way_never_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt, counter = runtime(tmp_path), tmp_path / "count"
+    real_spawn = LocalSite._spawn
+    slow: list[tuple[object, ...]] = []
+    with monkeypatch.context() as patched:
+        patched.setattr(LocalSite, "_spawn", lambda *a: slow.append(a))
+        sid = _counting_job(rt, counter)
+    assert rt.cancel(sid).state == "cancelled"
+    real_spawn(*slow[0])
+    time.sleep(0.5)
+    assert _runs(counter) == 0 and _row(rt)["state"] == "cancelled"
+    in_flight_zero(rt)
