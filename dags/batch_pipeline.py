@@ -28,8 +28,8 @@ from pathlib import Path
 from airflow.sdk import task
 
 from gridcore.state.store import state_dir
-from operators.dataplan import pipeline_dag
-from operators.hooks import GridcoreHook
+from gridcore_airflow.operators.dataplan import pipeline_dag
+from gridcore_airflow.operators.hooks import GridcoreHook
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "pipelines"
 PIPELINE_FILE = EXAMPLES / "kmer_count.toml"

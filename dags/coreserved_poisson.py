@@ -30,7 +30,7 @@ from airflow.sdk import Param, dag, task
 from airflow.sdk.exceptions import AirflowFailException
 
 from gridcore.apps.launch import MAX_ABS_DIFF, component_command, output_dir, strips_difference
-from operators.coreserve import CoReserveOperator
+from gridcore_airflow.operators.coreserve import CoReserveOperator
 
 
 @dag(

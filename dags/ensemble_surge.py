@@ -33,9 +33,9 @@ from typing import Any
 
 from airflow.sdk import Asset, AssetWatcher, Param, dag, task
 
-from operators.select_sites import SelectSitesOperator, with_selections
-from operators.site_job import SiteJobOperator
-from sensors.triggers import ForcingFileTrigger
+from gridcore_airflow.operators.select_sites import SelectSitesOperator, with_selections
+from gridcore_airflow.operators.site_job import SiteJobOperator
+from gridcore_airflow.sensors.triggers import ForcingFileTrigger
 
 MAX_MEMBERS = 256
 DEFAULT_WIND_MS = 35.0

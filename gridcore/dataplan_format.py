@@ -188,9 +188,10 @@ the project's simulator over paired seeds (3, or 10 where nodes fail, raced up t
 fastest mean makespan
 (:mod:`gridcore.dataplan_choosers`; its predictions are the simulated means)."""
 DEFAULT_CHOOSER = "simulation"
-"""The chooser whose pick runs by default (``operators.dataplan.pipeline_dag``) and decides
-the site when several are planned: ours, whose regret ``gridcore experiment dataplan``
-measures (the paper's is reported beside it)."""
+"""The chooser whose pick runs by default
+(``gridcore_airflow.operators.dataplan.pipeline_dag``) and decides the site when several
+are planned: ours, whose regret ``gridcore experiment dataplan`` measures (the paper's is
+reported beside it)."""
 PAPER_CHOOSER = "bent2009"
 """The paper's chooser, by name."""
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
-from operators.hooks import GridcoreHook
-from sensors.base import GridcoreTrigger, wait_inline
+from gridcore_airflow.operators.hooks import GridcoreHook
+from gridcore_airflow.sensors.base import GridcoreTrigger, wait_inline
 
 
 class GridcoreOperator(BaseOperator):

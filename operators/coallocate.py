@@ -20,9 +20,9 @@ from gridcore.errors import GridError, StateError
 from gridcore.model import CoAllocationRequest, FileDelivery, Priority, RequestKind
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.validation import check_choice, check_coallocation_submission
-from operators.base import GridcoreOperator
-from operators.site_job import job_name, map_index, state_store, translated
-from sensors.coalloc_trigger import CoAllocationTrigger
+from gridcore_airflow.operators.base import GridcoreOperator
+from gridcore_airflow.operators.site_job import job_name, map_index, state_store, translated
+from gridcore_airflow.sensors.coalloc_trigger import CoAllocationTrigger
 
 JOB_KEY = "gridcore_coalloc_job_id"  # in the task state store, shared by all tries
 # Per component, in component order (the order of ``components``).

@@ -19,9 +19,9 @@ from gridcore.engine.coreservation import CoReserveEngine, ReservationRecord
 from gridcore.errors import GridError, StateError
 from gridcore.model import CoReservationRequest
 from gridcore.validation import check_coreservation_request
-from operators.base import GridcoreOperator
-from operators.site_job import job_name, map_index, state_store, translated
-from sensors.coreserve_trigger import CoReservationTrigger
+from gridcore_airflow.operators.base import GridcoreOperator
+from gridcore_airflow.operators.site_job import job_name, map_index, state_store, translated
+from gridcore_airflow.sensors.coreserve_trigger import CoReservationTrigger
 
 JOB_KEY = "gridcore_coreserved_job_id"  # in the task state store, shared by all tries
 _RESULT_KEYS = (

@@ -58,8 +58,8 @@ from gridcore.errors import ConfigError
 from gridcore.model import ORIGIN, GridSpec
 from gridcore.policies.dataplan import Strategy
 from gridcore.policies.dataplan_stages import Stage, StageKind
-from operators.base import GridcoreOperator
-from operators.site_job import translated
+from gridcore_airflow.operators.base import GridcoreOperator
+from gridcore_airflow.operators.site_job import translated
 
 PIPELINE_CONTEXT_KEY = "gridcore_pipeline"  # what map_index_template shows
 DEFAULT_RETRIES = 2

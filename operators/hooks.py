@@ -20,7 +20,7 @@ from gridcore.engine.coreservation import CoReserveEngine
 from gridcore.engine.koala import KoalaEngine
 from gridcore.engine.runtime import GridRuntime
 from gridcore.staging import ReplicaCatalog
-from sensors.connections import (
+from gridcore_airflow.sensors.connections import (
     GridLocation,
     close_coreserve,
     close_koala,

@@ -24,35 +24,45 @@ def get_provider_info() -> dict[str, Any]:
             {
                 "integration-name": _INTEGRATION,
                 "python-modules": [
-                    "operators.site_job",
-                    "operators.select_sites",
-                    "operators.stage_files",
-                    "operators.coallocate",
-                    "operators.coreserve",
+                    "gridcore_airflow.operators.site_job",
+                    "gridcore_airflow.operators.select_sites",
+                    "gridcore_airflow.operators.stage_files",
+                    "gridcore_airflow.operators.coallocate",
+                    "gridcore_airflow.operators.coreserve",
                 ],
             }
         ],
-        "sensors": [{"integration-name": _INTEGRATION, "python-modules": ["sensors.site_job"]}],
+        "sensors": [
+            {
+                "integration-name": _INTEGRATION,
+                "python-modules": ["gridcore_airflow.sensors.site_job"],
+            }
+        ],
         "triggers": [
             {
                 "integration-name": _INTEGRATION,
                 "python-modules": [
-                    "sensors.triggers",
-                    "sensors.coalloc_trigger",
-                    "sensors.coreserve_trigger",
+                    "gridcore_airflow.sensors.triggers",
+                    "gridcore_airflow.sensors.coalloc_trigger",
+                    "gridcore_airflow.sensors.coreserve_trigger",
                 ],
             }
         ],
-        "hooks": [{"integration-name": _INTEGRATION, "python-modules": ["operators.hooks"]}],
+        "hooks": [
+            {
+                "integration-name": _INTEGRATION,
+                "python-modules": ["gridcore_airflow.operators.hooks"],
+            }
+        ],
         "connection-types": [
             {
                 "connection-type": "gridcore",
-                "hook-class-name": "operators.hooks.GridcoreHook",
+                "hook-class-name": "gridcore_airflow.operators.hooks.GridcoreHook",
                 "hook-name": "gridcore grid",
             },
             {
                 "connection-type": "gridcore_slurm",
-                "hook-class-name": "operators.hooks.GridcoreSlurmHook",
+                "hook-class-name": "gridcore_airflow.operators.hooks.GridcoreSlurmHook",
                 "hook-name": "gridcore Slurm site",
             },
         ],

@@ -30,8 +30,8 @@ from gridcore.validation import (
     check_job_submission,
     check_selection_stream,
 )
-from operators.base import GridcoreOperator
-from sensors.triggers import SiteJobTrigger
+from gridcore_airflow.operators.base import GridcoreOperator
+from gridcore_airflow.sensors.triggers import SiteJobTrigger
 
 AUTO_SITE = "auto"
 INPUTS_ENV = "GRIDCORE_INPUTS"

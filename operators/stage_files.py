@@ -16,7 +16,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from gridcore.engine.runtime import GridRuntime
 from gridcore.errors import ConfigError, GridError, RequestError
 from gridcore.staging import ReplicaCatalog, StagedFile, stage_measured
-from operators.base import GridcoreOperator
+from gridcore_airflow.operators.base import GridcoreOperator
 
 
 class StageFilesOperator(GridcoreOperator):

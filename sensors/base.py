@@ -26,7 +26,7 @@ from airflow.sdk.exceptions import AirflowException
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from gridcore.errors import GridError, SiteError
-from sensors.connections import GridLocation
+from gridcore_airflow.sensors.connections import GridLocation
 
 EventStatus = Literal["success", "failed", "error"]
 EVENT_STATUSES: tuple[EventStatus, ...] = ("success", "failed", "error")

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from gridcore.engine.koala import CoAllocationRecord, KoalaEngine
 from gridcore.engine.phases import JobPhase
-from sensors.base import GridcoreTrigger, Outcome
-from sensors.connections import close_koala
+from gridcore_airflow.sensors.base import GridcoreTrigger, Outcome
+from gridcore_airflow.sensors.connections import close_koala
 
 
 class CoAllocationTrigger(GridcoreTrigger[KoalaEngine, CoAllocationRecord]):

@@ -1,9 +1,10 @@
 """Airflow connections -> gridcore: the lowest Airflow layer, shared by hooks and triggers.
 
-Both the workers (operators, through :class:`operators.hooks.GridcoreHook`) and the
-triggerer (every trigger, through :class:`sensors.base.GridcoreTrigger`) open gridcore's
-engines the same way, and both must resolve ``{ airflow_conn = "..." }`` credential
-references of the grid file. Both do it here, so nothing in ``sensors/`` ever imports
+Both the workers (operators, through
+:class:`gridcore_airflow.operators.hooks.GridcoreHook`) and the triggerer (every trigger,
+through :class:`gridcore_airflow.sensors.base.GridcoreTrigger`) open gridcore's engines
+the same way, and both must resolve ``{ airflow_conn = "..." }`` credential references of
+the grid file. Both do it here, so nothing in ``sensors/`` ever imports
 ``operators/`` (the arrow runs one way: operators -> sensors -> gridcore).
 
 Where gridcore's grid and state are (:class:`GridLocation`): explicit arguments first,

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from gridcore.engine.coreservation import CoReserveEngine, ReservationRecord
 from gridcore.engine.phases import ReservationPhase
-from sensors.base import GridcoreTrigger, Outcome
-from sensors.connections import close_coreserve
+from gridcore_airflow.sensors.base import GridcoreTrigger, Outcome
+from gridcore_airflow.sensors.connections import close_coreserve
 
 
 class CoReservationTrigger(GridcoreTrigger[CoReserveEngine, ReservationRecord]):

@@ -10,8 +10,8 @@ from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from gridcore.errors import GridError, SiteError
-from sensors.connections import GridLocation
-from sensors.triggers import SiteJobTrigger
+from gridcore_airflow.sensors.connections import GridLocation
+from gridcore_airflow.sensors.triggers import SiteJobTrigger
 
 
 class SiteJobSensor(BaseSensorOperator):

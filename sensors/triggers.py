@@ -1,10 +1,11 @@
 """Every trigger gridcore runs in Airflow's triggerer: waiting on site jobs and on data.
 
 Triggers live in this installed package (the triggerer never loads DAG bundles). The
-ones that wait on gridcore's work subclass :class:`sensors.base.GridcoreTrigger` (one
-wait loop, one event contract); :class:`ForcingFileTrigger` watches a directory for an
-asset. Synchronous calls run in a worker thread via ``asyncio.to_thread``, so the
-triggerer's event loop is never blocked.
+ones that wait on gridcore's work subclass
+:class:`gridcore_airflow.sensors.base.GridcoreTrigger` (one wait loop, one event
+contract); :class:`ForcingFileTrigger` watches a directory for an asset. Synchronous
+calls run in a worker thread via ``asyncio.to_thread``, so the triggerer's event loop is
+never blocked.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
 from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.model import JobState
-from sensors.base import GridcoreTrigger, Outcome
+from gridcore_airflow.sensors.base import GridcoreTrigger, Outcome
 
 CONSUMED_DIR = "consumed"
 

@@ -49,7 +49,7 @@ def test_dag_test_solves_across_three_sites_in_step(
     # operator waited in this process, whose embedded center the barriers called.)
     # Imported here: at collection, Airflow's provider discovery imports operators/,
     # which imports sensors.connections itself.
-    from sensors.connections import GridLocation, close_koala
+    from gridcore_airflow.sensors.connections import GridLocation, close_koala
 
     koala = GridLocation(db_url=airflow_env.db_url).open_koala(1.0, upgrade=False)
     try:

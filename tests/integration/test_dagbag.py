@@ -15,7 +15,7 @@ def test_every_dag_file_imports_without_errors(dagbag: Any) -> None:
 
 
 def test_ensemble_dag_is_scheduled_by_the_forcing_asset_watcher(dagbag: Any) -> None:
-    from sensors.triggers import ForcingFileTrigger
+    from gridcore_airflow.sensors.triggers import ForcingFileTrigger
 
     dag = dagbag.dags["ensemble_surge"]
     (asset,) = dag.timetable.asset_condition.objects

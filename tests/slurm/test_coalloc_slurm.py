@@ -27,7 +27,7 @@ from airflow.sdk.exceptions import TaskDeferred
 from gridcore.config import load_grid
 from gridcore.engine.runtime import GridRuntime
 from gridcore.state.store import open_store
-from operators.coallocate import CoAllocateOperator
+from gridcore_airflow.operators.coallocate import CoAllocateOperator
 from tests.barrier_checks import assert_released_after_every_registration, running_center
 from tests.capacity_checks import assert_capacity_invariant
 from tests.integration.airflow_services import migrate_metadata_db, task_states, xcom_values

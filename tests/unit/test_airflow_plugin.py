@@ -15,7 +15,7 @@ pytestmark = pytest.mark.airflow
 def test_airflow_loads_the_plugin_with_the_center_app() -> None:
     from airflow import plugins_manager
 
-    from operators.plugin import URL_PREFIX, GridcorePlugin
+    from gridcore_airflow.operators.plugin import URL_PREFIX, GridcorePlugin
 
     mounted = [a for a in plugins_manager.get_fastapi_plugins()[0] if a["url_prefix"] == URL_PREFIX]
     assert len(mounted) == 1, plugins_manager.get_import_errors()
@@ -24,7 +24,7 @@ def test_airflow_loads_the_plugin_with_the_center_app() -> None:
 
 def test_the_mounted_app_is_the_center(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from gridcore.state.store import open_store
-    from operators.plugin import center_app
+    from gridcore_airflow.operators.plugin import center_app
 
     url = f"sqlite:///{tmp_path}/state.db"
     open_store(url, upgrade=True).dispose()

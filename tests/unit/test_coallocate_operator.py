@@ -21,11 +21,11 @@ from sqlalchemy import func, inspect, select
 from gridcore.engine.koala import KoalaEngine
 from gridcore.state.schema import coalloc_components, coalloc_jobs
 from gridcore.state.store import open_store
-from operators.coallocate import JOB_KEY, CoAllocateOperator
-from operators.hooks import GridcoreHook
-from sensors.base import REQUIRED_EVENT_KEYS
-from sensors.coalloc_trigger import CoAllocationTrigger
-from sensors.connections import CENTER_ENV, GridLocation, close_koala
+from gridcore_airflow.operators.coallocate import JOB_KEY, CoAllocateOperator
+from gridcore_airflow.operators.hooks import GridcoreHook
+from gridcore_airflow.sensors.base import REQUIRED_EVENT_KEYS
+from gridcore_airflow.sensors.coalloc_trigger import CoAllocationTrigger
+from gridcore_airflow.sensors.connections import CENTER_ENV, GridLocation, close_koala
 from tests.barrier_checks import assert_released_after_every_registration, running_center
 from tests.fakes import FakeTaskStateStore
 
@@ -258,7 +258,7 @@ def test_trigger_serialize_round_trips_through_its_class_path() -> None:
     module, _, name = path.rpartition(".")
     clone = getattr(importlib.import_module(module), name)(**kwargs)
 
-    assert path == "sensors.coalloc_trigger.CoAllocationTrigger"
+    assert path == "gridcore_airflow.sensors.coalloc_trigger.CoAllocationTrigger"
     assert kwargs == {
         "job_id": 5,
         "grid_file": "/g.toml",

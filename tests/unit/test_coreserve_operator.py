@@ -25,9 +25,9 @@ from gridcore.engine.runtime import GridRuntime
 from gridcore.model import HolderKind
 from gridcore.state.schema import local_jobs, reservations
 from gridcore.state.store import open_store
-from operators.coreserve import JOB_KEY, CoReserveOperator
-from sensors.base import REQUIRED_EVENT_KEYS
-from sensors.coreserve_trigger import CoReservationTrigger
+from gridcore_airflow.operators.coreserve import JOB_KEY, CoReserveOperator
+from gridcore_airflow.sensors.base import REQUIRED_EVENT_KEYS
+from gridcore_airflow.sensors.coreserve_trigger import CoReservationTrigger
 from tests.capacity_checks import assert_capacity_invariant
 from tests.fakes import FakeTaskStateStore
 
@@ -275,7 +275,7 @@ def test_trigger_serialize_round_trips_through_its_class_path() -> None:
     module, _, name = path.rpartition(".")
     clone = getattr(importlib.import_module(module), name)(**kwargs)
 
-    assert path == "sensors.coreserve_trigger.CoReservationTrigger"
+    assert path == "gridcore_airflow.sensors.coreserve_trigger.CoReservationTrigger"
     assert kwargs == {
         "job_id": 5,
         "grid_file": "/g.toml",

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-from operators.coallocate import CoAllocateOperator
-from operators.site_job import SiteJobOperator
+from gridcore_airflow.operators.coallocate import CoAllocateOperator
+from gridcore_airflow.operators.site_job import SiteJobOperator
 
 
 def site_job(**kwargs: Any) -> SiteJobOperator:

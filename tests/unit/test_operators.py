@@ -17,13 +17,13 @@ from gridcore.engine.ledger import ledger_totals
 from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.state.schema import selections
 from gridcore.state.store import open_store
-from operators.site_job import (
+from gridcore_airflow.operators.site_job import (
     INPUTS_ENV,
     SELECTION_KEY,
     SiteJobOperator,
     job_name,
 )
-from sensors.triggers import SiteJobTrigger
+from gridcore_airflow.sensors.triggers import SiteJobTrigger
 from tests.fakes import FakeTaskStateStore
 
 RESULT_KEYS = {

@@ -14,10 +14,10 @@ from airflow.sdk.exceptions import AirflowException
 from gridcore.errors import CredentialError
 from gridcore.model import JobRequest, JobSubmission
 from gridcore.sites.slurm import SlurmSite
-from operators.hooks import GridcoreHook
-from operators.site_job import SiteJobOperator
-from sensors.connections import GridLocation
-from sensors.triggers import SiteJobTrigger
+from gridcore_airflow.operators.hooks import GridcoreHook
+from gridcore_airflow.operators.site_job import SiteJobOperator
+from gridcore_airflow.sensors.connections import GridLocation
+from gridcore_airflow.sensors.triggers import SiteJobTrigger
 
 GRID = """\
 version = 1

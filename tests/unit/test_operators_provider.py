@@ -13,9 +13,9 @@ import pytest
 from gridcore import credentials
 from gridcore.errors import CredentialError
 from gridcore.model import CredentialRef
-from operators.hooks import GridcoreSlurmHook
-from operators.provider import get_provider_info
-from sensors.connections import install_connection_resolver
+from gridcore_airflow.operators.hooks import GridcoreSlurmHook
+from gridcore_airflow.operators.provider import get_provider_info
+from gridcore_airflow.sensors.connections import install_connection_resolver
 
 
 def test_provider_info_matches_airflows_runtime_schema() -> None:
@@ -37,12 +37,15 @@ def test_providers_manager_discovers_gridcore_and_its_connection_type() -> None:
         if m.connection_type.startswith("gridcore")
     }
     assert hooks == {
-        "gridcore": ("operators.hooks.GridcoreHook", "gridcore grid"),
-        "gridcore_slurm": ("operators.hooks.GridcoreSlurmHook", "gridcore Slurm site"),
+        "gridcore": ("gridcore_airflow.operators.hooks.GridcoreHook", "gridcore grid"),
+        "gridcore_slurm": (
+            "gridcore_airflow.operators.hooks.GridcoreSlurmHook",
+            "gridcore Slurm site",
+        ),
     }
     triggers = {(t.package_name, t.trigger_class_name) for t in manager.trigger}
-    assert ("gridcore", "sensors.triggers") in triggers
-    assert ("gridcore", "sensors.coalloc_trigger") in triggers
+    assert ("gridcore", "gridcore_airflow.sensors.triggers") in triggers
+    assert ("gridcore", "gridcore_airflow.sensors.coalloc_trigger") in triggers
 
 
 def test_an_airflow_connection_supplies_a_sites_token(monkeypatch: pytest.MonkeyPatch) -> None:

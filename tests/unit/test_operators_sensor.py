@@ -14,8 +14,8 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskD
 
 from gridcore.engine.runtime import GridRuntime
 from gridcore.model import JobRequest, JobSubmission
-from sensors.site_job import SiteJobSensor
-from sensors.triggers import SiteJobTrigger
+from gridcore_airflow.sensors.site_job import SiteJobSensor
+from gridcore_airflow.sensors.triggers import SiteJobTrigger
 
 WAIT_S = 30.0
 

@@ -14,7 +14,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from gridcore.model import MB, ORIGIN
 from gridcore.staging import ReplicaCatalog, register_source
 from gridcore.state.store import open_store
-from operators.stage_files import StageFilesOperator
+from gridcore_airflow.operators.stage_files import StageFilesOperator
 
 RESULT_KEYS = {
     "logical_name",

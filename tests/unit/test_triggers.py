@@ -20,9 +20,9 @@ import pytest
 from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.errors import SiteUnavailable
 from gridcore.model import JobRequest, JobSubmission
-from sensors import base
-from sensors.base import REQUIRED_EVENT_KEYS
-from sensors.triggers import ForcingFileTrigger, SiteJobTrigger, consume_next_file
+from gridcore_airflow.sensors import base
+from gridcore_airflow.sensors.base import REQUIRED_EVENT_KEYS
+from gridcore_airflow.sensors.triggers import ForcingFileTrigger, SiteJobTrigger, consume_next_file
 
 EVENT_TIMEOUT_S = 30.0
 
@@ -69,7 +69,7 @@ def test_site_job_trigger_serialize_round_trips_through_its_class_path() -> None
     module, _, name = classpath.rpartition(".")
     rebuilt = getattr(importlib.import_module(module), name)(**kwargs)
 
-    assert classpath == "sensors.triggers.SiteJobTrigger"
+    assert classpath == "gridcore_airflow.sensors.triggers.SiteJobTrigger"
     assert kwargs == {
         "selection_id": 7,
         "grid_file": "/g.toml",
@@ -292,7 +292,11 @@ def test_sensors_never_import_operators() -> None:
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
                 names = [node.module or ""]
-            upward += [f"{path.name}: {n}" for n in names if n.split(".")[0] == "operators"]
+            upward += [
+                f"{path.name}: {n}"
+                for n in names
+                if n.split(".")[0] == "operators" or n.startswith("gridcore_airflow.operators")
+            ]
     assert {p.name for p in sensors_dir.glob("*.py")} >= {"base.py", "coalloc_trigger.py"}
     assert upward == []
 
@@ -350,7 +354,7 @@ def test_forcing_trigger_serialize_round_trips_through_its_class_path(tmp_path: 
     module, _, name = classpath.rpartition(".")
     rebuilt = getattr(importlib.import_module(module), name)(**kwargs)
 
-    assert classpath == "sensors.triggers.ForcingFileTrigger"
+    assert classpath == "gridcore_airflow.sensors.triggers.ForcingFileTrigger"
     assert rebuilt.serialize() == (classpath, kwargs)
 
 

@@ -1,0 +1,79 @@
+"""The installed layout (issue 11 item 4): the Airflow layer is imported as
+``gridcore_airflow.operators`` / ``gridcore_airflow.sensors`` (the folders ``operators/``
+and ``sensors/`` mapped by package-dir), never as top-level ``operators`` / ``sensors``,
+which would collide with the ``plugins/operators`` folders of many deployments."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _setuptools() -> dict[str, object]:
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    tool: dict[str, object] = config["tool"]["setuptools"]
+    return tool
+
+
+def test_every_gridcore_package_is_installed() -> None:
+    listed = set(_setuptools()["packages"])  # type: ignore[call-overload]
+    on_disk = {
+        ".".join(init.parent.relative_to(REPO).parts)
+        for init in (REPO / "gridcore").rglob("__init__.py")
+    }
+    assert on_disk <= listed, f"packages missing from pyproject.toml: {on_disk - listed}"
+    assert {"gridcore_airflow.operators", "gridcore_airflow.sensors"} <= listed
+    assert _setuptools()["package-dir"] == {
+        "gridcore_airflow.operators": "operators",
+        "gridcore_airflow.sensors": "sensors",
+    }
+
+
+def _imports(path: Path) -> list[str]:
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.append(node.module or "")
+    return names
+
+
+def test_nothing_imports_the_airflow_layer_as_top_level_packages() -> None:
+    found = [
+        f"{path.relative_to(REPO)}: {name}"
+        for folder in ("gridcore", "operators", "sensors", "dags", "tests")
+        for path in sorted((REPO / folder).rglob("*.py"))
+        for name in _imports(path)
+        if name.split(".")[0] in ("operators", "sensors")
+    ]
+    assert found == []
+    assert "from gridcore_airflow.operators" in (REPO / "README.md").read_text()
+
+
+def test_the_installed_package_imports_without_the_checkout_on_the_path(
+    tmp_path: Path,
+) -> None:
+    """As a DAG in a deployment sees it: run from elsewhere, the checkout not on the
+    path; the namespaced modules import, the bare folder names do not."""
+    script = (
+        "import importlib.util, sys\n"
+        "import gridcore_airflow.operators.site_job, gridcore_airflow.sensors.triggers\n"
+        "from gridcore_airflow.operators.plugin import GridcorePlugin\n"
+        "print(importlib.util.find_spec('operators'), importlib.util.find_spec('sensors'))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["None", "None"]
