@@ -1,15 +1,23 @@
 # Two commands on a fresh machine (see README):
-#   make demo   - own virtualenv, install, run the ensemble demo on the embedded local sites
+#   make demo   - own virtualenv, install with Airflow, run every example DAG through
+#                 Airflow's dag.test() on the embedded default (local sites, SQLite)
+#   make airflow - airflow standalone on the demo's home: the example DAGs, the plugin
 #   make test   - lint, type-check and every test tier (unit, integration/Airflow,
 #                 slurm: a real 3-cluster grid started by the suite, postgres)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 SLURM_PACKAGES := slurmctld slurmd slurm-client munge slurmrestd slurm-wlm-jwt-plugin
-# the SFTP staging tests start their own sshd on a free loopback port
-SYSTEM_PACKAGES := $(SLURM_PACKAGES) openssh-server
+# the SFTP staging tests start their own sshd on a free loopback port; the browser tier
+# drives Debian's Chromium (headless)
+SYSTEM_PACKAGES := $(SLURM_PACKAGES) openssh-server chromium
+# make demo and make airflow keep everything here (Airflow's home and metadata DB,
+# gridcore's state DB and sites' storage), so the demo's runs show in the UI
+DEMO_HOME ?= $(CURDIR)/.gridcore-demo
+DEMO := AIRFLOW_HOME=$(DEMO_HOME)/airflow $(BIN)/python -m gridcore_airflow.operators.demo \
+	--home $(DEMO_HOME)
 
-.PHONY: demo test lint typecheck system-packages experiment bench clean
+.PHONY: demo airflow test lint typecheck system-packages experiment bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,19 +27,29 @@ $(VENV)/.core: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e .
 	touch $@
 
-$(VENV)/.dev: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[dev]'
+$(VENV)/.airflow: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[airflow]'
 	touch $@ $(VENV)/.core
 
-demo: $(VENV)/.core
-	GRIDCORE_HOME=$${GRIDCORE_HOME:-$(CURDIR)/.gridcore-demo} $(BIN)/gridcore demo
+$(VENV)/.dev: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@ $(VENV)/.core $(VENV)/.airflow
+
+# Every example DAG of dags/ through Airflow's dag.test(): per DAG what ran where and
+# the result; exits non-zero if one fails (gridcore_airflow.operators.demo).
+demo: $(VENV)/.airflow
+	$(DEMO)
+
+# airflow standalone with the example DAGs and the plugin; prints the URL and the login.
+airflow: $(VENV)/.airflow
+	$(DEMO) --standalone
 
 # The slurm tier needs Debian's Slurm packages, the SFTP tests an sshd; install them
 # when missing (needs root).
 system-packages:
 	@if ! command -v slurmctld >/dev/null || ! command -v slurmrestd >/dev/null \
 	    || ! ls /usr/lib/x86_64-linux-gnu/slurm-wlm/auth_jwt.so >/dev/null 2>&1 \
-	    || ! test -x /usr/sbin/sshd; then \
+	    || ! test -x /usr/sbin/sshd || ! command -v chromium >/dev/null; then \
 	  echo "installing system packages: $(SYSTEM_PACKAGES)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	    --no-install-recommends $(SYSTEM_PACKAGES) >/dev/null; \

@@ -23,6 +23,7 @@ sample).
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 from airflow.sdk import task
@@ -51,7 +52,7 @@ dag = pipeline_dag(
 
 with dag:
 
-    @task
+    @task(retries=2, retry_delay=timedelta(seconds=5))  # deterministic: a retry redoes it
     def make_data() -> dict[str, int]:
         """Generate the samples and reference files at the origin (deterministic: the
         same bytes every run) and register each in the replica catalog at the origin."""

@@ -40,6 +40,9 @@ from gridcore_airflow.operators.coallocate import CoAllocateOperator
     schedule=None,
     catchup=False,
     tags=["gridcore", "koala", "coallocation"],
+    # Every task survives the loss of its worker (a retry resumes: gridcore's steps are
+    # keyed and idempotent); tasks that set their own retries keep them.
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=5)},
     params={
         "n": Param(64, type="integer", minimum=3),
         "iterations": Param(400, type="integer", minimum=1),

@@ -38,6 +38,9 @@ from gridcore_airflow.operators.coreserve import CoReserveOperator
     schedule=None,
     catchup=False,
     tags=["gridcore", "vjm", "coreservation"],
+    # Every task survives the loss of its worker (a retry resumes: gridcore's steps are
+    # keyed and idempotent); tasks that set their own retries keep them.
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=5)},
     params={
         "n": Param(48, type="integer", minimum=3),
         "iterations": Param(300, type="integer", minimum=1),

@@ -2,7 +2,10 @@
 
 A forcing file (JSON) dropped into ``$GRIDCORE_FORCING_DIR`` (default
 ``$GRIDCORE_HOME/forcing``) triggers a run through the ``gridcore_forcing`` asset's
-watcher; the watcher consumes the file so it triggers exactly once::
+watcher; the watcher claims the file and the run takes it, so each file is used by
+exactly one run (``ForcingFileTrigger``: a claimed file whose event was lost with a
+stopped triggerer is announced again after ``$GRIDCORE_FORCING_REEMIT_S``, default
+600 s, and a second run with an already-taken file is skipped)::
 
     {"storm": "alberto", "members": 10, "processors": [4, 2], "runtime_s": 3,
      "wind_ms": 40}
@@ -12,12 +15,12 @@ watcher; the watcher consumes the file so it triggers exactly once::
 run (or ``dag.test()``) has no forcing event and uses the DAG params instead.
 
 The members arrive as a burst, and the burst is decided at once:
-:class:`~operators.select_sites.SelectSitesOperator` chooses every member's site in one
-decision (one snapshot, one transaction; gridcore's default, earliest estimated
-completion, sees each member after the ones before it in flight), so the burst spreads
-over the sites instead of piling onto the one that looked idlest. Each member is then a
-:class:`~operators.site_job.SiteJobOperator` given its ``selection_id``: it submits the
-selection made for it and waits for its job.
+:class:`~gridcore_airflow.operators.select_sites.SelectSitesOperator` chooses every
+member's site in one decision (one snapshot, one transaction; gridcore's default,
+earliest estimated completion, sees each member after the ones before it in flight), so
+the burst spreads over the sites instead of piling onto the one that looked idlest. Each
+member is then a :class:`~gridcore_airflow.operators.site_job.SiteJobOperator` given its
+``selection_id``: it submits the selection made for it and waits for its job.
 """
 
 from __future__ import annotations
@@ -32,10 +35,15 @@ from pathlib import Path
 from typing import Any
 
 from airflow.sdk import Asset, AssetWatcher, Param, dag, task
+from airflow.sdk.exceptions import AirflowSkipException
 
 from gridcore_airflow.operators.select_sites import SelectSitesOperator, with_selections
 from gridcore_airflow.operators.site_job import SiteJobOperator
-from gridcore_airflow.sensors.triggers import ForcingFileTrigger
+from gridcore_airflow.sensors.triggers import (
+    REEMIT_AFTER_S,
+    ForcingFileTrigger,
+    take_forcing_file,
+)
 
 MAX_MEMBERS = 256
 DEFAULT_WIND_MS = 35.0
@@ -58,7 +66,12 @@ gridcore_forcing = Asset(
     watchers=[
         AssetWatcher(
             name="forcing_watcher",
-            trigger=ForcingFileTrigger(directory=forcing_dir(), pattern="*.json"),
+            trigger=ForcingFileTrigger(
+                directory=forcing_dir(),
+                pattern="*.json",
+                # a claimed file no run took (its event lost) is announced again after
+                reemit_after_s=float(os.environ.get("GRIDCORE_FORCING_REEMIT_S", REEMIT_AFTER_S)),
+            ),
         )
     ],
 )
@@ -176,6 +189,9 @@ def forcing_payloads(triggering_events: Mapping[Any, Iterable[Any]]) -> list[dic
     schedule=[gridcore_forcing],
     catchup=False,
     tags=["gridcore", "ensemble"],
+    # Every task survives the loss of its worker (a retry resumes: gridcore's steps are
+    # keyed and idempotent); tasks that set their own retries keep them.
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=5)},
     params={
         "storm": Param("manual", type="string"),
         "members": Param(8, type="integer", minimum=1, maximum=MAX_MEMBERS),
@@ -193,8 +209,15 @@ def ensemble_surge() -> None:
             return member_rows(p["storm"], p["members"], p["processors"], p["runtime_s"])
         rows: list[dict[str, Any]] = []
         for payload in payloads:
-            path = Path(payload["path"])
-            rows += plan_from_forcing(json.loads(path.read_text()), payload["name"], str(path))
+            # the file this run takes (exactly one run takes a claimed file: another run
+            # with the same file, from an event announced again, gets None)
+            path = take_forcing_file(payload["path"], context["run_id"])
+            if path is not None:
+                rows += plan_from_forcing(json.loads(path.read_text()), payload["name"], str(path))
+        if not rows:
+            raise AirflowSkipException(
+                "every forcing file of this run was taken by another run (a repeated event)"
+            )
         return rows
 
     rows = plan_members()

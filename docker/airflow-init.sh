@@ -12,8 +12,12 @@ uid="${AIRFLOW_UID:-50000}"
 admin_user="${_AIRFLOW_WWW_USER_USERNAME:-airflow}"
 admin_password="${_AIRFLOW_WWW_USER_PASSWORD:-airflow}"
 
-echo "gridcore init: grid ${GRIDCORE_GRID:?GRIDCORE_GRID is not set}"
-mapfile -t storage_dirs < <(python - "$GRIDCORE_GRID" <<'PY'
+# The same script initialises the native deployment of the test tier (tests/deployment):
+# there the grid may be the embedded default (no GRIDCORE_GRID: local sites under
+# GRIDCORE_HOME, nothing to create) and the logs live in AIRFLOW__LOGGING__BASE_LOG_FOLDER.
+if [[ -n "${GRIDCORE_GRID:-}" ]]; then
+    echo "gridcore init: grid $GRIDCORE_GRID"
+    mapfile -t storage_dirs < <(python - "$GRIDCORE_GRID" <<'PY'
 import sys
 import tomllib
 
@@ -23,15 +27,20 @@ for site in grid.get("sites", {}).values():
     if site.get("storage_dir"):
         print(site["storage_dir"])
 PY
-)
+    )
+else
+    echo "gridcore init: no GRIDCORE_GRID, the embedded default grid"
+    storage_dirs=()
+fi
 for dir in "${storage_dirs[@]}"; do
     mkdir -p "$dir"
     chown "$uid:0" "$dir" "$(dirname "$dir")"
     chmod 2775 "$dir"
     echo "gridcore init: storage $dir"
 done
-mkdir -p /opt/airflow/logs
-chown -R "$uid:0" /opt/airflow/logs
+logs_dir="${AIRFLOW__LOGGING__BASE_LOG_FOLDER:-/opt/airflow/logs}"
+mkdir -p "$logs_dir"
+chown -R "$uid:0" "$logs_dir"
 
 echo "gridcore init: airflow db migrate"
 airflow db migrate
@@ -56,5 +65,5 @@ else
 fi
 
 # Commands above ran as root: give anything they left in the shared logs back to Airflow.
-chown -R "$uid:0" /opt/airflow/logs
+chown -R "$uid:0" "$logs_dir"
 echo "gridcore init: done"

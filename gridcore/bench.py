@@ -40,7 +40,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -68,6 +68,7 @@ from gridcore.model import (
 )
 from gridcore.policies.placement import close_to_files
 from gridcore.policies.selection import DEFAULT_PROTOCOL, InsufficientMode, SelectionProtocol
+from gridcore.progress import run_stages
 from gridcore.sim.registry import Experiment
 from gridcore.state.schema import selections, sites
 from gridcore.state.store import Store, open_store
@@ -482,11 +483,17 @@ def bench_selection(
     url = pg_url or os.environ.get(PG_ENV) or DEFAULT_PG_URL
     # SQLite first: a PostgreSQL run's aftermath (its processes exiting, its schema
     # dropped) would still be loading the machine
-    single = bench_sqlite(decisions=decisions)
-    batches = bench_sqlite_batches()
-    concurrent = bench_postgres(url, per_process=per_process)
-    concurrent_batches = bench_postgres_batches(url)
-    pgbench = bench_pgbench(url)
+    stages: dict[str, Callable[[], dict[str, Any]]] = {
+        "SQLite decisions": lambda: bench_sqlite(decisions=decisions),
+        "SQLite bursts": bench_sqlite_batches,
+        "PostgreSQL decisions": lambda: bench_postgres(url, per_process=per_process),
+        "PostgreSQL bursts": lambda: bench_postgres_batches(url),
+        "pgbench": lambda: bench_pgbench(url),
+    }
+    results = run_stages("bench selection", stages)
+    single, batches = results["SQLite decisions"], results["SQLite bursts"]
+    concurrent, concurrent_batches = results["PostgreSQL decisions"], results["PostgreSQL bursts"]
+    pgbench = results["pgbench"]
     tps = pgbench["pgbench_tps"]
     return {
         "decisions_per_s": single["decisions_per_s"],
@@ -570,7 +577,12 @@ def bench_placement(scan_jobs: int = 10_000, scan_sites: int = 100) -> dict[str,
     scan of a 10,000-job placement queue over 100 sites (seed 000 Sec. 3.1)."""
     from gridcore.sim.koala_experiments import bench_scan
 
-    return {**bench_close_to_files(), **bench_scan(jobs=scan_jobs, sites=scan_sites)}
+    stages: dict[str, Callable[[], dict[str, float]]] = {
+        "CF latency": bench_close_to_files,
+        "queue scan": lambda: bench_scan(jobs=scan_jobs, sites=scan_sites),
+    }
+    results = run_stages("bench placement", stages)
+    return {key: value for result in results.values() for key, value in result.items()}
 
 
 def _selection_table(result: Mapping[str, Any]) -> str:

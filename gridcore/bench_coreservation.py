@@ -22,11 +22,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from gridcore.policies.coreservation import ClusterView, QueueStats, select_clusters
+from gridcore.progress import run_stages
 from gridcore.sim.registry import Experiment
 
 SELECTION_REPEATS = 200
@@ -126,7 +127,12 @@ def _python_start_p50_s(repeats: int = 10) -> float:
 
 
 def bench_coreservation() -> dict[str, Any]:
-    return {**bench_selection_latency(), **bench_overhead()}
+    stages: dict[str, Callable[[], dict[str, Any]]] = {
+        "selection latency": bench_selection_latency,
+        "per-job overhead": bench_overhead,
+    }
+    results = run_stages("bench coreservation", stages)
+    return {key: value for result in results.values() for key, value in result.items()}
 
 
 def _table(result: Mapping[str, Any]) -> str:

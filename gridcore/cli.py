@@ -11,7 +11,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tqdm.contrib.logging import logging_redirect_tqdm
+
 from gridcore.errors import ConfigError, GridError
+from gridcore.progress import progress_mode
 from gridcore.sim import registry
 
 if TYPE_CHECKING:
@@ -177,7 +180,9 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_plan)
 
     p = sub.add_parser(
-        "serve", help="the VJ center's HTTP API for pilots and barrier components (token auth)"
+        "serve",
+        help="the VJ center's HTTP API for pilots and barrier components (token auth), and"
+        " the Grid page at /grid/ (operator token: $GRIDCORE_DASHBOARD_TOKEN; docs/grid-page.md)",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=8790, help="port to listen on")
@@ -299,7 +304,10 @@ def _run_registered(args: argparse.Namespace, entry: registry.Experiment) -> int
         all_orderings=getattr(args, "all_orderings", None),
         live=getattr(args, "live", None),
     )
-    result = entry.execute(options)
+    progress_mode()  # a bad $GRIDCORE_PROGRESS is refused before the run, not in it
+    # Log lines during the run are written above the progress bars (stderr), not through them.
+    with logging_redirect_tqdm():
+        result = entry.execute(options)
     if entry.plot is not None:
         _plot(args, result, entry.plot)
     _emit(args, result, entry.render(result))

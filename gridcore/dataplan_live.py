@@ -66,6 +66,7 @@ from gridcore.engine.dataplan import (
 )
 from gridcore.model import ORIGIN, GridSpec
 from gridcore.policies.dataplan import STORAGE_STRATEGIES, Strategy
+from gridcore.progress import progress as progress_bar
 from gridcore.staging import ReplicaCatalog, register_source
 from gridcore.state.store import open_store
 
@@ -207,25 +208,30 @@ def _measure_site(
         candidates.append((f"minimal@{width}", ours, Strategy.MINIMAL))
     measured: dict[str, list[float]] = {label: [] for label, _, _ in candidates}
     wan = grid.bandwidth(ORIGIN, site)
-    for repeat in range(runs):
-        shift = repeat % len(candidates)
-        for label, plan, strategy in candidates[shift:] + candidates[:shift]:
-            run_id = f"live-{site}-{label.replace('@', '-w')}-{repeat}"
-            run = build_run(
-                spec,
-                grid,
-                site,
-                plan,
-                strategy=strategy,
-                run_id=run_id,
-                home_dir=str(base / "home" / run_id),
-                wan_mbps=wan,
-            )
-            t0 = time.monotonic()
-            DataPlanRunner(grid, runtime_factory(grid, store), run, poll_s=0.05).run()
-            measured[label].append(time.monotonic() - t0)
-            if progress is not None:
-                progress(f"{site} {label} run {repeat + 1}/{runs}: {measured[label][-1]:.1f} s")
+    # every candidate once per repeat, each repeat starting one candidate later
+    schedule = [
+        (repeat, candidate)
+        for repeat in range(runs)
+        for candidate in candidates[repeat % len(candidates) :]
+        + candidates[: repeat % len(candidates)]
+    ]
+    for repeat, (label, plan, strategy) in progress_bar(schedule, f"runs on {site}", unit="run"):
+        run_id = f"live-{site}-{label.replace('@', '-w')}-{repeat}"
+        run = build_run(
+            spec,
+            grid,
+            site,
+            plan,
+            strategy=strategy,
+            run_id=run_id,
+            home_dir=str(base / "home" / run_id),
+            wan_mbps=wan,
+        )
+        t0 = time.monotonic()
+        DataPlanRunner(grid, runtime_factory(grid, store), run, poll_s=0.05).run()
+        measured[label].append(time.monotonic() - t0)
+        if progress is not None:
+            progress(f"{site} {label} run {repeat + 1}/{runs}: {measured[label][-1]:.1f} s")
     plans: dict[str, dict[str, Any]] = {}
     measured_mean = {label: statistics.fmean(values) for label, values in measured.items()}
     for label, _, strategy in candidates:

@@ -4,6 +4,10 @@ Members arrive together, as forcing data does; each is placed by the stateful se
 (shared state DB), runs a small real computation (a 1-D damped wave relaxation with
 numpy, a stand-in for a surge model) as a subprocess on its site, and the demo prints
 where each member ran and how long it queued.
+
+It also says where the embedded default keeps its state for a demo or a test session
+(:class:`GridcoreEnv`): ``make demo`` (``gridcore_airflow.operators.demo``, the example
+DAGs through Airflow) and the integration tests prepare with it.
 """
 
 from __future__ import annotations
@@ -14,10 +18,43 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.errors import GridError
 from gridcore.model import JobRequest, JobState, JobSubmission
+
+UNSET_FOR_DEFAULT = ("GRIDCORE_GRID", "GRIDCORE_CENTER_URL")
+"""Variables that would take gridcore off the embedded default (a grid file, a VJ center)."""
+
+
+@dataclass(frozen=True)
+class GridcoreEnv:
+    """Where gridcore keeps its state for one demo or test session."""
+
+    base: Path
+    gridcore_home: Path
+    db_url: str
+    forcing_dir: Path
+
+    @classmethod
+    def under(cls, base: Path) -> GridcoreEnv:
+        return cls(
+            base=base,
+            gridcore_home=base / "gridcore",
+            db_url=f"sqlite:///{base / 'gridcore-state.db'}",
+            forcing_dir=base / "forcing",
+        )
+
+    def variables(self) -> dict[str, str]:
+        """The environment gridcore, the DAGs and their tasks read (with
+        :data:`UNSET_FOR_DEFAULT` removed)."""
+        return {
+            "GRIDCORE_HOME": str(self.gridcore_home),
+            "GRIDCORE_DB_URL": self.db_url,
+            "GRIDCORE_FORCING_DIR": str(self.forcing_dir),
+        }
+
 
 # A real, small numerical kernel so members take CPU time proportional to their steps.
 MEMBER_PROGRAM = """

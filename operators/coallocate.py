@@ -22,6 +22,7 @@ from gridcore.policies.placement import PlacementPolicy
 from gridcore.validation import check_choice, check_coallocation_submission
 from gridcore_airflow.operators.base import GridcoreOperator
 from gridcore_airflow.operators.site_job import job_name, map_index, state_store, translated
+from gridcore_airflow.sensors.base import output_files_of
 from gridcore_airflow.sensors.coalloc_trigger import CoAllocationTrigger
 
 JOB_KEY = "gridcore_coalloc_job_id"  # in the task state store, shared by all tries
@@ -81,7 +82,11 @@ class CoAllocateOperator(GridcoreOperator):
     Returns (XCom) the job as placed and run: ``sites``, ``sizes``, ``file_sites``,
     ``site_job_ids`` and ``start_times`` (barrier release, epoch seconds) per component,
     and ``job_id``, ``jpt``, ``jst``, ``started_at``, ``finished_at``,
-    ``barrier_skew_s``, ``retries``, ``placement_tries``, ``claim_tries``, ``placement``.
+    ``barrier_skew_s``, ``retries``, ``placement_tries``, ``claim_tries``, ``placement``,
+    and ``output_files``: per component ``{"stdout", "stderr"}`` (paths at its site) or
+    None. While the job runs, each component's new output lines go into the task log
+    prefixed ``[component i @ site]``; a failed job's log ends with the stderr tails of
+    its failed components.
 
     Tries of one task instance share the job through Airflow 3.3's task state store: a
     retry reattaches to a job still queued, placed or running, returns the result of one
@@ -208,8 +213,8 @@ class CoAllocateOperator(GridcoreOperator):
     def execute_complete(self, context: Context, event: Any = None) -> dict[str, Any]:
         """Map the trigger's event to the XCom result or an Airflow failure. Everything
         comes from the event: ``dag.test()`` in Airflow 3.3.2 drops ``defer(kwargs=)``."""
-        record = CoAllocationTrigger.completed_record(event)
-        return result_of(record)
+        record = CoAllocationTrigger.completed_record(event, self.log)
+        return result_of(record, output_files_of(CoAllocationTrigger.checked_event(event)))
 
     def on_kill(self) -> None:
         # Runs on the worker only while execute() is still here (non-deferrable); a
@@ -266,13 +271,27 @@ class CoAllocateOperator(GridcoreOperator):
         return [{"size": size, "site": site} for size, site in zip(sizes, sites, strict=True)]
 
 
-def result_of(record: dict[str, Any]) -> dict[str, Any]:
-    """The XCom of a completed job, from its record (``CoAllocationRecord.as_json``)."""
+def result_of(record: dict[str, Any], output: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """The XCom of a completed job, from its record (``CoAllocationRecord.as_json``) and
+    the output files its event names (:func:`~sensors.base.output_files_of`)."""
     parts = record.get("components") or []
     result = {key: record.get(key) for key in _JOB_KEYS}
     for out, key in _COMPONENT_KEYS.items():
         result[out] = [part.get(key) for part in parts]
+    result["output_files"] = _component_files(parts, output)
     return result
+
+
+def _component_files(
+    parts: Sequence[dict[str, Any]], output: Sequence[dict[str, Any]]
+) -> list[dict[str, str] | None]:
+    """Per component (in component order), where its output is, or None if not known."""
+    by_job = {(o.get("site"), o.get("job_id")): o for o in output}
+    files: list[dict[str, str] | None] = []
+    for part in parts:
+        found = by_job.get((part.get("site"), part.get("site_job_id")))
+        files.append({"stdout": found["stdout"], "stderr": found["stderr"]} if found else None)
+    return files
 
 
 def _positive_number(field: str, value: Any) -> float:

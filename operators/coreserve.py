@@ -21,6 +21,7 @@ from gridcore.model import CoReservationRequest
 from gridcore.validation import check_coreservation_request
 from gridcore_airflow.operators.base import GridcoreOperator
 from gridcore_airflow.operators.site_job import job_name, map_index, state_store, translated
+from gridcore_airflow.sensors.base import output_files_of
 from gridcore_airflow.sensors.coreserve_trigger import CoReservationTrigger
 
 JOB_KEY = "gridcore_coreserved_job_id"  # in the task state store, shared by all tries
@@ -71,7 +72,11 @@ class CoReserveOperator(GridcoreOperator):
     ``t_avail_s`` (Eq. 1 per virtual job, substitutes included), ``lifetime_s``,
     ``coallocation_s`` (submission to all held), ``dispatch_skew_s``,
     ``shifts_received``, ``shifts_given``, ``substitutes``, ``reorganizations``,
-    ``site_job_ids`` and ``sites`` per rank.
+    ``site_job_ids``, ``sites`` and ``output_files`` (``{"stdout", "stderr"}`` of the
+    pilot's site job, which the command's output goes to, or None) per rank. While the
+    job runs, each rank's new output lines go into the task log prefixed
+    ``[component i @ site]``; a failed job's log ends with the stderr tails of its
+    failed ranks.
     """
 
     template_fields: Sequence[str] = (
@@ -170,8 +175,8 @@ class CoReserveOperator(GridcoreOperator):
         return record
 
     def execute_complete(self, context: Context, event: Any = None) -> dict[str, Any]:
-        record = CoReservationTrigger.completed_record(event)
-        return result_of(record)
+        record = CoReservationTrigger.completed_record(event, self.log)
+        return result_of(record, output_files_of(CoReservationTrigger.checked_event(event)))
 
     def on_kill(self) -> None:
         if self._job_id is None:
@@ -203,8 +208,9 @@ class CoReserveOperator(GridcoreOperator):
             )
 
 
-def result_of(record: dict[str, Any]) -> dict[str, Any]:
-    """The XCom of a completed job from its record (``ReservationRecord.as_json``)."""
+def result_of(record: dict[str, Any], output: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """The XCom of a completed job from its record (``ReservationRecord.as_json``) and
+    the output files its event names (:func:`~sensors.base.output_files_of`)."""
     result = {key: record.get(key) for key in _RESULT_KEYS}
     ranks = sorted(
         (p for p in record.get("pilots") or [] if p.get("component") is not None),
@@ -212,4 +218,9 @@ def result_of(record: dict[str, Any]) -> dict[str, Any]:
     )
     result["sites"] = [p["site"] for p in ranks]
     result["site_job_ids"] = [p["site_job_id"] for p in ranks]
+    by_job = {(o.get("site"), o.get("job_id")): o for o in output}
+    found = [by_job.get((p["site"], p["site_job_id"])) for p in ranks]
+    result["output_files"] = [
+        {"stdout": f["stdout"], "stderr": f["stderr"]} if f else None for f in found
+    ]
     return result

@@ -133,6 +133,11 @@ class DataPlanPipelineOperator(_DataPlanOperator):
 
     :param pipeline: the pipeline's 0-based index in the file (``expand`` over them).
     :param depths: the depths this stage runs.
+
+    Each job's output lines go into the task log as it runs, a failed job's stderr tail
+    after them (:class:`gridcore.engine.dataplan.DataPlanRunner`). Returns (XCom)
+    ``{"site", "pipeline", "depths", "output_files"}``; ``output_files``: job name ->
+    ``{"stdout", "stderr"}`` of its latest job, or None.
     """
 
     def __init__(self, *, pipeline: int, depths: Sequence[int], **kwargs: Any) -> None:
@@ -146,7 +151,13 @@ class DataPlanPipelineOperator(_DataPlanOperator):
             name = runner.run_spec.spec.pipelines[self.pipeline].name
             get_current_context()[PIPELINE_CONTEXT_KEY] = name  # type: ignore[literal-required]
             runner.run_pipeline(self.pipeline, self.depths)
-        return {"site": self.site, "pipeline": name, "depths": list(self.depths)}
+            files = runner.output_files(self.pipeline, self.depths)
+        return {
+            "site": self.site,
+            "pipeline": name,
+            "depths": list(self.depths),
+            "output_files": files,
+        }
 
 
 def plan_pipeline(

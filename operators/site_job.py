@@ -10,7 +10,6 @@ it submits that selection instead of selecting.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import Any
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from gridcore.api.dashboard import task_job_name
 from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.errors import ConfigError, GridError, RequestError, StateError
 from gridcore.model import JobRequest, JobState, JobSubmission
@@ -31,6 +31,7 @@ from gridcore.validation import (
     check_selection_stream,
 )
 from gridcore_airflow.operators.base import GridcoreOperator
+from gridcore_airflow.sensors.base import output_files_of
 from gridcore_airflow.sensors.triggers import SiteJobTrigger
 
 AUTO_SITE = "auto"
@@ -40,8 +41,6 @@ SITE_CONTEXT_KEY = "gridcore_site"
 """The chosen site, put into the task's context once known, so that a ``map_index_template``
 (rendered again when the task ends) can show it: ``{{ gridcore_site | default('') }}``."""
 RESULT_KEYS = ("site", "job_id", "state", "selected_at", "started_at", "finished_at", "queued_s")
-_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
-_NAME_MAX = 200  # Slurm truncates longer names in some views; selections.name is 256
 
 
 @dataclass(frozen=True)
@@ -88,7 +87,13 @@ class SiteJobOperator(GridcoreOperator):
     (:class:`~operators.base.GridcoreOperator`).
 
     Returns (XCom) ``{"site", "job_id", "state", "selected_at", "started_at",
-    "finished_at", "queued_s", "selection_id"}``; times are epoch seconds.
+    "finished_at", "queued_s", "selection_id", "output_files"}``; times are epoch
+    seconds; ``output_files``: ``{"stdout", "stderr"}``, where the job's output is (paths
+    at the site, see :mod:`gridcore.sites.output`), or None if not known.
+
+    While the job runs, its new stdout and stderr lines go into the task log at every
+    poll (bounded, see :mod:`gridcore.sites.output`); a job that failed has the tail of
+    its stderr logged before the task fails.
 
     Tries of one task instance share its selection through Airflow 3.3's task state store
     (the ``ResumableJobMixin`` convention): a retry reattaches to a job still queued or
@@ -152,12 +157,25 @@ class SiteJobOperator(GridcoreOperator):
         self._selection_id = record.selection_id
         context[SITE_CONTEXT_KEY] = record.site  # type: ignore[literal-required]
         if record.finished:  # an earlier try's job completed: its result stands
-            return self.execute_complete(context, dict(SiteJobTrigger.event_for(record)))
+            event = SiteJobTrigger.event_for(record, self._earlier_output(record))
+            return self.execute_complete(context, dict(event))
         trigger = SiteJobTrigger(
             record.selection_id, poll_interval=self.poll_interval, **self.location()
         )
         result: dict[str, Any] = self.wait_for(context, trigger, deferrable=self.deferrable)
         return result
+
+    def _earlier_output(self, record: JobRecord) -> list[dict[str, Any]]:
+        """The files of an earlier try's job (for the result); none if the site forgot it."""
+        if record.job_id is None:
+            return []
+        try:
+            with self.hook().runtime(upgrade=False) as runtime:
+                files = runtime.output_files(record.site, record.job_id)
+        except GridError as exc:
+            self.log.warning("job %s: where its output is: %s", record.job_id, exc)
+            return []
+        return [{"site": record.site, "job_id": record.job_id, "label": "", **files.as_json()}]
 
     def _select_and_submit(self, runtime: GridRuntime, state: Any, job: JobPlan) -> JobRecord:
         pinned = _pinned_site(runtime, self.site)
@@ -244,11 +262,15 @@ class SiteJobOperator(GridcoreOperator):
     def execute_complete(self, context: Context, event: Any = None) -> dict[str, Any]:
         """Map the trigger's event to the XCom result or an Airflow failure. Everything
         comes from the event: ``dag.test()`` in Airflow 3.3.2 drops ``defer(kwargs=)``."""
-        record = SiteJobTrigger.completed_record(event)
+        record = SiteJobTrigger.completed_record(event, self.log)
         # a resumed task has a fresh context: the site again, for the label rendered now
         context[SITE_CONTEXT_KEY] = record.get("site")  # type: ignore[literal-required]
         result = {key: record.get(key) for key in RESULT_KEYS}
         result["selection_id"] = record["selection_id"]
+        files = output_files_of(SiteJobTrigger.checked_event(event))
+        result["output_files"] = (
+            {"stdout": files[0]["stdout"], "stderr": files[0]["stderr"]} if files else None
+        )
         return result
 
     def on_kill(self) -> None:
@@ -303,8 +325,10 @@ def translated(name: str) -> Iterator[None]:
 
 
 def job_name(dag_id: str, task_id: str, map_index: int) -> str:
-    """``dag.task.map_index`` with anything a batch system might mangle replaced by ``_``."""
-    return _NAME_UNSAFE.sub("_", f"{dag_id}.{task_id}.{map_index}")[:_NAME_MAX]
+    """``dag.task.map_index`` with anything a batch system might mangle replaced by ``_``
+    (one formula, :func:`gridcore.api.dashboard.task_job_name`, which the Grid page uses
+    to find a task instance's records)."""
+    return task_job_name(dag_id, task_id, map_index)
 
 
 def state_store(context: Mapping[str, Any] | None) -> Any:

@@ -9,23 +9,33 @@ The base owns everything else, once: the wait loop, bounded retries of transient
 event instead of raised out of ``run()``, ``serialize()``, ``on_kill()`` (cancel) and
 ``cleanup()`` (local resources only).
 
-The engines are synchronous (SQLAlchemy, HTTP): every call to them runs in a worker
-thread via ``asyncio.to_thread``, so the triggerer's event loop is never blocked.
+The job's own output goes into the task log as it runs: after every poll the base
+copies the new lines of the site jobs a subclass names (:meth:`GridcoreTrigger._output_jobs`)
+with ``self.log.info`` (:mod:`gridcore.sites.output`: bounded, prefixed by component and
+site where there are several), and the event names their files (``output``), so
+``execute_complete`` can log a failed job's stderr tail (:func:`completed_record`) and
+put the files into the XCom result. A restarted triggerer shows the output again from
+its start (the offsets are not persisted; see :mod:`gridcore.sites.output`).
+
+The engines are synchronous (SQLAlchemy, HTTP, file reads): every call to them runs in a
+worker thread via ``asyncio.to_thread``, so the triggerer's event loop is never blocked.
 Triggers live in this installed package: the triggerer never loads DAG bundles.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 from abc import abstractmethod
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any, ClassVar, Generic, Literal, NamedTuple, Protocol, TypedDict, TypeVar
 
 from airflow.sdk.exceptions import AirflowException
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from gridcore.errors import GridError, SiteError
+from gridcore.sites.output import JobOutputs, OutputFiles, SiteJob, failure_tails
 from gridcore_airflow.sensors.connections import GridLocation
 
 EventStatus = Literal["success", "failed", "error"]
@@ -40,10 +50,7 @@ _BACKOFF_CAP_S = 30.0
 _CANCEL_TIMEOUT_S = 20.0
 
 
-class GridcoreEvent(TypedDict):
-    """The one event every gridcore trigger yields: the contract with the
-    ``execute_complete`` of the operators and sensors that deferred to it."""
-
+class _RequiredEventKeys(TypedDict):
     status: EventStatus
     message: str
     subject: str  # what was waited on: "selection", "co-allocated job", ...
@@ -51,7 +58,20 @@ class GridcoreEvent(TypedDict):
     record: dict[str, Any] | None  # the finished record (as_json); None for "error"
 
 
-REQUIRED_EVENT_KEYS = frozenset(GridcoreEvent.__annotations__)
+class GridcoreEvent(_RequiredEventKeys, total=False):
+    """The one event every gridcore trigger yields: the contract with the
+    ``execute_complete`` of the operators and sensors that deferred to it.
+
+    ``output``: the site jobs whose output the trigger copied into the task log, each
+    ``{"site", "job_id", "label", "failed", "stdout", "stderr", "shown"}``
+    (:meth:`gridcore.sites.output.JobOutputs.as_json`). Every event has it; an event of
+    a trigger from before it existed may not, so it is not required."""
+
+    output: list[dict[str, Any]]
+
+
+REQUIRED_EVENT_KEYS = frozenset(GridcoreEvent.__required_keys__)
+EVENT_KEYS = frozenset(GridcoreEvent.__annotations__)
 
 
 class FinishedRecord(Protocol):
@@ -119,6 +139,7 @@ class GridcoreTrigger(BaseTrigger, Generic[H, R]):
         self.poll_interval = self.default_poll_interval if poll_interval is None else poll_interval
         self.max_retries = max_retries
         self._handle: H | None = None
+        self._outputs: JobOutputs | None = None
 
     @property
     def grid_file(self) -> str | None:
@@ -154,11 +175,20 @@ class GridcoreTrigger(BaseTrigger, Generic[H, R]):
     def _finished(self, handle: H) -> None:
         """Called once the record is finished, before the event is yielded."""
 
+    def _output_jobs(self, record: R) -> Sequence[SiteJob]:
+        """The site jobs of ``record`` whose output goes into the task log (none here)."""
+        return ()
+
+    def _output_files(self, handle: H, site: str, job_id: str) -> OutputFiles:
+        """Where a site job of :meth:`_output_jobs` writes its output."""
+        raise NotImplementedError(f"{type(self).__name__} names no output files")
+
     # -- the contract, shared by every subclass ------------------------------------------
 
     @classmethod
-    def event_for(cls, record: R) -> GridcoreEvent:
-        """The event for a finished record (also for the non-deferrable code paths)."""
+    def event_for(cls, record: R, output: Sequence[dict[str, Any]] = ()) -> GridcoreEvent:
+        """The event for a finished record (also for the non-deferrable code paths);
+        ``output``: the site jobs' files, as :meth:`JobOutputs.as_json` gives them."""
         ident, succeeded, message = cls.outcome(record)
         return GridcoreEvent(
             status="success" if succeeded else "failed",
@@ -166,12 +196,20 @@ class GridcoreTrigger(BaseTrigger, Generic[H, R]):
             subject=cls.subject,
             id=ident,
             record=record.as_json(),
+            output=list(output),
         )
 
     @classmethod
-    def error_event(cls, ident: int, message: str) -> GridcoreEvent:
+    def error_event(
+        cls, ident: int, message: str, output: Sequence[dict[str, Any]] = ()
+    ) -> GridcoreEvent:
         return GridcoreEvent(
-            status="error", message=message, subject=cls.subject, id=ident, record=None
+            status="error",
+            message=message,
+            subject=cls.subject,
+            id=ident,
+            record=None,
+            output=list(output),
         )
 
     @classmethod
@@ -181,10 +219,11 @@ class GridcoreTrigger(BaseTrigger, Generic[H, R]):
         return checked_event(event, cls.subject, cls.__name__)
 
     @classmethod
-    def completed_record(cls, event: Any) -> dict[str, Any]:
+    def completed_record(cls, event: Any, log: Any = None) -> dict[str, Any]:
         """The record of a successful event; any other event becomes the Airflow failure
-        that ``execute_complete`` of the operators and sensors raise."""
-        return completed_record(event, cls.subject, cls.__name__)
+        that ``execute_complete`` of the operators and sensors raise, after the stderr
+        tail of the job(s) that failed is written to ``log`` (the task's)."""
+        return completed_record(event, cls.subject, cls.__name__, log)
 
     # -- Airflow's trigger interface ----------------------------------------------------
 
@@ -205,10 +244,11 @@ class GridcoreTrigger(BaseTrigger, Generic[H, R]):
         try:
             event = await self._wait_until_finished()
         except GridError as exc:
-            event = self.error_event(self.ident, f"gridcore: {exc}")
+            event = self.error_event(self.ident, f"gridcore: {exc}", self._output_so_far())
         except Exception as exc:  # the event contract: errors are reported, never raised
             self.log.exception("waiting on %s %s failed", self.subject, self.ident)
-            event = self.error_event(self.ident, f"{type(exc).__name__}: {exc}")
+            message = f"{type(exc).__name__}: {exc}"
+            event = self.error_event(self.ident, message, self._output_so_far())
         yield TriggerEvent(dict(event))
 
     async def on_kill(self) -> None:
@@ -236,6 +276,7 @@ class GridcoreTrigger(BaseTrigger, Generic[H, R]):
                     return self.error_event(
                         self.ident,
                         f"gave up after {failures} failed {self.poll_noun} in a row: {exc}",
+                        self._output_so_far(),
                     )
                 delay = backoff_delay(failures)
                 self.log.warning(
@@ -244,10 +285,31 @@ class GridcoreTrigger(BaseTrigger, Generic[H, R]):
                 await asyncio.sleep(delay)
                 continue
             failures = 0
+            await self._copy_output(handle, record)
             if record.finished:
                 await asyncio.to_thread(self._finished, handle)
-                return self.event_for(record)
+                return self.event_for(record, self._output_so_far())
             await asyncio.sleep(self.poll_interval)
+
+    async def _copy_output(self, handle: H, record: R) -> None:
+        """The new output lines of the record's site jobs into the task log; the file
+        reads run in a worker thread. Best effort: whatever goes wrong reading output
+        is logged, and never ends the wait nor changes its event."""
+        jobs = self._output_jobs(record)
+        if not jobs:
+            return
+        if self._outputs is None:
+            self._outputs = JobOutputs(functools.partial(self._output_files, handle))
+        try:
+            lines = await asyncio.to_thread(self._outputs.read, jobs)
+        except Exception as exc:
+            self.log.warning("cannot copy the output of %s %s: %r", self.subject, self.ident, exc)
+            return
+        for line in lines:
+            self.log.info("%s", line)
+
+    def _output_so_far(self) -> list[dict[str, Any]]:
+        return self._outputs.as_json() if self._outputs is not None else []
 
     async def _handle_once(self) -> H:
         if self._handle is None:
@@ -286,27 +348,45 @@ def checked_event(event: Any, subject: str, trigger: str) -> GridcoreEvent:
         raise ValueError(f"{trigger} event has an unknown status {event['status']!r}")
     if event["status"] == "success" and not isinstance(event["record"], dict):
         raise ValueError(f"{trigger} success event has no record: {event!r}")
+    output = event.get("output")
+    if output is not None and not (
+        isinstance(output, list) and all(isinstance(entry, dict) for entry in output)
+    ):
+        raise ValueError(f"{trigger} event has a malformed output {output!r}")
     return GridcoreEvent(
         status=event["status"],
         message=str(event["message"]),
         subject=subject,
         id=int(event["id"]),
         record=event["record"],
+        output=list(output or []),
     )
 
 
-def completed_record(event: Any, subject: str, trigger: str) -> dict[str, Any]:
+def completed_record(event: Any, subject: str, trigger: str, log: Any = None) -> dict[str, Any]:
     """The record of a successful event; a malformed event, a failure or an error
-    becomes an ``AirflowException`` (the task fails, and may be retried)."""
+    becomes an ``AirflowException`` (the task fails, and may be retried). Before that,
+    the stderr tail of each failed site job in the event's ``output`` goes to ``log``:
+    the task's log ends with it."""
     try:
         checked = checked_event(event, subject, trigger)
     except ValueError as exc:
         raise AirflowException(str(exc)) from exc
     if checked["status"] != "success" or checked["record"] is None:
+        if log is not None:
+            for line in failure_tails(checked.get("output", [])):
+                log.error("%s", line)
         raise AirflowException(
             f"{subject} {checked['id']}: {checked['status']}: {checked['message']}"
         )
     return checked["record"]
+
+
+def output_files_of(event: GridcoreEvent) -> list[dict[str, Any]]:
+    """The files of each site job an event names, for XCom results: ``label``,
+    ``site``, ``job_id``, ``stdout``, ``stderr``."""
+    keys = ("label", "site", "job_id", "stdout", "stderr")
+    return [{key: entry.get(key) for key in keys} for entry in event.get("output", [])]
 
 
 def backoff_delay(attempt: int, rng: random.Random | None = None) -> float:

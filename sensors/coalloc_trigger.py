@@ -9,9 +9,15 @@ lease in the state database lets exactly one scan run at a time, the others skip
 from __future__ import annotations
 
 from gridcore.engine.koala import CoAllocationRecord, KoalaEngine
-from gridcore.engine.phases import JobPhase
+from gridcore.engine.phases import ComponentState, JobPhase
+from gridcore.sites.output import OutputFiles, SiteJob
 from gridcore_airflow.sensors.base import GridcoreTrigger, Outcome
 from gridcore_airflow.sensors.connections import close_koala
+
+# A component in these states writes nothing more.
+_COMPONENT_ENDED = frozenset(
+    {ComponentState.COMPLETED, ComponentState.FAILED, ComponentState.ABORTED}
+)
 
 
 class CoAllocationTrigger(GridcoreTrigger[KoalaEngine, CoAllocationRecord]):
@@ -19,9 +25,10 @@ class CoAllocationTrigger(GridcoreTrigger[KoalaEngine, CoAllocationRecord]):
 
     ``CoAllocationTrigger(job_id, grid_file=None, db_url=None, poll_interval=1.0,
     max_retries=5, gridcore_conn_id=None)``: each poll is one ``KoalaEngine.scan``
-    (skipped while another engine holds the scan lease) and ``KoalaEngine.status``; see
-    :class:`~sensors.base.GridcoreTrigger` for retries, errors, on_kill (cancels the job
-    and its started components) and cleanup.
+    (skipped while another engine holds the scan lease) and ``KoalaEngine.status``;
+    each component's new output lines go into the task log prefixed
+    ``[component i @ site]``. See :class:`~sensors.base.GridcoreTrigger` for retries,
+    errors, on_kill (cancels the job and its started components) and cleanup.
     """
 
     subject = "co-allocated job"
@@ -45,6 +52,23 @@ class CoAllocationTrigger(GridcoreTrigger[KoalaEngine, CoAllocationRecord]):
             return Outcome(record.job_id, True, f"{where} completed on {sites}")
         detail = f": {record.message}" if record.message else ""
         return Outcome(record.job_id, False, f"{where} {record.state}{detail}")
+
+    def _output_jobs(self, record: CoAllocationRecord) -> list[SiteJob]:
+        """Every component the sites have (a re-placed job: its current epoch's)."""
+        return [
+            SiteJob(
+                c.site,
+                c.site_job_id,
+                f"component {c.index} @ {c.site}",
+                finished=record.finished or c.state in _COMPONENT_ENDED,
+                failed=c.state == ComponentState.FAILED,
+            )
+            for c in record.components
+            if c.site_job_id is not None
+        ]
+
+    def _output_files(self, handle: KoalaEngine, site: str, job_id: str) -> OutputFiles:
+        return handle.runtime.output_files(site, job_id)
 
     def _finished(self, handle: KoalaEngine) -> None:
         # Give the scan lease up now: other waiters should not sit out its expiry, and

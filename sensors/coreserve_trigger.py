@@ -11,7 +11,8 @@ in Airflow's api-server), whose URL the connection or ``$GRIDCORE_CENTER_URL`` g
 from __future__ import annotations
 
 from gridcore.engine.coreservation import CoReserveEngine, ReservationRecord
-from gridcore.engine.phases import ReservationPhase
+from gridcore.engine.phases import PilotState, ReservationPhase
+from gridcore.sites.output import OutputFiles, SiteJob
 from gridcore_airflow.sensors.base import GridcoreTrigger, Outcome
 from gridcore_airflow.sensors.connections import close_coreserve
 
@@ -23,6 +24,12 @@ class CoReservationTrigger(GridcoreTrigger[CoReserveEngine, ReservationRecord]):
     max_retries=5, gridcore_conn_id=None)``: each poll is one ``CoReserveEngine.scan``
     (skipped while another engine holds the lease) and ``status``; on_kill cancels the
     job and releases every pilot.
+
+    The real command runs inside each dispatched pilot and inherits the pilot's stdout
+    and stderr, so its output is in the pilot's site job files (with the pilot's own
+    few ``gridcore pilot N: ...`` lines on stderr): those of every pilot given a rank
+    go into the task log prefixed ``[component i @ site]``. Pilots that only held (and
+    were released, shifted or lost) ran nothing and are not shown.
     """
 
     subject = "co-reserved job"
@@ -46,6 +53,22 @@ class CoReservationTrigger(GridcoreTrigger[CoReserveEngine, ReservationRecord]):
             return Outcome(record.job_id, True, f"{where} completed through pilots on {sites}")
         detail = f": {record.message}" if record.message else ""
         return Outcome(record.job_id, False, f"{where} {record.state}{detail}")
+
+    def _output_jobs(self, record: ReservationRecord) -> list[SiteJob]:
+        return [
+            SiteJob(
+                p.site,
+                p.site_job_id,
+                f"component {p.component} @ {p.site}",
+                finished=record.finished or p.state.finished,
+                failed=p.state is PilotState.FAILED,
+            )
+            for p in sorted(record.pilots, key=lambda p: p.component or 0)
+            if p.component is not None and p.site_job_id is not None
+        ]
+
+    def _output_files(self, handle: CoReserveEngine, site: str, job_id: str) -> OutputFiles:
+        return handle.runtime.output_files(site, job_id)
 
     def _finished(self, handle: CoReserveEngine) -> None:
         handle.release_lease()

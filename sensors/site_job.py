@@ -90,7 +90,7 @@ class SiteJobSensor(BaseSensorOperator):
         return PokeReturnValue(True, self.execute_complete(context, dict(event)))
 
     def execute_complete(self, context: Context, event: Any = None) -> dict[str, Any]:
-        return SiteJobTrigger.completed_record(event)
+        return SiteJobTrigger.completed_record(event, self.log)
 
     def _selection(self) -> int:
         value = self.selection_id

@@ -15,7 +15,7 @@ import fnmatch
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -23,8 +23,10 @@ from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
 from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.model import JobState
+from gridcore.sites.output import OutputFiles, SiteJob
 from gridcore_airflow.sensors.base import GridcoreTrigger, Outcome
 
+CLAIMED_DIR = "claimed"
 CONSUMED_DIR = "consumed"
 
 
@@ -33,8 +35,9 @@ class SiteJobTrigger(GridcoreTrigger[GridRuntime, JobRecord]):
 
     ``SiteJobTrigger(selection_id, grid_file=None, db_url=None, poll_interval=2.0,
     max_retries=5, gridcore_conn_id=None)`` polls ``GridRuntime.poll`` every
-    ``poll_interval`` seconds (see :class:`~sensors.base.GridcoreTrigger` for retries,
-    errors, on_kill and cleanup).
+    ``poll_interval`` seconds and copies the job's new stdout and stderr lines into the
+    task log (see :class:`~sensors.base.GridcoreTrigger` for retries, errors, output,
+    on_kill and cleanup).
     """
 
     subject = "selection"
@@ -58,6 +61,15 @@ class SiteJobTrigger(GridcoreTrigger[GridRuntime, JobRecord]):
         detail = f": {record.message}" if record.message else ""
         return Outcome(record.selection_id, False, f"{where} {record.state}{code}{detail}")
 
+    def _output_jobs(self, record: JobRecord) -> list[SiteJob]:
+        if record.job_id is None:
+            return []
+        failed = record.finished and record.state != JobState.COMPLETED.value
+        return [SiteJob(record.site, record.job_id, finished=record.finished, failed=failed)]
+
+    def _output_files(self, handle: GridRuntime, site: str, job_id: str) -> OutputFiles:
+        return handle.output_files(site, job_id)
+
     def _cancel(self, handle: GridRuntime) -> str:
         record = handle.cancel(self.selection_id)
         return f"job {record.job_id} is {record.state}"
@@ -72,26 +84,47 @@ class ForcingFileEvent(TypedDict):
     size: int
 
 
+# A claimed file no run has taken within this time is announced again: its first event
+# may have been lost with a triggerer stopped between firing and persisting it.
+REEMIT_AFTER_S = 600.0
+
+
 class ForcingFileTrigger(BaseEventTrigger):
-    """Fire once per new file in ``directory`` whose name matches ``pattern``.
+    """Fire once per new file in ``directory`` whose name matches ``pattern``, and again
+    for a file whose event may have been lost; exactly one run uses each file.
 
-    The file is consumed by an atomic ``os.rename`` into ``directory/consumed/`` before
-    the event is yielded: the rename succeeds for exactly one of several triggerers
-    racing for the same file, and a consumed file can never fire again (an asset watcher
-    whose condition stayed true would re-trigger the DAG forever). The event's ``path``
-    is the consumed location, which is where tasks read the file.
+    Three steps, each an atomic ``os.rename``, so a file is used exactly once whatever
+    dies when:
 
-    Producers should write under a name that does not match ``pattern`` (or outside the
-    directory) and rename into place, so a half-written file is never consumed. Consumed
-    files are kept: if a triggerer dies between the rename and persisting the event, the
-    file can be moved back into the directory to fire again.
+    1. *claim* (this trigger): the file moves into ``directory/claimed/`` before the
+       event is yielded. The rename succeeds for exactly one of several triggerers
+       racing for the same file, and a claimed file never fires as new again (an asset
+       watcher whose condition stayed true would re-trigger the DAG forever).
+    2. *take* (the run, :func:`take_forcing_file`): the run's first task moves the
+       claimed file into ``directory/consumed/`` under its run id. One run takes it;
+       another run with the same file (a duplicate event) finds it gone and skips.
+    3. *re-emit* (this trigger): a triggerer stopped between firing and persisting the
+       event loses that event. A claimed file that no run has taken ``reemit_after_s``
+       after its claim is claimed again under a new name and announced again (so at
+       least one event reaches the scheduler, and step 2 keeps it to one run).
+
+    The event's ``path`` is the claimed location. Producers should write under a name
+    that does not match ``pattern`` (or outside the directory) and rename into place,
+    so a half-written file is never claimed.
     """
 
-    def __init__(self, directory: str, pattern: str = "*", poll_interval: float = 5.0) -> None:
+    def __init__(
+        self,
+        directory: str,
+        pattern: str = "*",
+        poll_interval: float = 5.0,
+        reemit_after_s: float = REEMIT_AFTER_S,
+    ) -> None:
         super().__init__()
         self.directory = directory
         self.pattern = pattern
         self.poll_interval = poll_interval
+        self.reemit_after_s = reemit_after_s
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -100,38 +133,94 @@ class ForcingFileTrigger(BaseEventTrigger):
                 "directory": self.directory,
                 "pattern": self.pattern,
                 "poll_interval": self.poll_interval,
+                "reemit_after_s": self.reemit_after_s,
             },
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         while True:
-            event = await asyncio.to_thread(consume_next_file, self.directory, self.pattern)
+            event = await asyncio.to_thread(
+                claim_stale_file, self.directory, self.reemit_after_s
+            ) or await asyncio.to_thread(consume_next_file, self.directory, self.pattern)
             if event is not None:
-                self.log.info("consumed forcing file %s", event["path"])
+                self.log.info("claimed forcing file %s", event["path"])
                 yield TriggerEvent(dict(event))
                 return
             await asyncio.sleep(self.poll_interval)
 
 
 def consume_next_file(directory: str, pattern: str) -> ForcingFileEvent | None:
-    """Move the oldest matching file into ``consumed/`` and describe it; None if there is
-    none (or every candidate was taken by a concurrent consumer first)."""
+    """Claim the oldest matching file (move it into ``claimed/``) and describe it; None
+    if there is none (or every candidate was taken by a concurrent consumer first)."""
     root = Path(directory)
     candidates = _oldest_first(root, pattern)
     if not candidates:
         return None
-    target_dir = root / CONSUMED_DIR
+    return _claim(root, candidates, lambda name: root / name, lambda name: name)
+
+
+def claim_stale_file(directory: str, reemit_after_s: float) -> ForcingFileEvent | None:
+    """Claim again the oldest file claimed more than ``reemit_after_s`` ago and never
+    taken by a run (its event was probably lost); None if there is none."""
+    claimed = Path(directory) / CLAIMED_DIR
+    now = time.time()
+    stale = [n for n in _oldest_first(claimed, "*") if _age(claimed / n, now) > reemit_after_s]
+    return _claim(Path(directory), stale, lambda name: claimed / name, _original_name)
+
+
+def take_forcing_file(path: str, run_id: str) -> Path | None:
+    """The run's own copy of the claimed file ``path`` (moved into ``consumed/`` under
+    its run id), or None if another run took it first (this run is a duplicate). A
+    retry of the same run finds the copy it took."""
+    claimed = Path(path)
+    consumed = claimed.parent.parent / CONSUMED_DIR
+    consumed.mkdir(exist_ok=True)
+    target = consumed / f"{_safe(run_id)}--{claimed.name}"
+    if target.exists():
+        return target
+    try:
+        os.rename(claimed, target)
+    except FileNotFoundError:
+        return None
+    return target
+
+
+def _claim(
+    root: Path,
+    names: list[str],
+    source: Callable[[str], Path],
+    original: Callable[[str], str],
+) -> ForcingFileEvent | None:
+    if not names:
+        return None
+    target_dir = root / CLAIMED_DIR
     target_dir.mkdir(exist_ok=True)
-    for name in candidates:
-        # Unique per consumer and call (rename silently replaces an existing target), and
-        # time-prefixed so consumed/ lists in arrival order.
-        target = target_dir / f"{time.time_ns()}-{uuid.uuid4().hex[:12]}-{name}"
+    for name in names:
+        # Unique per claim (rename silently replaces an existing target), time-prefixed
+        # so claimed/ lists in arrival order; the name as dropped stays at the end.
+        target = target_dir / f"{time.time_ns()}-{uuid.uuid4().hex[:12]}-{original(name)}"
         try:
-            os.rename(root / name, target)
+            os.rename(source(name), target)
         except FileNotFoundError:
-            continue  # another consumer won this one
-        return ForcingFileEvent(path=str(target), name=name, size=target.stat().st_size)
+            continue  # another consumer (or a run) took this one
+        os.utime(target)  # its age counts from this claim
+        return ForcingFileEvent(path=str(target), name=original(name), size=target.stat().st_size)
     return None
+
+
+def _original_name(claimed_name: str) -> str:
+    return claimed_name.split("-", 2)[2]
+
+
+def _age(path: Path, now: float) -> float:
+    try:
+        return now - path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
+def _safe(run_id: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in run_id)
 
 
 def _oldest_first(root: Path, pattern: str) -> list[str]:

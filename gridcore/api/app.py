@@ -12,6 +12,11 @@ Routes (relative, so the app also mounts under a prefix in Airflow's api-server)
     GET  /api/v1/components/{job}/{epoch}/{idx}/peers?wait=S
     POST /api/v1/components/{job}/{epoch}/{idx}/released
 
+The Grid page and its JSON (``/api/v1/grid``, ``/api/v1/grid/task``, ``/grid/...``) are
+in :mod:`gridcore.api.grid_routes`; they need an authenticated user, chosen by whoever
+builds the app (``dashboard``: Airflow's login in the plugin, the operator's token under
+``gridcore serve``).
+
 Every pilot and component route takes ``Authorization: Bearer <token>``: a missing or
 unknown token gets 401, another pilot's or component's token 403, and the refusal comes
 before the request does anything. The decisions are in :mod:`gridcore.engine.pilot_pool`
@@ -35,7 +40,9 @@ from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Path, Qu
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import text
 
+from gridcore.api import grid_routes
 from gridcore.api.auth import bearer_token, refused
+from gridcore.api.grid_routes import Dashboard, DashboardRefused
 from gridcore.engine import barrier_pool, pilot_pool
 from gridcore.engine.barrier_pool import BarrierAnswer, BarrierState
 from gridcore.engine.pilot_pool import HEARTBEAT_S, MESSAGE_CHARS, Action, Answer, TokenRefused
@@ -114,14 +121,22 @@ def create_app(
     *,
     heartbeat_s: float = HEARTBEAT_S,
     clock: Callable[[], float] = time.time,
+    dashboard: Dashboard | None = None,
 ) -> FastAPI:
-    """The center's app on ``store``; ``heartbeat_s`` is the interval pilots are told."""
+    """The center's app on ``store``; ``heartbeat_s`` is the interval pilots are told;
+    ``dashboard``: who may see the Grid page (None: the operator's token from the
+    environment, :func:`gridcore.api.grid_routes.operator_token_from_env`)."""
+    board = grid_routes.operator_token_from_env() if dashboard is None else dashboard
     app = FastAPI(title="gridcore VJ center", version="1")
     app.state.center = Center(store, heartbeat_s, clock)
     app.add_exception_handler(TokenRefused, refused)
     app.include_router(_pilot_routes(), prefix=PREFIX)
     app.include_router(_component_routes(), prefix=PREFIX)
     app.add_api_route(f"{PREFIX}/health", _health, methods=["GET"])
+    app.include_router(grid_routes.grid_router(board, PREFIX, clock))
+    if board.login:
+        app.add_exception_handler(DashboardRefused, grid_routes.unauthenticated)
+        app.include_router(grid_routes.login_route(board))
     return app
 
 

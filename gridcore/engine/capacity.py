@@ -39,6 +39,7 @@ from sqlalchemy import (
     case,
     func,
     insert,
+    literal_column,
     or_,
     select,
     update,
@@ -74,7 +75,13 @@ CLAIM = (
     .where(
         and_(
             sites.c.name == bindparam("b_site"),
-            bindparam("b_processors") <= FREE,
+            # a claim of bytes only (a volume) needs no processors: it must fit even
+            # while the site's processors are over-claimed or queued for (FREE < 0)
+            # (0 rendered inline: the statement is also run through the driver with
+            # exactly the b_ parameters, gridcore.engine.ledger)
+            or_(
+                bindparam("b_processors") == literal_column("0"), bindparam("b_processors") <= FREE
+            ),
             _STORAGE_FITS,
         )
     )

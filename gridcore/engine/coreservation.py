@@ -764,7 +764,7 @@ class CoReserveEngine:
 
     def status(self, job_id: int) -> ReservationRecord:
         with self.store.begin() as conn:
-            return _record(conn, job_id)
+            return reservation_record(conn, job_id)
 
     def cancel(self, job_id: int) -> ReservationRecord:
         """Cancel the job and release every pilot (their site jobs are cancelled; a held
@@ -1174,7 +1174,7 @@ def _shift_row(
     )
 
 
-def _record(conn: Connection, job_id: int) -> ReservationRecord:
+def reservation_record(conn: Connection, job_id: int) -> ReservationRecord:
     row = (
         conn.execute(select(reservations).where(reservations.c.id == job_id))
         .mappings()

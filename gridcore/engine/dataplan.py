@@ -82,6 +82,7 @@ from gridcore.errors import ConfigError, GridError, RequestError, StagingError
 from gridcore.model import MB, ORIGIN, GridSpec, JobRequest, JobState, JobSubmission, Replica
 from gridcore.policies.dataplan import DataPlan, Strategy
 from gridcore.policies.dataplan_stages import Stage, StageKind, plan_stages
+from gridcore.sites.output import JobOutputs, SiteJob, failure_tails
 from gridcore.staging import (
     ReplicaCatalog,
     Throttle,
@@ -412,6 +413,21 @@ class DataPlanRunner:
         self._register_output(pipeline, depth)
         self._after_job(pipeline, depth)
 
+    def output_files(
+        self, pipeline: int, depths: Sequence[int]
+    ) -> dict[str, dict[str, str] | None]:
+        """Job name -> where the latest job of ``pipeline`` at each of ``depths`` wrote its
+        stdout and stderr (None: no job yet, or its site forgot it)."""
+        found: dict[str, dict[str, str] | None] = {}
+        for depth in depths:
+            record = self._latest(pipeline, depth)
+            files = None
+            if record is not None and record.job_id is not None:
+                with contextlib.suppress(GridError):
+                    files = self.runtime.output_files(record.site, record.job_id).as_json()
+            found[self._job_name(pipeline, depth)] = files
+        return found
+
     def _pname(self, pipeline: int) -> str:
         return self.run_spec.spec.pipelines[pipeline].name
 
@@ -523,9 +539,21 @@ class DataPlanRunner:
         return self.runtime.submit(selection_id, submission)
 
     def _wait(self, record: JobRecord) -> JobRecord:
-        while not record.finished:
+        """Poll the job until it ends. Its new output lines go to this module's log at
+        every poll (in an Airflow task: the task's log), prefixed by the job's name and
+        site; a job that did not complete has its stderr tail logged after them
+        (:mod:`gridcore.sites.output`)."""
+        outputs = JobOutputs(self.runtime.output_files)
+        while True:
+            for line in outputs.read(_output_jobs(record)):
+                log.info("%s", line)
+            if record.finished:
+                break
             self.sleep(self.poll_s)
             record = self.runtime.poll(record.selection_id)
+        if record.state != JobState.COMPLETED.value:
+            for line in failure_tails(outputs.as_json()):
+                log.error("%s", line)
         return record
 
     def _register_output(self, pipeline: int, depth: int) -> None:
@@ -734,6 +762,14 @@ def refine_from_runs(spec: PipelineSpec, grid: GridSpec, store: Any) -> Refineme
             notes.append(f"site {site.name}: BW_R {rate:.3g} MB/s measured by staging")
     refined = dataclasses.replace(spec, depths=tuple(depths))
     return Refinement(refined, MappingProxyType(measured), tuple(notes))
+
+
+def _output_jobs(record: JobRecord) -> list[SiteJob]:
+    if record.job_id is None:
+        return []
+    failed = record.finished and record.state != JobState.COMPLETED.value
+    label = f"{record.name} @ {record.site}"
+    return [SiteJob(record.site, record.job_id, label, finished=record.finished, failed=failed)]
 
 
 def runtime_factory(grid: GridSpec, store: Any) -> Callable[[], GridRuntime]:

@@ -41,6 +41,7 @@ from gridcore.model import (
 from gridcore.policies.selection import DEFAULT_PROTOCOL, InsufficientMode, SelectionProtocol
 from gridcore.sites.base import SiteAdapter
 from gridcore.sites.keys import selection_key
+from gridcore.sites.output import OutputFiles
 from gridcore.state.schema import selections, sites
 from gridcore.state.store import Store, open_store, state_dir
 from gridcore.validation import check_job_request, check_job_submission, check_selection_stream
@@ -154,6 +155,11 @@ class GridRuntime:
         if site not in self._adapters:
             self._adapters[site] = self._build_adapter(self.grid.site(site))
         return self._adapters[site]
+
+    def output_files(self, site: str, job_id: str) -> OutputFiles:
+        """Where job ``job_id`` of ``site`` writes its stdout and stderr
+        (:mod:`gridcore.sites.output` follows them into task logs)."""
+        return self.adapter(site).output_files(job_id)
 
     def _build_adapter(self, spec: SiteSpec) -> SiteAdapter:
         if spec.kind is SiteKind.LOCAL:

@@ -94,6 +94,7 @@ from typing import Any
 from gridcore.errors import ConfigError
 from gridcore.model import RequestKind
 from gridcore.policies.placement import PlacementPolicy
+from gridcore.progress import progress
 from gridcore.sim.coalloc import (
     FIG5_EXECUTION_S,
     SCAN_INTERVAL_S,
@@ -148,7 +149,7 @@ def koala_placement_experiment(
     workloads: dict[str, dict[str, dict[str, float]]] = {}
     for index, (workload, gap_s) in enumerate(WORKLOADS.items()):
         outcomes: dict[PlacementPolicy, list[CoallocRun]] = {p: [] for p in POLICIES}
-        for run in range(runs):
+        for run in progress(range(runs), f"workload {workload}", unit="run"):
             run_seed = seed * 1_000_000 + run
             trace = workload_trace(run_seed, jobs, gap_s)
             for policy in POLICIES:

@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -81,6 +80,7 @@ from gridcore.policies.dataplan import (
     choose_bent2009,
     table2_environment,
 )
+from gridcore.progress import note, progress
 from gridcore.sim.registry import Experiment, RunOptions, text_table
 from gridcore.sim.seeds import Claim
 
@@ -144,7 +144,10 @@ def dataplan_experiment(
         per_workload: dict[str, Any] = {}
         for name in workloads:
             chosen = sweep_points(sweep, TABLE1_WORKLOADS[name], env)[:points]
-            measured = [measure_point(x, w, e, seeds, choosers) for x, w, e in chosen]
+            measured = [
+                measure_point(x, w, e, seeds, choosers)
+                for x, w, e in progress(chosen, f"{sweep} {name}", unit="point")
+            ]
             per_workload[name] = {"points": measured, "regret": regret_summary(measured, choosers)}
         result[sweep] = per_workload
     return {
@@ -390,10 +393,10 @@ def _run(options: RunOptions) -> dict[str, Any]:
         # repetitions, --seed the data's): gridcore.dataplan_live
         from gridcore.dataplan_live import run_live
 
-        def progress(text: str) -> None:
-            print(f"dataplan --live: {text}", file=sys.stderr, flush=True)
+        def told(text: str) -> None:
+            note(f"dataplan --live: {text}")
 
-        return {"live": True} | run_live(options.runs or MEASUREMENT_SEEDS, options.seed, progress)
+        return {"live": True} | run_live(options.runs or MEASUREMENT_SEEDS, options.seed, told)
     return dataplan_experiment(options.seed, options.runs or MEASUREMENT_SEEDS)
 
 

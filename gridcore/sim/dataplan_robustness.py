@@ -85,6 +85,7 @@ from gridcore.policies.dataplan import (
     Workload,
     check_feasibility,
 )
+from gridcore.progress import progress
 from gridcore.sim.dataplan_experiments import (
     CHOOSERS,
     MAX_REGRET_MAX,
@@ -208,7 +209,7 @@ def dataplan_robustness(
         raise ConfigError(f"--cases must be >= 1, got {cases}")
     seeds = measurement_seeds(measurement_first_seed, MEASUREMENT_SEEDS)
     drawn = [random_case(case_seed) for case_seed in range(seed, seed + cases)]
-    per_case = [case_record(case, seeds) for case in drawn]
+    per_case = [case_record(case, seeds) for case in progress(drawn, "cases", unit="case")]
     return {
         "cases": cases,
         "first_seed": seed,

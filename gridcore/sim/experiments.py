@@ -93,6 +93,7 @@ from typing import Any
 
 from gridcore.errors import ConfigError
 from gridcore.policies.selection import DEFAULT_PROTOCOL, InsufficientMode, SelectionProtocol
+from gridcore.progress import progress
 from gridcore.sim.registry import Experiment, RunOptions, text_table
 from gridcore.sim.seeds import OverSeeds, increasing
 from gridcore.sim.selection import (
@@ -223,7 +224,8 @@ def all_orderings(
     speeds = [slowness for _, _, slowness in TABLE1_SITES.values()]
     traces = [canonical_trace(seed) for seed in seeds]
     per_ordering: list[dict[str, Any]] = []
-    for ordering in itertools.permutations(speeds):
+    orderings = list(itertools.permutations(speeds))
+    for ordering in progress(orderings, "site orderings", unit="ordering"):
         completion = {
             name: statistics.fmean(
                 _ordered_completion(trace, ordering, name, runs, seed, monitor_interval_s)
@@ -325,7 +327,7 @@ def compare_protocols(
     if runs < 1:
         raise ConfigError(f"runs must be >= 1, got {runs}")
     results: dict[str, dict[str, float]] = {}
-    for name, (split, config) in PROTOCOLS.items():
+    for name, (split, config) in progress(PROTOCOLS.items(), "protocols", unit="protocol"):
         jobs = trace.jobs if split else tuple(replace(job, stream=0) for job in trace.jobs)
         streams = {job.stream: config for job in jobs}
         outcomes = [

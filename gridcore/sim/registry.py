@@ -24,6 +24,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gridcore.errors import ConfigError
+from gridcore.progress import progress
 from gridcore.sim.seeds import OverSeeds, render_table
 
 Result = dict[str, Any]
@@ -124,9 +125,10 @@ class Experiment:
             return self.run(options) | across
         if self.over_seeds is None:
             raise ConfigError(f"--seeds: this one reports no figures over seeds ({self.summary})")
+        seeds = range(options.seed, options.seed + options.seeds)
         results = [
             (seed, self.run(replace(options, seed=seed)))
-            for seed in range(options.seed, options.seed + options.seeds)
+            for seed in progress(seeds, "seeds", unit="seed")
         ]
         return results[0][1] | {"over_seeds": self.over_seeds.aggregate(results)} | across
 

@@ -40,6 +40,7 @@ from typing import Any
 
 from gridcore.errors import ConfigError
 from gridcore.policies.selection import DEFAULT_PROTOCOL, InsufficientMode, SelectionProtocol
+from gridcore.progress import progress
 from gridcore.sim.registry import Experiment, RunOptions, text_table
 from gridcore.sim.selection import SimJob, StreamConfig, simulate_selection
 from gridcore.sim.workload import LocalJob, SimSite
@@ -183,7 +184,7 @@ def selection_robustness(cases: int = DEFAULT_CASES, seed: int = 0) -> dict[str,
     if cases < 1:
         raise ConfigError(f"--cases must be >= 1, got {cases}")
     ratios: dict[str, list[tuple[float, int]]] = {name: [] for name in PROTOCOLS if name != NAIVE}
-    for case_seed in range(seed, seed + cases):
+    for case_seed in progress(range(seed, seed + cases), "cases", unit="case"):
         completion = completion_by_protocol(random_case(case_seed))
         for name, values in ratios.items():
             values.append((completion[name] / completion[NAIVE], case_seed))

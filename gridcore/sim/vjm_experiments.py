@@ -104,6 +104,7 @@ from typing import Any
 
 from gridcore.errors import ConfigError
 from gridcore.policies.coreservation import PAPER_RULE, ReorganizeRule
+from gridcore.progress import progress
 from gridcore.sim.registry import Experiment, RunOptions, text_table
 from gridcore.sim.seeds import Claim, OverSeeds, student_t_975
 from gridcore.sim.vjm import (
@@ -170,7 +171,9 @@ VARIANTS: Mapping[str, VjmParams] = MappingProxyType(
 
 def coallocation_experiment(seed: int = 0, samples: int = SAMPLES) -> dict[str, Any]:
     """Fig. 3 for ``seed``: per interval of B, VJM's and round-robin's co-allocation."""
-    points = [_point(b, seed, samples) for b in B_INTERVALS_S]
+    points = [
+        _point(b, seed, samples) for b in progress(B_INTERVALS_S, "B intervals", unit="point")
+    ]
     first = points[0]
     return {
         "points": points,
@@ -426,7 +429,7 @@ def deadlock_experiment(seed: int = 0, cases: int = DEADLOCK_CASES) -> dict[str,
     """Every variant on ``cases`` traces of ``seed``: pooled figures and per case."""
     per_case: list[dict[str, Any]] = []
     runs: dict[str, list[VjmRun]] = {name: [] for name in VARIANTS}
-    for case in range(cases):
+    for case in progress(range(cases), "cases", unit="case"):
         clusters, jobs, background = deadlock_case(seed, case)
         row: dict[str, Any] = {"case": case, "intervals_s": [c.interval_s for c in clusters]}
         for name, params in VARIANTS.items():

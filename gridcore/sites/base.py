@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from gridcore.model import JobStatus, JobSubmission, SiteObservation, SiteSpec
+from gridcore.sites.output import OutputFiles
 
 
 class SiteAdapter(Protocol):
@@ -35,4 +36,9 @@ class SiteAdapter(Protocol):
 
     def cancel(self, job_id: str) -> None:
         """Cancel a pending or running job; cancelling a finished job is a no-op."""
+        ...
+
+    def output_files(self, job_id: str) -> OutputFiles:
+        """Where the job's stdout and stderr go (paths on this machine, or URLs that
+        :mod:`gridcore.sites.output` reads). Raises UnknownJob if the site forgot it."""
         ...

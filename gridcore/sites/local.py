@@ -48,6 +48,7 @@ from gridcore.model import (
     SiteSpec,
 )
 from gridcore.sites.keys import is_valid_key
+from gridcore.sites.output import OutputFiles
 from gridcore.state.schema import local_jobs
 from gridcore.state.store import Store, state_dir
 
@@ -55,11 +56,13 @@ from gridcore.state.store import Store, state_dir
 # lost by a worker that died between the commit and the spawn: it is fenced and queued
 # again, or adopted if its wrapper did start.
 SPAWN_GRACE_S = 30.0
+STDOUT_FILE = "stdout.txt"
+STDERR_FILE = "stderr.txt"
 # The fence: only the wrapper that creates start.N runs attempt N's command.
 _WRAPPER = (
     'mkdir "start.$GRIDCORE_ATTEMPT" 2>/dev/null || exit 0; '
     'echo $$ > "start.$GRIDCORE_ATTEMPT/pid"; '
-    "sh job.sh > stdout.txt 2> stderr.txt; echo $? > rc.tmp && mv rc.tmp rc"
+    f"sh job.sh > {STDOUT_FILE} 2> {STDERR_FILE}; echo $? > rc.tmp && mv rc.tmp rc"
 )
 
 
@@ -156,6 +159,11 @@ class LocalSite:
         if row is None:
             raise UnknownJob(self.spec.name, f"no local job {job_id}")
         return Path(row)
+
+    def output_files(self, job_id: str) -> OutputFiles:
+        """``stdout.txt`` and ``stderr.txt`` in the job's directory (see ``_WRAPPER``)."""
+        workdir = self.workdir(job_id)
+        return OutputFiles(str(workdir / STDOUT_FILE), str(workdir / STDERR_FILE))
 
     def _check_submission(self, job: JobSubmission) -> None:
         if job.processors > self.spec.processors:

@@ -59,6 +59,7 @@ from gridcore.model import (
     SiteObservation,
     SiteSpec,
 )
+from gridcore.sites.output import OutputFiles
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,9 @@ _UNUSABLE_NODE_STATES = frozenset(
     }
 )
 _JOB_ID = re.compile(r"\d+(?:_\d+)?")
+# sbatch's filename pattern: %% or %[width]<letter> (man sbatch, "filename pattern").
+_FILENAME_PATTERN = re.compile(r"%(%|(\d*)([AaJjNnstux]))")
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/]*)")
 
 
 # --------------------------------------------------------------------------- JSON helpers
@@ -264,6 +268,42 @@ def _site_errors(body: Json) -> list[Json]:
     return [e if isinstance(e, dict) else {"error": str(e)} for e in raw]
 
 
+def expand_filename_pattern(pattern: str, job: Json) -> str:
+    """sbatch's output filename ``pattern`` for ``job`` (a slurmrestd job object):
+    ``%j`` and ``%J`` its id, ``%A`` / ``%a`` the array job / task id, ``%x`` its name,
+    ``%u`` its user, ``%N`` its batch host, ``%n`` / ``%s`` / ``%t`` 0 (the batch
+    script's node, step and task), ``%%`` a ``%``; a width (``%5j``) pads with zeros."""
+    job_id = _int(job, "job_id")
+    array_job = _int(job, "array_job_id") or job_id
+    values: dict[str, str | int] = {
+        "j": job_id,
+        "J": job_id,
+        "A": array_job,
+        "a": _int(job, "array_task_id"),
+        "x": str(job.get("name") or ""),
+        "u": str(job.get("user_name") or ""),
+        "N": str(job.get("batch_host") or ""),
+        "n": 0,
+        "s": 0,
+        "t": 0,
+    }
+
+    def one(match: re.Match[str]) -> str:
+        if match.group(1) == "%":
+            return "%"
+        value = values[match.group(3)]
+        width = int(match.group(2) or 0)
+        return str(value).zfill(width) if isinstance(value, int) else str(value)
+
+    return _FILENAME_PATTERN.sub(one, pattern)
+
+
+def _local_part(location: str) -> str:
+    """A path on the cluster: ``location`` without the scheme and host of a URL."""
+    host = _URL.match(location)
+    return location[host.end() :] or "/" if host else location
+
+
 # --------------------------------------------------------------------------- adapter
 
 
@@ -370,6 +410,34 @@ class SlurmSite:
         if not found:
             raise UnknownJob(self.spec.name, f"job {job_id} is not known to the site")
         return self._job_status(job_id, found[0])
+
+    def output_files(self, job_id: str) -> OutputFiles:
+        """The job's ``standard_output`` and ``standard_error`` as slurmrestd reports
+        them (v0.0.38 gives the pattern submitted, ``%j`` unexpanded: expanded here),
+        relative ones under its working directory; a job submitted without them writes
+        both streams to ``slurm-<id>.out`` there. Paths on the cluster: as URLs on the
+        host of the site's ``storage_dir`` when that is one (``sftp://...``), else as
+        paths on this machine (see :mod:`gridcore.sites.output`). UnknownJob once
+        slurmctld forgot the job (MinJobAge after its end)."""
+        path = self._job_path(job_id)
+        found = [
+            j for j in _dicts(self._call("GET", path), "jobs") if str(j.get("job_id")) == job_id
+        ]
+        if not found:
+            raise UnknownJob(self.spec.name, f"job {job_id} is not known to the site")
+        job = found[0]
+        workdir = str(job.get("current_working_directory") or self.spec.storage_dir or "/")
+        stdout = str(job.get("standard_output") or "slurm-%j.out")
+        stderr = str(job.get("standard_error") or stdout)
+        return OutputFiles(
+            self._site_file(job, workdir, stdout), self._site_file(job, workdir, stderr)
+        )
+
+    def _site_file(self, job: Json, workdir: str, pattern: str) -> str:
+        name = expand_filename_pattern(_local_part(pattern), job)
+        path = posixpath.join(_local_part(workdir), name)
+        host = _URL.match(self.spec.storage_dir or "")
+        return f"{host.group(1)}{path}" if host else path
 
     def cancel(self, job_id: str) -> None:
         # ESLURM_ALREADY_DONE: the job finished meanwhile, which is what we wanted.

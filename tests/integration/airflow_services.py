@@ -18,7 +18,6 @@ import secrets
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Mapping
@@ -27,7 +26,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-AIRFLOW_BIN = str(Path(sys.executable).with_name("airflow"))
+from gridcore_airflow.operators.demo import (  # noqa: F401  (re-exported for the tests)
+    AIRFLOW_BIN,
+    migrate_metadata_db,
+    rendered_map_indexes,
+    task_states,
+    xcom_values,
+)
+
 _STOP_GRACE_S = 10.0
 
 
@@ -139,20 +145,6 @@ def _free_port() -> int:
 # -- reading a run's outcome from the metadata DB (the test process is not a task) --
 
 
-def migrate_metadata_db() -> None:
-    """``airflow db migrate`` as an operator would run it (idempotent, ~3 s on SQLite)."""
-    done = subprocess.run(
-        [AIRFLOW_BIN, "db", "migrate"],
-        env=os.environ.copy(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"airflow db migrate failed:\n{done.stderr[-3000:]}")
-
-
 def wait_for_run(dag_id: str, since: datetime, timeout_s: float, services: AirflowServices) -> Any:
     """The first DagRun of ``dag_id`` started at or after ``since`` to finish; fails with
     the service logs on timeout."""
@@ -179,26 +171,3 @@ def wait_for_run(dag_id: str, since: datetime, timeout_s: float, services: Airfl
         f"--- scheduler ---\n{services.log_tail('scheduler')}\n"
         f"--- triggerer ---\n{services.log_tail('triggerer')}"
     )
-
-
-def task_states(dag_id: str, run_id: str) -> dict[tuple[str, int], str | None]:
-    from airflow.models.taskinstance import TaskInstance
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        tis = session.query(TaskInstance).filter(
-            TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id
-        )
-        return {(ti.task_id, ti.map_index): ti.state for ti in tis}
-
-
-def xcom_values(dag_id: str, run_id: str, task_id: str) -> dict[int, Any]:
-    """map_index -> the task's return value."""
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        rows = session.scalars(
-            XComModel.get_many(run_id=run_id, key="return_value", task_ids=task_id, dag_ids=dag_id)
-        ).all()
-        return {row.map_index: XComModel.deserialize_value(row) for row in rows}

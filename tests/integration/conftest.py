@@ -4,45 +4,38 @@
 directory and ``AIRFLOW__CORE__DAGS_FOLDER`` at this repository's ``dags/`` before
 anything imported Airflow. Here, once per session: gridcore's own state (SQLite, local
 site storage, the forcing inbox) goes to a temporary directory, and ``airflow db
-migrate`` creates the metadata DB (a subprocess, as an operator would run it).
+migrate`` creates the metadata DB (a subprocess, as an operator would run it). This is
+the preparation ``make demo`` does too (``gridcore_airflow.operators.demo``): the same
+functions, so the demo runs what these tests check.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.airflow_services import migrate_metadata_db
+from gridcore.demo import UNSET_FOR_DEFAULT
+from gridcore.demo import GridcoreEnv as IntegrationEnv
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
-
-
-@dataclass(frozen=True)
-class IntegrationEnv:
-    base: Path
-    gridcore_home: Path
-    db_url: str
-    forcing_dir: Path
+# The Airflow layer (gridcore_airflow.operators.demo) is imported inside the fixtures:
+# importing it imports Airflow, whose home tests/conftest.py sets in pytest_configure,
+# after this file may have been imported.
 
 
 @pytest.fixture(scope="session")
 def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[IntegrationEnv]:
-    base = tmp_path_factory.mktemp("integration")
-    env = IntegrationEnv(
-        base=base,
-        gridcore_home=base / "gridcore",
-        db_url=f"sqlite:///{base / 'gridcore-state.db'}",
-        forcing_dir=base / "forcing",
-    )
+    from gridcore_airflow.operators.demo import migrate_metadata_db
+
+    env = IntegrationEnv.under(tmp_path_factory.mktemp("integration"))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("GRIDCORE_HOME", str(env.gridcore_home))
-        mp.setenv("GRIDCORE_DB_URL", env.db_url)
-        mp.setenv("GRIDCORE_FORCING_DIR", str(env.forcing_dir))
-        mp.delenv("GRIDCORE_GRID", raising=False)  # the embedded local sites
+        for name, value in env.variables().items():
+            mp.setenv(name, value)
+        for name in UNSET_FOR_DEFAULT:  # the embedded local sites, no VJ center
+            mp.delenv(name, raising=False)
         migrate_metadata_db()
         yield env
 
@@ -50,6 +43,6 @@ def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Integratio
 @pytest.fixture(scope="session")
 def dagbag(airflow_env: IntegrationEnv) -> Any:
     # Parsed after airflow_env: the DAG reads GRIDCORE_FORCING_DIR at parse time.
-    from airflow.dag_processing.dagbag import DagBag
+    from gridcore_airflow.operators.demo import dag_bag
 
-    return DagBag(dag_folder=str(DAGS))
+    return dag_bag(DAGS)

@@ -16,7 +16,7 @@ from gridcore.engine import capacity
 from gridcore.state.store import open_store
 from tests.capacity_checks import assert_capacity_invariant
 from tests.dataplan_live import DiskSampler
-from tests.integration.airflow_services import task_states
+from tests.integration.airflow_services import rendered_map_indexes, task_states
 from tests.integration.conftest import IntegrationEnv
 
 pytestmark = pytest.mark.airflow
@@ -61,7 +61,6 @@ def test_dag_test_counts_every_sample_within_the_sites_storage(
         assert head[0].startswith(f"# sample={report.parent.name} reads=")
         assert head[1].split("\t")[:2] == ["taxon", "lineage"]
     # every mapped pipeline task is labelled by its sample's name
-    from tests.integration.test_ensemble_local import rendered_map_indexes
 
     jobs = [t.task_id for t in dag.tasks if t.task_type == "DataPlanPipelineOperator"]
     for task_id in jobs:

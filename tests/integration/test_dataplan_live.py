@@ -6,6 +6,7 @@ consistent and holds nothing; no job ran twice."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -183,6 +184,47 @@ def test_a_job_writing_more_than_declared_fails_and_releases_its_bytes(tmp_path:
         held = {h.holder for h in capacity.live_holds(conn, capacity.HolderKind.VOLUME)}
     # the batch volume and the input are still staged; the output's bytes are back
     assert held == {"live/batch0@alpha", "live/in0@alpha"}
+    live.store.dispose()
+
+
+def test_a_pipeline_jobs_output_is_logged_and_a_failed_ones_stderr_tail_last(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Run inside an Airflow worker (operators/dataplan.py), this logger is the task's log.
+    live = setup(tmp_path, storage_bytes=6 * 10**6, W=1, D=1)
+    depth = live.spec.depths[0]
+    noisy = type(depth)(
+        depth.name,
+        "echo 'pipeline {pipeline} depth {depth}'; echo 'disk full' >&2; exit 5",
+        depth.runtime_mean_s,
+        depth.output_bytes,
+        batch=depth.batch,
+    )
+    spec = type(live.spec)("live", (noisy,), live.spec.pipelines)
+    stages = plan_stages(Strategy.ALL_BATCH, W=1, D=1, N_CPU=4, concurrency=1)
+    run = PipelineRun("noisy", spec, SITE, Strategy.ALL_BATCH, stages, str(tmp_path / "home"))
+    logger = "gridcore.engine.dataplan"
+
+    noisy_runner = runner(live, run)
+    with (
+        caplog.at_level(logging.INFO, logger=logger),
+        pytest.raises(PipelineJobFailed, match="exit 5"),
+    ):
+        noisy_runner.run()
+
+    ours = [r for r in caplog.records if r.name == logger]
+    infos = [r.getMessage() for r in ours if r.levelno == logging.INFO]
+    errors = [r.getMessage() for r in ours if r.levelno == logging.ERROR]
+    label = f"[p0/d0 @ {SITE}]"
+    assert f"{label} [stdout] pipeline p0 depth 0" in infos
+    assert f"{label} [stderr] disk full" in infos
+    assert errors[0].startswith(f"{label} [gridcore] stderr of the job (whole, 10 bytes in ")
+    assert errors[1:] == [f"{label} [stderr] disk full"]
+    # what the pipeline task's XCom names (operators/dataplan.py)
+    files = noisy_runner.output_files(0, [0])["p0/d0"]
+    assert files is not None
+    assert Path(files["stdout"]).read_text() == "pipeline p0 depth 0\n"
+    assert errors[0].endswith(f" bytes in {files['stderr']}):")
     live.store.dispose()
 
 

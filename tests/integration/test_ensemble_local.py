@@ -31,6 +31,7 @@ from gridcore.state.store import open_store
 from tests.capacity_checks import assert_capacity_invariant
 from tests.integration.airflow_services import (
     AirflowServices,
+    rendered_map_indexes,
     task_states,
     wait_for_run,
     xcom_values,
@@ -48,16 +49,21 @@ RESULT_KEYS = {
     "finished_at",
     "queued_s",
     "selection_id",
+    "output_files",
 }
 
 
 def test_dag_test_decides_the_burst_at_once_and_runs_every_member(
     dagbag: Any, airflow_env: IntegrationEnv
 ) -> None:
+    from gridcore_airflow.operators.demo import RUN_CONF
+
     dag = dagbag.dags[DAG_ID]
-    members = 6  # x 2 processors = 12 > the 8 processors of the best site (local-a)
+    conf = dict(RUN_CONF[DAG_ID])  # what make demo runs
+    members = conf["members"]
+    assert members * conf["processors"] > 8  # more than the best site (local-a) holds
     since = time.time()
-    run = dag.test(run_conf={"storm": "manual", "members": members, "runtime_s": 1})
+    run = dag.test(run_conf=conf)
 
     states = task_states(DAG_ID, run.run_id)
     assert run.state == "success", states
@@ -86,23 +92,11 @@ def test_dag_test_decides_the_burst_at_once_and_runs_every_member(
     # every mapped member is labelled by its parameters and the site it ran at
     labels = rendered_map_indexes(DAG_ID, run.run_id, "member")
     assert [labels[i] for i in range(members)] == [
-        f"manual #{i} wind {35.0 * (0.8 + 0.4 * i / (members - 1)):.2f} m/s @ {results[i]['site']}"
+        f"{conf['storm']} #{i} wind {35.0 * (0.8 + 0.4 * i / (members - 1)):.2f} m/s"
+        f" @ {results[i]['site']}"
         for i in range(members)
     ]
     assert_capacity_invariant(airflow_env.db_url, no_live_holds=True)
-
-
-def rendered_map_indexes(dag_id: str, run_id: str, task_id: str) -> dict[int, str | None]:
-    from airflow.models.taskinstance import TaskInstance
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        tis = session.query(TaskInstance).filter(
-            TaskInstance.dag_id == dag_id,
-            TaskInstance.run_id == run_id,
-            TaskInstance.task_id == task_id,
-        )
-        return {ti.map_index: ti.rendered_map_index for ti in tis}
 
 
 @pytest.fixture(scope="module")

@@ -96,3 +96,29 @@ def test_a_failed_transfer_gives_its_bytes_back(tmp_path: Path) -> None:
     assert catalog.replica("input.dat", "beta") is None
     assert volumes(store) == {}
     store.dispose()
+
+
+def test_a_volume_claim_needs_no_processors_while_the_site_is_over_claimed(
+    tmp_path: Path,
+) -> None:
+    """Found by the deployment tier: a burst's selections claimed every processor of a
+    site and queued one more (free processors < 0), and a data plan's volume claim of a
+    few bytes, which needs no processor, was refused for as long as that lasted."""
+    from gridcore.config import default_grid
+    from gridcore.engine.runtime import GridRuntime
+    from gridcore.model import JobRequest
+
+    rt = GridRuntime(default_grid(tmp_path), open_store(f"sqlite:///{tmp_path}/s.db", upgrade=True))
+    total = rt.grid.site("local-a").processors
+    rt.select(JobRequest("all", total, 60.0), site="local-a")
+    more = rt.select(JobRequest("one-more", 1, 60.0), site="local-a")
+    with rt.store.begin() as conn:
+        assert capacity.hold(conn, HolderKind.SELECTION, str(more.selection_id)).ledger is (
+            Ledger.QUEUED
+        )
+        assert capacity.claim(conn, HolderKind.VOLUME, "v@local-a", "local-a", 0, 1000) is (
+            Ledger.CLAIMED
+        )
+        assert capacity.claim(conn, HolderKind.VOLUME, "p@local-a", "local-a", 1, 0) is None
+        assert capacity.check_invariant(conn) == []
+    rt.store.dispose()

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import logging
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,7 +25,7 @@ from gridcore.state.schema import coalloc_components, coalloc_jobs
 from gridcore.state.store import open_store
 from gridcore_airflow.operators.coallocate import JOB_KEY, CoAllocateOperator
 from gridcore_airflow.operators.hooks import GridcoreHook
-from gridcore_airflow.sensors.base import REQUIRED_EVENT_KEYS
+from gridcore_airflow.sensors.base import EVENT_KEYS
 from gridcore_airflow.sensors.coalloc_trigger import CoAllocationTrigger
 from gridcore_airflow.sensors.connections import CENTER_ENV, GridLocation, close_koala
 from tests.barrier_checks import assert_released_after_every_registration, running_center
@@ -183,6 +185,7 @@ def test_execute_complete_maps_a_record_to_the_xcom_shape() -> None:
         "file_sites": [None, "a"],
         "site_job_ids": ["1", "2"],
         "start_times": [11.95, 12.0],
+        "output_files": [None, None],  # the event names no files
     }
 
 
@@ -282,7 +285,7 @@ async def test_an_unknown_job_is_one_error_event(db_url: str) -> None:
 
     assert [e.payload["status"] for e in events] == ["error"]
     payload = events[0].payload
-    assert set(payload) == REQUIRED_EVENT_KEYS
+    assert set(payload) == EVENT_KEYS
     assert (payload["subject"], payload["id"], payload["record"]) == ("co-allocated job", 999, None)
     assert "no co-allocation job 999" in payload["message"]
 
@@ -298,7 +301,7 @@ async def test_trigger_scans_a_two_site_job_to_one_success_event(db_url: str) ->
 
     assert len(events) == 1
     payload = events[0].payload
-    assert set(payload) == REQUIRED_EVENT_KEYS
+    assert set(payload) == EVENT_KEYS
     assert payload["status"] == "success", payload
     assert (payload["subject"], payload["id"]) == ("co-allocated job", trigger.job_id)
     record = payload["record"]
@@ -308,6 +311,50 @@ async def test_trigger_scans_a_two_site_job_to_one_success_event(db_url: str) ->
     assert_released_after_every_registration(db_url, trigger.job_id)
     result = op.execute_complete({}, payload)
     assert result["sizes"] == [8, 4] and all(t is not None for t in result["start_times"])
+
+
+@pytest.mark.asyncio
+async def test_each_components_output_goes_into_the_log_prefixed_by_component_and_site(
+    db_url: str,
+) -> None:
+    command = (
+        'echo "rank $GRIDCORE_COMPONENT of $GRIDCORE_COMPONENTS";'
+        ' echo "rank $GRIDCORE_COMPONENT done" >&2'
+    )
+    op = operator(components=[8, 4], command=command)
+    trigger = await asyncio.to_thread(deferred, op)
+    logged: list[str] = []
+    trigger._log = _ListLogger(logged)  # the edge to the task log (structlog in the triggerer)
+
+    events = await all_events(trigger.run())
+    await trigger.cleanup()
+
+    payload = events[0].payload
+    assert payload["status"] == "success", payload
+    sites = [c["site"] for c in payload["record"]["components"]]
+    copied = sorted(line for line in logged if line.startswith("[component"))
+    assert copied == [
+        f"[component 0 @ {sites[0]}] [stderr] rank 0 done",
+        f"[component 0 @ {sites[0]}] [stdout] rank 0 of 2",
+        f"[component 1 @ {sites[1]}] [stderr] rank 1 done",
+        f"[component 1 @ {sites[1]}] [stdout] rank 1 of 2",
+    ]
+    result = op.execute_complete({}, payload)
+    assert [Path(f["stdout"]).read_text() for f in result["output_files"]] == [
+        "rank 0 of 2\n",
+        "rank 1 of 2\n",
+    ]
+
+
+class _ListLogger(logging.Logger):
+    """A stdlib logger that keeps each message it is given."""
+
+    def __init__(self, into: list[str]) -> None:
+        super().__init__("tests.coalloc.trigger", logging.DEBUG)
+        self.into = into
+
+    def handle(self, record: logging.LogRecord) -> None:
+        self.into.append(record.getMessage())
 
 
 @pytest.mark.asyncio

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
@@ -26,7 +27,7 @@ from gridcore.model import HolderKind
 from gridcore.state.schema import local_jobs, reservations
 from gridcore.state.store import open_store
 from gridcore_airflow.operators.coreserve import JOB_KEY, CoReserveOperator
-from gridcore_airflow.sensors.base import REQUIRED_EVENT_KEYS
+from gridcore_airflow.sensors.base import EVENT_KEYS
 from gridcore_airflow.sensors.coreserve_trigger import CoReservationTrigger
 from tests.capacity_checks import assert_capacity_invariant
 from tests.fakes import FakeTaskStateStore
@@ -264,6 +265,57 @@ def test_on_kill_cancels_the_job_and_releases_every_pilot(
     assert_capacity_invariant(db_url, no_live_holds=True)
 
 
+# -- the real command's output ------------------------------------------------------------------
+
+
+class LogLines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def logger_into(handler: LogLines) -> logging.Logger:
+    logger = logging.getLogger(f"tests.coreserve.{id(handler)}")
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    logger.addHandler(handler)
+    return logger
+
+
+def test_each_ranks_output_is_copied_and_a_failed_ranks_stderr_tail_ends_the_log(
+    db_url: str, center: RunningCenter
+) -> None:
+    # The command runs inside the pilot and writes to the pilot's site job files.
+    command = (
+        'echo "rank $GRIDCORE_COMPONENT says hi";'
+        ' if [ "$GRIDCORE_COMPONENT" = 1 ]; then echo "rank 1: out of memory" >&2; exit 3; fi'
+    )
+    op = operator(command=command, processors=2)
+    trigger = deferred(op)
+    copied = LogLines()
+    trigger._log = logger_into(copied)  # the edge to the task log (structlog in the triggerer)
+
+    payload = run_trigger(trigger)
+
+    assert payload["status"] == "failed", payload
+    rank1 = next(p for p in payload["record"]["pilots"] if p["component"] == 1)
+    prefix = f"[component 1 @ {rank1['site']}]"
+    assert f"{prefix} [stdout] rank 1 says hi" in copied.lines
+    assert f"{prefix} [stderr] rank 1: out of memory" in copied.lines
+    [entry] = [o for o in payload["output"] if o["label"] == f"component 1 @ {rank1['site']}"]
+    assert (entry["job_id"], entry["failed"]) == (rank1["site_job_id"], True)
+
+    task_log = LogLines()
+    op._cached_logger = logger_into(task_log)  # the worker's edge to the task log
+    with pytest.raises(AirflowException, match="failed"):
+        op.execute_complete({}, payload)
+    assert task_log.lines[0].startswith(f"{prefix} [gridcore] stderr of the job (")
+    assert task_log.lines[-1] == f"{prefix} [stderr] rank 1: out of memory"
+
+
 # -- the trigger -----------------------------------------------------------------------------
 
 
@@ -304,7 +356,7 @@ async def test_trigger_on_kill_cancels_the_job_and_its_one_event_says_so(
 
         assert len(events) == 1
         payload = events[0].payload
-        assert set(payload) == REQUIRED_EVENT_KEYS
+        assert set(payload) == EVENT_KEYS
         assert (payload["status"], payload["id"]) == ("failed", trigger.job_id)
         assert payload["subject"] == "co-reserved job"
         assert "cancelled" in payload["message"]

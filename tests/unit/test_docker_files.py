@@ -125,10 +125,45 @@ def grid() -> dict[str, Any]:
 
 
 def env_of(service: dict[str, Any]) -> dict[str, str]:
+    """The service's environment as Compose builds it: its ``env_file`` files, then its
+    ``environment`` (which wins)."""
+    from tests.deployment.deployment import read_env_file
+
+    files = service.get("env_file") or []
+    merged: dict[str, str] = {}
+    for name in [files] if isinstance(files, str) else files:
+        merged.update(read_env_file(DOCKER / name))
     env = service.get("environment") or {}
     if isinstance(env, list):  # KEY=VALUE list form
         env = dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
-    return {str(k): "" if v is None else str(v) for k, v in env.items()}
+    return {**merged, **{str(k): "" if v is None else str(v) for k, v in env.items()}}
+
+
+def test_airflow_services_take_the_shared_settings_file_unchanged(
+    services: dict[str, Any],
+) -> None:
+    """docker/airflow.env is every Airflow service's env_file, and no service overrides
+    one of its settings; the deployment tier starts its processes with the same file,
+    the commands of these services, and departs from them only where it says why."""
+    from tests.deployment.deployment import (
+        NATIVE_ARGS,
+        SETTINGS_FILE,
+        TEST_OVERRIDES,
+        compose_commands,
+        shared_settings,
+    )
+
+    shared = shared_settings()
+    assert SETTINGS_FILE == DOCKER / "airflow.env"
+    assert shared["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+    for name in AIRFLOW_SERVICES:
+        assert services[name].get("env_file") == ["airflow.env"], name
+        environment = services[name].get("environment") or {}
+        overridden = set(environment) & set(shared)
+        assert not overridden, f"{name} overrides {overridden}"
+    assert compose_commands() == {n: c for n, c in AIRFLOW_COMMANDS.items()}
+    assert set(NATIVE_ARGS) == set(AIRFLOW_COMMANDS.values())
+    assert not set(TEST_OVERRIDES) & set(shared), "the tier must not silently change a setting"
 
 
 def depends_on(service: dict[str, Any]) -> dict[str, dict[str, Any]]:

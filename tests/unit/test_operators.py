@@ -35,6 +35,7 @@ RESULT_KEYS = {
     "finished_at",
     "queued_s",
     "selection_id",
+    "output_files",
 }
 WAIT_S = 30.0
 

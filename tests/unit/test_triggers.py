@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import importlib
 import json
+import logging
 import os
 import threading
 import time
@@ -16,13 +17,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from airflow.sdk.exceptions import AirflowException
 
 from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.errors import SiteUnavailable
 from gridcore.model import JobRequest, JobSubmission
 from gridcore_airflow.sensors import base
-from gridcore_airflow.sensors.base import REQUIRED_EVENT_KEYS
-from gridcore_airflow.sensors.triggers import ForcingFileTrigger, SiteJobTrigger, consume_next_file
+from gridcore_airflow.sensors.base import EVENT_KEYS
+from gridcore_airflow.sensors.triggers import (
+    ForcingFileTrigger,
+    SiteJobTrigger,
+    consume_next_file,
+    take_forcing_file,
+)
 
 EVENT_TIMEOUT_S = 30.0
 
@@ -102,7 +109,7 @@ async def test_run_yields_one_success_event_for_a_quick_job(db_url: str) -> None
 
     assert len(events) == 1
     payload = events[0].payload
-    assert set(payload) == REQUIRED_EVENT_KEYS
+    assert set(payload) == EVENT_KEYS
     assert payload["status"] == "success"
     assert (payload["subject"], payload["id"]) == ("selection", selection_id)
     assert payload["record"]["selection_id"] == selection_id
@@ -131,7 +138,7 @@ async def test_an_unknown_selection_becomes_an_error_event_not_an_exception(db_u
     events = await all_events(SiteJobTrigger(999, None, db_url, 0.1).run())
 
     assert len(events) == 1
-    assert set(events[0].payload) == REQUIRED_EVENT_KEYS
+    assert set(events[0].payload) == EVENT_KEYS
     assert events[0].payload["status"] == "error"
     assert (events[0].payload["subject"], events[0].payload["id"]) == ("selection", 999)
     assert events[0].payload["record"] is None
@@ -238,6 +245,7 @@ async def test_an_unexpected_exception_is_one_error_event_not_a_raise() -> None:
             "subject": "selection",
             "id": 5,
             "record": None,
+            "output": [],
         }
     ]
 
@@ -344,6 +352,132 @@ async def test_cleanup_alone_leaves_the_remote_job_running(db_url: str) -> None:
     assert record_of(db_url, selection_id).state == "cancelled"
 
 
+# -- the job's own output in the task log ------------------------------------------------------
+
+
+class LogLines(logging.Handler):
+    """What a trigger logs, in order. Its logger is the edge to the task log: in the
+    triggerer a structlog logger, here a stdlib one the same calls go to."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def logged_by(trigger: Any) -> LogLines:
+    handler = LogLines()
+    logger = logging.getLogger(f"tests.trigger.{id(handler)}")
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    logger.addHandler(handler)
+    trigger._log = logger  # LoggingMixin's slot for the logger
+    return handler
+
+
+async def wait_for_line(log: LogLines, line: str) -> None:
+    deadline = time.monotonic() + EVENT_TIMEOUT_S
+    while line not in log.lines:
+        assert time.monotonic() < deadline, log.lines
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.asyncio
+async def test_the_jobs_lines_are_logged_while_it_runs_and_the_event_names_its_files(
+    db_url: str, tmp_path: Path
+) -> None:
+    # The job waits for the test to see its first line in the log before it goes on:
+    # output is copied while the job runs, not once it has ended.
+    seen = tmp_path / "seen"
+    command = (
+        "echo 'surge 1.2 m'; echo 'warming up' >&2;"
+        f" while [ ! -e {seen} ]; do sleep 0.05; done;"
+        " printf 'surge 1.9 m\\npeak at 03:00'; echo 'no convergence' >&2; exit 3"
+    )
+    selection_id = submit(db_url, command)
+    trigger = SiteJobTrigger(selection_id, None, db_url, 0.05)
+    log = logged_by(trigger)
+    waiting = asyncio.ensure_future(all_events(trigger.run()))
+
+    await wait_for_line(log, "[stderr] warming up")  # stdout is read first at each poll
+    assert "[stdout] surge 1.2 m" in log.lines
+    assert record_of(db_url, selection_id).state == "running"
+    seen.touch()
+    [event] = await waiting
+
+    assert [line for line in log.lines if line.startswith("[stdout]")] == [
+        "[stdout] surge 1.2 m",
+        "[stdout] surge 1.9 m",
+        "[stdout] peak at 03:00",  # no newline at the end: shown once the job ended
+    ]
+    assert [line for line in log.lines if line.startswith("[stderr]")] == [
+        "[stderr] warming up",
+        "[stderr] no convergence",
+    ]
+    payload = event.payload
+    assert payload["status"] == "failed"
+    [output] = payload["output"]
+    record = record_of(db_url, selection_id)
+    assert (output["site"], output["job_id"], output["failed"]) == (
+        record.site,
+        record.job_id,
+        True,
+    )
+    assert Path(output["stdout"]).read_text() == "surge 1.2 m\nsurge 1.9 m\npeak at 03:00"
+    assert Path(output["stderr"]).read_text() == "warming up\nno convergence\n"
+    assert output["shown"] == {"stdout": 37, "stderr": 26}
+    assert json.loads(json.dumps(payload)) == payload  # plain JSON, as the triggerer stores it
+
+    # execute_complete's side: the task's log ends with the stderr tail, then it fails.
+    task_log = LogLines()
+    task_logger = logging.getLogger(f"tests.task.{id(task_log)}")
+    task_logger.addHandler(task_log)
+    task_logger.propagate = False
+    with pytest.raises(AirflowException, match="exit code 3"):
+        SiteJobTrigger.completed_record(payload, task_logger)
+    assert task_log.lines == [
+        f"[gridcore] stderr of the job (whole, 26 bytes in {output['stderr']}):",
+        "[stderr] warming up",
+        "[stderr] no convergence",
+    ]
+
+
+@pytest.mark.asyncio
+async def test_a_restarted_trigger_shows_the_output_again_from_its_start(db_url: str) -> None:
+    # The offsets are not persisted (gridcore.sites.output): a trigger rebuilt from its
+    # serialized arguments, as a restarted triggerer does, repeats the lines.
+    selection_id = submit(db_url, "echo one; echo two")
+    first = SiteJobTrigger(selection_id, None, db_url, 0.05)
+    first_log = logged_by(first)
+    await all_events(first.run())
+    classpath, kwargs = first.serialize()
+    module, _, name = classpath.rpartition(".")
+    again = getattr(importlib.import_module(module), name)(**kwargs)
+    again_log = logged_by(again)
+
+    await all_events(again.run())
+
+    expected = ["[stdout] one", "[stdout] two"]
+    assert [line for line in first_log.lines if line.startswith("[std")] == expected
+    assert [line for line in again_log.lines if line.startswith("[std")] == expected
+
+
+@pytest.mark.asyncio
+async def test_output_that_cannot_be_read_never_changes_the_event(finished: JobRecord) -> None:
+    # A runtime whose poll works but that cannot say where the output is (FlakySite has
+    # no output_files): the wait ends as before, and the log says why no output is shown.
+    trigger = flaky_trigger(failures=0, done=finished, max_retries=0)
+    log = logged_by(trigger)
+
+    events = await all_events(trigger.run())
+
+    assert [e.payload["status"] for e in events] == ["success"]
+    assert events[0].payload["output"] == []
+    assert any(line.startswith("cannot copy the output of selection") for line in log.lines)
+
+
 # -- ForcingFileTrigger ----------------------------------------------------------------------
 
 
@@ -383,7 +517,7 @@ async def test_two_triggers_racing_for_one_file_fire_once(tmp_path: Path) -> Non
     consumed = Path(payload["path"])
     assert payload["name"] == "alberto.json"
     assert payload["size"] == len('{"storm": "alberto"}')
-    assert consumed.parent == inbox / "consumed"
+    assert consumed.parent == inbox / "claimed"
     assert consumed.read_text() == '{"storm": "alberto"}'
     assert not (inbox / "alberto.json").exists()
 
@@ -408,7 +542,7 @@ async def test_only_matching_visible_files_fire_and_a_missing_directory_is_await
 
     assert event.payload["name"] == "surge.nc"
     assert event.payload["size"] == 5
-    assert sorted(p.name for p in inbox.iterdir()) == [".half-written.nc", "consumed", "notes.txt"]
+    assert sorted(p.name for p in inbox.iterdir()) == [".half-written.nc", "claimed", "notes.txt"]
 
 
 def test_concurrent_consumers_take_each_file_exactly_once(tmp_path: Path) -> None:
@@ -429,4 +563,39 @@ def test_concurrent_consumers_take_each_file_exactly_once(tmp_path: Path) -> Non
         worker.join()
 
     assert sorted(taken) == [f"member-{i:02d}.json" for i in range(40)]
-    assert len(os.listdir(tmp_path / "consumed")) == 40
+    assert len(os.listdir(tmp_path / "claimed")) == 40
+
+
+def test_exactly_one_run_takes_a_claimed_file_and_its_retry_finds_it(tmp_path: Path) -> None:
+    (tmp_path / "debby.json").write_text("{}")
+    event = consume_next_file(str(tmp_path), "*.json")
+    assert event is not None
+    taken = take_forcing_file(event["path"], "manual__2026-11-24T00:00:00+00:00")
+    assert taken is not None and taken.parent == tmp_path / "consumed"
+    assert take_forcing_file(event["path"], "manual__2026-11-24T00:00:00+00:00") == taken
+    assert take_forcing_file(event["path"], "asset_triggered__other") is None  # a duplicate
+
+
+@pytest.mark.asyncio
+async def test_a_claimed_file_whose_event_was_lost_is_announced_again_and_used_once(
+    tmp_path: Path,
+) -> None:
+    """A triggerer stopped between claiming (firing) and persisting the event: no run
+    ever takes the file. The next trigger announces it again after ``reemit_after_s``;
+    only the run of the new event uses it."""
+    (tmp_path / "debby.json").write_text('{"storm": "debby"}')
+    lost = consume_next_file(str(tmp_path), "*.json")
+    assert lost is not None
+    trigger = ForcingFileTrigger(str(tmp_path), "*.json", 0.02, reemit_after_s=0.3)
+    again = await asyncio.wait_for(trigger.run().__anext__(), EVENT_TIMEOUT_S)
+
+    assert again.payload["name"] == "debby.json" and again.payload["path"] != lost["path"]
+    assert take_forcing_file(lost["path"], "run-of-the-lost-event") is None
+    taken = take_forcing_file(again.payload["path"], "run-of-the-new-event")
+    assert taken is not None and taken.read_text() == '{"storm": "debby"}'
+    # taken: nothing is announced any more
+    quiet = asyncio.ensure_future(trigger.run().__anext__())
+    await asyncio.sleep(0.5)
+    assert not quiet.done()
+    quiet.cancel()
+    await asyncio.gather(quiet, return_exceptions=True)
