@@ -15,9 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, select
+from sqlalchemy import select
 
+from gridcore.config import default_grid
+from gridcore.engine.runtime import GridRuntime
+from gridcore.sites.local import LocalSite
 from gridcore.state.schema import local_jobs
+from gridcore.state.store import open_store
 from tests.capacity_checks import assert_capacity_invariant
 from tests.deployment.deployment import REPO, Deployment
 
@@ -148,10 +152,21 @@ def test_every_dag_succeeds_with_a_worker_killed_and_the_triggerer_restarted(
     assert len(again) == 1 and again[0]["state"] == "success", again
     assert again[0]["try_number"] > killed["try_number"], (killed, again)
 
-    engine = create_engine(deployment.gridcore_db_url)
-    with engine.connect() as conn:
-        jobs = conn.execute(select(local_jobs)).mappings().all()
-    engine.dispose()
+    # The local sites' rows are brought up to date by whoever looks next (their jobs
+    # run detached): look, as a worker would, then read them.
+    runtime = GridRuntime(
+        default_grid(Path(deployment.env["GRIDCORE_HOME"])),
+        open_store(deployment.gridcore_db_url),
+    )
+    try:
+        for site in runtime.grid.sites:
+            adapter = runtime.adapter(site.name)
+            assert isinstance(adapter, LocalSite)
+            adapter.reconcile()
+        with runtime.store.begin() as conn:
+            jobs = conn.execute(select(local_jobs)).mappings().all()
+    finally:
+        runtime.store.dispose()
     assert len(jobs) >= FORCING["members"], f"only {len(jobs)} site jobs"
     twice = {
         job["name"]: started_wrappers(Path(job["workdir"]))
