@@ -290,6 +290,10 @@ class Pilot:
             "GRIDCORE_PORT": str(self.port),
             "GRIDCORE_LISTEN_FD": str(fd),
         }
+        # said before the command starts: the command writes to the same stderr, and a
+        # line of ours after it could land after the command's last lines (the tail of
+        # a failed rank's stderr must end with the rank's own words)
+        self.say(f"running component {component} of job {job}")
         proc = subprocess.Popen(
             ["/bin/sh", "-c", str(work["command"])],
             cwd=workdir,
@@ -302,7 +306,6 @@ class Pilot:
         heartbeat.on_release = lambda: _stop(proc)
         if heartbeat.released.is_set():  # released before on_release was in place
             _stop(proc)
-        self.say(f"running component {component} of job {job} (pid {proc.pid})")
         with contextlib.suppress(Unreachable, Refused):
             if self.center.call("POST", "/started", tries=RESULT_TRIES).get("action") == "exit":
                 _stop(proc)  # released between the dispatch and the start
