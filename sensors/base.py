@@ -175,13 +175,13 @@ class GridcoreTrigger(BaseTrigger, Generic[H, R]):
     def _finished(self, handle: H) -> None:
         """Called once the record is finished, before the event is yielded."""
 
+    @abstractmethod
     def _output_jobs(self, record: R) -> Sequence[SiteJob]:
-        """The site jobs of ``record`` whose output goes into the task log (none here)."""
-        return ()
+        """The site jobs of ``record`` whose output goes into the task log."""
 
+    @abstractmethod
     def _output_files(self, handle: H, site: str, job_id: str) -> OutputFiles:
         """Where a site job of :meth:`_output_jobs` writes its output."""
-        raise NotImplementedError(f"{type(self).__name__} names no output files")
 
     # -- the contract, shared by every subclass ------------------------------------------
 
