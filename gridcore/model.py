@@ -23,13 +23,79 @@ class SiteKind(enum.StrEnum):
 
 @dataclass(frozen=True)
 class CredentialRef:
-    """A credential named, never embedded: an env var or an Airflow connection id."""
+    """A credential named, never embedded: an env var, an Airflow connection id (its
+    password), a file (read again when it changes) or a command (run again before the
+    JWT it prints expires). Exactly one is set."""
 
     env: str | None = None
     airflow_conn: str | None = None
+    file: str | None = None
+    command: str | None = None
 
     def describe(self) -> str:
-        return f"env:{self.env}" if self.env else f"airflow_conn:{self.airflow_conn}"
+        if self.env:
+            return f"env:{self.env}"
+        if self.file:
+            return f"file:{self.file}"
+        if self.command:
+            return f"command:{self.command}"
+        return f"airflow_conn:{self.airflow_conn}"
+
+
+class MemoryScope(enum.StrEnum):
+    """What a job's ``memory`` is counted per (Slurm's --mem / --mem-per-cpu)."""
+
+    NODE = "node"
+    CPU = "cpu"
+
+
+@dataclass(frozen=True)
+class JobResources:
+    """What a cluster asks of a job besides its processors. None / 0 means "not asked":
+    the site's defaults (grid file) fill it, else the cluster's own defaults apply.
+    Memory is in MiB (Slurm's M), time in whole seconds (Slurm gets minutes, rounded up).
+    """
+
+    time_limit_s: int | None = None
+    account: str | None = None
+    qos: str | None = None
+    partition: str | None = None
+    memory_mib: int | None = None
+    memory_per: MemoryScope = MemoryScope.NODE
+    gpus: int = 0
+    constraint: str | None = None
+
+    def over(self, defaults: JobResources) -> JobResources:
+        """These resources with every unset field taken from ``defaults``."""
+        memory_set = self.memory_mib is not None
+        return JobResources(
+            time_limit_s=self.time_limit_s if self.time_limit_s is not None
+            else defaults.time_limit_s,
+            account=self.account if self.account is not None else defaults.account,
+            qos=self.qos if self.qos is not None else defaults.qos,
+            partition=self.partition if self.partition is not None else defaults.partition,
+            memory_mib=self.memory_mib if memory_set else defaults.memory_mib,
+            memory_per=self.memory_per if memory_set else defaults.memory_per,
+            gpus=self.gpus or defaults.gpus,
+            constraint=self.constraint if self.constraint is not None else defaults.constraint,
+        )
+
+    def as_json(self) -> dict[str, object]:
+        """The fields that are set, as plain JSON (XCom, ``--json``)."""
+        out: dict[str, object] = {}
+        for key in ("time_limit_s", "account", "qos", "partition", "constraint"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        if self.memory_mib is not None:
+            out["memory_mib"] = self.memory_mib
+            out["memory_per"] = self.memory_per.value
+        if self.gpus:
+            out["gpus"] = self.gpus
+        return out
+
+
+NO_RESOURCES = JobResources()
 
 
 @dataclass(frozen=True)
@@ -47,8 +113,11 @@ class SiteSpec:
     partition: str | None = None
     user: str | None = None
     token: CredentialRef | None = None
-    api_version: str = "v0.0.38"
+    # "auto": the newest version both slurmrestd and gridcore speak (GET /openapi/v3)
+    api_version: str = "auto"
     timeout_s: float = 10.0
+    # what every job on this site asks for unless its request says otherwise
+    defaults: JobResources = NO_RESOURCES
 
 
 ORIGIN = "origin"
@@ -224,11 +293,41 @@ class JobSubmission:
     # unique per holder (gridcore.sites.keys): a site that has a job with this key
     # returns it instead of starting a second one; None submits without a key
     key: str | None = None
+    # time limit, account, memory, GPUs...; the site's defaults fill what is unset
+    resources: JobResources = NO_RESOURCES
+
+
+@dataclass(frozen=True)
+class JobUsage:
+    """What a finished job used, from the site's accounting (Slurm: slurmdbd)."""
+
+    elapsed_s: float
+    cpu_time_s: float
+    cpus: int
+    max_rss_bytes: int | None = None
+
+    @property
+    def cpu_efficiency(self) -> float | None:
+        """CPU time / (elapsed x CPUs), as Slurm's ``seff`` reports it."""
+        wall = self.elapsed_s * self.cpus
+        return self.cpu_time_s / wall if wall > 0 else None
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "elapsed_s": self.elapsed_s,
+            "cpu_time_s": self.cpu_time_s,
+            "cpus": self.cpus,
+            "max_rss_bytes": self.max_rss_bytes,
+            "cpu_efficiency": self.cpu_efficiency,
+        }
 
 
 @dataclass(frozen=True)
 class JobStatus:
-    """A job's state at its site; times are epoch seconds when known."""
+    """A job's state at its site; times are epoch seconds when known.
+
+    A job the site put back in its queue (requeued after a node failure or preemption)
+    is PENDING with ``requeued_by`` naming why; a held job is PENDING with ``held``."""
 
     job_id: str
     state: JobState
@@ -237,6 +336,10 @@ class JobStatus:
     started_at: float | None = None
     finished_at: float | None = None
     reason: str = ""
+    held: bool = False
+    requeued_by: str | None = None
+    restarts: int = 0
+    usage: JobUsage | None = None
 
 
 class Outcome(enum.IntEnum):
