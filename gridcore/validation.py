@@ -32,6 +32,7 @@ import dataclasses
 import enum
 import posixpath
 import re
+import shlex
 from collections.abc import Callable, Collection, Mapping
 from types import MappingProxyType
 from typing import Annotated, Any, Literal, TypeVar
@@ -348,23 +349,64 @@ class _Model(BaseModel):
 # -- the grid description -------------------------------------------------------------
 
 
+_REFERENCES = ("env", "airflow_conn", "file", "command")
+# Words a shell would act on; the command is run without one (gridcore.credentials).
+_SHELL_WORDS = frozenset({"|", "||", "&&", ";", "&", ">", ">>", "<", "2>", "2>&1", "&>"})
+TokenFile = Annotated[
+    str,
+    _string(STORAGE_DIR_MAX, r"^/[^\x00]*$"),
+    # not shown: a token pasted here by mistake stays out of the message
+    _worded(
+        "must be an absolute path (starting with /; ~ is not expanded)",
+        {"string_too_long": f"must be at most {STORAGE_DIR_MAX} characters"},
+        show=False,
+    ),
+]
+
+
 class _Credential(_Model):
     env: EnvName | None = None
     airflow_conn: ShortText | None = None
+    file: TokenFile | None = None
+    command: Command | None = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> _Credential:
-        if (self.env is None) == (self.airflow_conn is None):
-            raise ValueError("one reference")
+        given = [key for key in _REFERENCES if getattr(self, key) is not None]
+        if not given:
+            raise ValueError("no reference")
+        if len(given) > 1:
+            named = ", ".join(given[:-1]) + " and " + given[-1]
+            raise _refused(f"must be exactly one reference, got {named}")
+        if self.command is not None:
+            _check_token_command(self.command)
         return self
+
+
+def _check_token_command(command: str) -> None:
+    """The command splits into words (shlex) and names a program; no shell operator, as
+    no shell runs it."""
+    try:
+        words = shlex.split(command)
+    except ValueError as exc:
+        raise _refused(f"cannot be split into words as a shell would: {exc}", "command") from None
+    if not words or not words[0]:
+        raise _refused("names no program", "command")
+    operators = sorted(_SHELL_WORDS.intersection(words))
+    if operators:
+        raise _refused(
+            f"is run without a shell, so {' '.join(operators)} would reach the program as"
+            " arguments: write sh -c '...' for pipes or redirections",
+            "command",
+        )
 
 
 Credential = Annotated[
     _Credential,
     _worded(
-        'must be a reference { env = "VAR" } or { airflow_conn = "conn_id" },'
-        " never the token itself",
-        {"extra_forbidden": "unknown credential reference: use env or airflow_conn"},
+        'must be a reference { env = "VAR" }, { airflow_conn = "conn_id" },'
+        ' { file = "/path" } or { command = "..." }, never the token itself',
+        {"extra_forbidden": "unknown credential reference: use env, airflow_conn, file or command"},
         show=False,
     ),
 ]
