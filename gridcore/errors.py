@@ -11,6 +11,8 @@ Hierarchy::
         +-- SiteUnavailable      the site cannot be reached (connection refused, timeout)
         +-- SiteRejected         the site answered with an error (carries the site's message)
         +-- UnknownJob           the site does not know the job id
+        +-- CredentialRejected   the site refused our credential, even renewed once
+                                 (names the token reference, never the token)
     +-- StagingError         a file transfer failed (names source, destination and cause);
                              nothing was registered and no partial file is visible
 
@@ -66,3 +68,8 @@ class SiteRejected(SiteError):
 
 class UnknownJob(SiteError):
     """The site has no record of the job id."""
+
+
+class CredentialRejected(SiteError):
+    """The site refused the credential (Slurm: HTTP 401/403/511 or error 1007), and again
+    after it was read anew: a credential problem, not a dead site."""

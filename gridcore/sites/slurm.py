@@ -1,34 +1,46 @@
-"""A Slurm cluster reached through slurmrestd's OpenAPI (v0.0.38, Slurm 22.05).
+"""A Slurm cluster reached through slurmrestd, any release from 22.05 (REST v0.0.38) to
+26.05 (v0.0.45): the version is found by asking the server (:mod:`gridcore.sites.slurm_api`
+holds what each version says and the pure request builder).
 
 Every request goes through :meth:`SlurmSite._send` and :meth:`SlurmSite._check`, which
-translate transport failures and the body's ``errors[]`` into :mod:`gridcore.errors`
-types; nothing else in this module looks at ``requests`` exceptions or HTTP codes.
+translate transport failures, rejected credentials and the body's ``errors[]`` into
+:mod:`gridcore.errors` types; nothing else in this module looks at ``requests``
+exceptions or HTTP codes.
 
-Facts about slurmrestd 22.05 this adapter relies on (checked against a real cluster):
+Facts about slurmrestd this adapter relies on (checked against real 22.05, 24.11, 26.05):
 
-* ``errors[]`` must be read even on HTTP 200: a job asking for more CPUs than the
-  partition has comes back as HTTP 200 with ``errors: [{"error_code": 2015, ...}]`` AND a
-  ``job_id`` -- the job is queued and would pend forever, so :meth:`SlurmSite.submit`
-  cancels it before raising.
-* A token that slurmctld rejects does not give 401: slurmrestd answers HTTP 500 with
-  ``errors: [{"error_number": -1, "error": "Unspecified error"}]``, exactly as when
-  slurmctld is unreachable. Only a missing token header gives 401.
-* ``exit_code`` is the raw wait(2) status (``exit 3`` reports 768), not the exit status.
-* ``end_time`` of a running job is its projected end (start + time limit), so it only
-  counts as a finish time once the job is in a finished state.
-* ``start_time`` of a pending job is 0 or a forecast; a job cancelled while pending gets
-  ``start_time = end_time =`` the cancel time and empty ``nodes`` (it never started).
+* ``errors[]`` must be read even on HTTP 200: 22.05 answers a job asking for more CPUs
+  than the partition has with HTTP 200, ``errors[]`` AND a ``job_id`` (the job is queued
+  and would pend for ever, so :meth:`SlurmSite.submit` cancels it before raising); 26.05
+  accepts such a job with only ``warnings[]``. So a request is first checked against the
+  cluster's partitions and nodes (:func:`gridcore.sites.slurm_api.refusals`) and refused
+  before it reaches Slurm.
+* A token slurmctld rejects: 22.05 answers HTTP 500 with error -1 ("Unspecified error"),
+  exactly as when slurmctld is unreachable; 24.11 and later answer HTTP 511 with error
+  1007 on data calls while ``/ping`` says ``responding: false``. So on 401/403/511/1007
+  the token is read anew (a ``file`` or ``command`` reference renews) and the call made
+  once more; a second refusal is :class:`~gridcore.errors.CredentialRejected`, naming
+  the token reference. A ``/ping`` that says no controller responds is confirmed by a
+  data call before the site is called down.
+* ``end_time`` of a running job is its projected end, and ``start_time`` of a pending
+  job 0 or a forecast; a job cancelled while pending has ``start_time == end_time`` and
+  no ``nodes`` (it never started).
 
 Submission keys (:mod:`gridcore.sites.keys`) travel in the job's ``comment`` (the name
-stays the user's): v0.0.38 accepts ``comment`` at submission and returns it in
-``GET /jobs``, which has no filter, so :meth:`SlurmSite.find` lists the jobs and picks
-the key. Slurm itself does not refuse a second job with the same comment: exactly-once
-rests on the caller looking the key up first and recording the id conditionally.
+stays the user's); ``GET /jobs`` returns it and has no filter, so :meth:`SlurmSite.find`
+lists the jobs and picks the key. Slurm itself does not refuse a second job with the
+same comment: exactly-once rests on the caller looking the key up first and recording
+the id conditionally.
 
-Finished jobs vanish from slurmctld (and from ``GET /jobs``) ``MinJobAge`` seconds
-after they end (300 s in the test grid; there is no slurmdbd to ask instead). A retry
-made later than that after a job that already FINISHED cannot see it and submits again;
-a retry while the job is pending or running, or within MinJobAge of its end, finds it.
+Polling: every :class:`SlurmSite` of one process aimed at the same slurmrestd and user
+shares one listing of the cluster's jobs (``GET /jobs``), fetched at most once per
+``listing_max_age_s``; :meth:`SlurmSite.status` reads a job from it, so watching N jobs
+costs one call per poll cycle, not N. A job the listing lacks is asked for by id.
+
+Finished jobs vanish from slurmctld (and from ``GET /jobs``) ``MinJobAge`` seconds after
+they end (300 s in the test grid). A retry made later than that after a job that already
+FINISHED cannot see it and submits again; a retry while the job is pending or running, or
+within MinJobAge of its end, finds it.
 """
 
 from __future__ import annotations
@@ -37,14 +49,18 @@ import json
 import logging
 import posixpath
 import re
+import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import requests
 
 from gridcore.errors import (
     ConfigError,
     CredentialError,
+    CredentialRejected,
     RequestError,
     SiteRejected,
     SiteUnavailable,
@@ -59,25 +75,30 @@ from gridcore.model import (
     SiteObservation,
     SiteSpec,
 )
+from gridcore.sites import slurm_api as api
 from gridcore.sites.output import OutputFiles
 
 log = logging.getLogger(__name__)
 
 Json = dict[str, Any]
 
-DEFAULT_PARTITION = "debug"
 DEFAULT_USER = "root"
-JOB_PATH = "/usr/local/bin:/usr/bin:/bin"
+LISTING_MAX_AGE_S = 5.0
+"""How old a shared job listing may be before a status read fetches it again."""
+LIMITS_MAX_AGE_S = 300.0
+"""How long the cluster's partitions and nodes are trusted for refusing a request."""
 
 # slurm_errno.h values that change how an error is reported.
 _ESLURM_INVALID_JOB_ID = 2017
 _ESLURM_ALREADY_DONE = 2021
 _UNSPECIFIED = -1
+_AUTH_ERROR = 1007  # SLURM_PROTOCOL_AUTHENTICATION_ERROR
+_AUTH_STATUS = frozenset({401, 403, 511})
 # SLURM_COMMUNICATIONS_* (1001-1005) and SLURMCTLD_COMMUNICATIONS_* (1800-1803): slurmrestd
 # could not talk to slurmctld, so the site is down rather than refusing us.
 _COMMUNICATION_ERRORS = frozenset({*range(1001, 1006), *range(1800, 1804)})
 _UNSPECIFIED_HINT = (
-    " (slurmrestd reports this when slurmctld rejects the token or cannot be reached;"
+    " (slurmrestd 22.05 reports this when slurmctld rejects the token or cannot be reached;"
     " check the token reference)"
 )
 
@@ -105,71 +126,37 @@ _RUNNING_STATES = frozenset(
         "UPDATE_DB",
     }
 )
-_UNUSABLE_NODE_STATES = frozenset(
-    {
-        "DOWN",
-        "DRAIN",
-        "DRAINED",
-        "DRAINING",
-        "FAIL",
-        "FAILING",
-        "ERROR",
-        "FUTURE",
-        "UNKNOWN",
-        "INVALID",
-        "NOT_RESPONDING",
-        "NO_RESPOND",
-        "POWERED_DOWN",
-        "POWER_DOWN",
-        "POWERING_DOWN",
-    }
-)
 _JOB_ID = re.compile(r"\d+(?:_\d+)?")
 # sbatch's filename pattern: %% or %[width]<letter> (man sbatch, "filename pattern").
 _FILENAME_PATTERN = re.compile(r"%(%|(\d*)([AaJjNnstux]))")
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/]*)")
 
 
-# --------------------------------------------------------------------------- JSON helpers
+class TokenProvider(Protocol):
+    """Where a site's token comes from (``gridcore.credentials.TokenSource``)."""
+
+    def token(self) -> str: ...
+
+    def renew(self) -> str: ...
+
+    def describe(self) -> str: ...
 
 
-def _dicts(body: Json, key: str) -> list[Json]:
-    """The dict items of the list ``body[key]`` (missing or malformed -> empty)."""
-    value = body.get(key)
-    if not isinstance(value, list):
-        return []
-    return [item for item in value if isinstance(item, dict)]
+@dataclass(frozen=True)
+class FixedToken:
+    """A token given as it is (tests, one-off scripts): renewing gives it again."""
 
+    value: str = field(repr=False)
+    reference: str = "the token given"
 
-def _number(value: Any) -> int | None:
-    """An int field, either bare or in the newer ``{"set": true, "number": n}`` shape."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, dict) and value.get("set", True) and not value.get("infinite"):
-        return _number(value.get("number"))
-    return None
+    def token(self) -> str:
+        return self.value
 
+    def renew(self) -> str:
+        return self.value
 
-def _int(body: Json, key: str) -> int:
-    return _number(body.get(key)) or 0
-
-
-def _tokens(value: Any) -> set[str]:
-    """A state as a set of upper-case words: ``"idle"`` or ``["IDLE", "DRAIN"]``."""
-    if isinstance(value, str):
-        return {value.upper()} if value else set()
-    if isinstance(value, list):
-        return {str(v).upper() for v in value}
-    return set()
-
-
-def _state_name(value: Any) -> str:
-    # Newer APIs give ["RUNNING", "COMPLETING"]: the base state comes first.
-    if isinstance(value, list):
-        return str(value[0]).upper() if value else ""
-    return str(value or "").upper()
+    def describe(self) -> str:
+        return self.reference
 
 
 def map_job_state(slurm_state: str) -> JobState:
@@ -186,86 +173,21 @@ def map_job_state(slurm_state: str) -> JobState:
     return JobState.FAILED
 
 
-def _decode_wait_status(status: int) -> int:
-    """A wait(2) status -> the shell's view: the exit status, or 128 + signal."""
-    signal_no = status & 0x7F
-    if signal_no:
-        return 128 + signal_no
-    return (status >> 8) & 0xFF
+decode_exit_code = api.decode_exit_code
 
 
-def _exit_from_dict(value: Json) -> int | None:
-    """Newer APIs: ``{"status": [...], "return_code": n, "signal": {"id": n}}``."""
-    if "SIGNALED" in _tokens(value.get("status")):
-        signal = value.get("signal")
-        signal_no = _number(signal.get("id")) if isinstance(signal, dict) else None
-        if signal_no:
-            return 128 + signal_no
-    return _number(value.get("return_code"))
-
-
-def decode_exit_code(value: Any) -> int | None:
-    """Slurm's ``exit_code`` field (raw wait status int, or a dict) -> exit status."""
-    if isinstance(value, dict):
-        return _exit_from_dict(value)
-    number = _number(value)
-    return None if number is None else _decode_wait_status(number)
-
-
-def _epoch(value: Any) -> float | None:
-    number = _number(value)
-    # Slurm uses 0 for "not yet".
-    return float(number) if number else None
-
-
-def _observed_start(job: Json, state: JobState) -> float | None:
-    """When the job got its processors, or None if it has not (yet, or ever).
-
-    A pending job's ``start_time`` is 0 or the scheduler's forecast, not a start. A job
-    cancelled while pending is reported with ``start_time == end_time ==`` the cancel
-    time and no ``nodes``: it never started, so it must not count as a wait that ended.
-    A job cancelled while running keeps its ``nodes`` and real ``start_time``.
-    """
+def _observed_start(job: api.SlurmJob, state: JobState) -> float | None:
+    """When the job got its processors, or None if it has not (yet, or ever): a pending
+    job's ``start_time`` is a forecast; a job cancelled while pending has no nodes."""
     if state is JobState.PENDING:
         return None
-    if state.finished and not job.get("nodes") and not job.get("batch_host"):
+    if state.finished and not job.nodes:
         return None
-    return _epoch(job.get("start_time"))
+    return job.start_time
 
 
-def _node_usable(node: Json) -> bool:
-    words = _tokens(node.get("state")) | _tokens(node.get("state_flags"))
-    return not words & _UNUSABLE_NODE_STATES
-
-
-def _node_idle_cpus(node: Json) -> int:
-    if "idle_cpus" in node:
-        return _int(node, "idle_cpus")
-    return max(0, _int(node, "cpus") - _int(node, "alloc_cpus"))
-
-
-def _error_number(error: Json) -> int | None:
-    for key in ("error_number", "error_code", "errno"):
-        number = _number(error.get(key))
-        if number is not None:
-            return number
-    return None
-
-
-def _error_text(error: Json) -> str:
-    text = str(error.get("error") or "").strip()
-    detail = str(error.get("description") or "").strip()
-    if text and detail and detail != text:
-        return f"{text}: {detail}"
-    return text or detail or f"error {_error_number(error)}"
-
-
-def _site_errors(body: Json) -> list[Json]:
-    raw = body.get("errors")
-    if not isinstance(raw, list):
-        return []
-    # Some releases put bare strings in errors[]; treat them as the error text.
-    return [e if isinstance(e, dict) else {"error": str(e)} for e in raw]
+def _int(job: Json, key: str) -> int:
+    return api.number(job.get(key)) or 0
 
 
 def expand_filename_pattern(pattern: str, job: Json) -> str:
@@ -304,35 +226,82 @@ def _local_part(location: str) -> str:
     return location[host.end() :] or "/" if host else location
 
 
+# --------------------------------------------------------------------------- shared
+
+
+@dataclass
+class _Shared:
+    """What every SlurmSite of this process aimed at one slurmrestd (and user) shares:
+    the API version found, the cluster's release, the job listing, the partitions and
+    nodes that requests are checked against, and the count of REST calls made."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    version: str | None = None
+    release: str | None = None
+    jobs: dict[str, Json] | None = None
+    jobs_at: float = float("-inf")
+    partitions: tuple[api.SlurmPartition, ...] = ()
+    nodes: tuple[api.SlurmNode, ...] = ()
+    limits_at: float = float("-inf")
+    calls: int = 0
+
+
+_SHARED: dict[tuple[str, str], _Shared] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared(url: str, user: str) -> _Shared:
+    with _SHARED_LOCK:
+        return _SHARED.setdefault((url, user), _Shared())
+
+
+def forget_shared() -> None:
+    """Drop every cached version, listing and limit (tests; a reconfigured process)."""
+    with _SHARED_LOCK:
+        _SHARED.clear()
+
+
 # --------------------------------------------------------------------------- adapter
 
 
 class SlurmSite:
     """One Slurm cluster behind slurmrestd. Implements ``gridcore.sites.base.SiteAdapter``.
 
-    The token is kept only to build request headers; it is never logged and is scrubbed
-    from every error message. Pass a ``session`` to share a connection pool (it is then
-    not closed by :meth:`close`).
+    ``token`` is a :class:`TokenProvider` (``gridcore.credentials.TokenSource`` renews
+    ``file`` and ``command`` references) or a plain string. The token is only put in
+    request headers: never logged, and scrubbed from every error message. Pass a
+    ``session`` to share a connection pool (it is then not closed by :meth:`close`).
     """
 
-    def __init__(self, spec: SiteSpec, token: str, session: requests.Session | None = None) -> None:
+    def __init__(
+        self,
+        spec: SiteSpec,
+        token: TokenProvider | str,
+        session: requests.Session | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        listing_max_age_s: float = LISTING_MAX_AGE_S,
+    ) -> None:
         if spec.kind is not SiteKind.SLURM or not spec.url:
             raise ConfigError(f"site {spec.name}: a Slurm site needs kind 'slurm' and a url")
-        token = token.strip()
-        # requests would echo an invalid header value in its exception: refuse it here.
-        if not token or any(ch in token for ch in "\r\n\0"):
-            ref = spec.token.describe() if spec.token else "the token reference"
-            raise CredentialError(f"site {spec.name}: the token from {ref} is empty or invalid")
+        if spec.api_version != api.AUTO and spec.api_version not in api.VERSIONS:
+            raise ConfigError(
+                f"site {spec.name}: api_version {spec.api_version!r} is not one gridcore speaks"
+                f" (auto, {', '.join(api.VERSIONS)})"
+            )
         self.spec = spec
-        self._token = token
-        self._base = f"{spec.url.rstrip('/')}/slurm/{spec.api_version}"
+        if isinstance(token, str):
+            ref = spec.token.describe() if spec.token else "the token given"
+            token = FixedToken(token, ref)
+        self._tokens = token
+        self._token = self._checked(token.token())
+        self._root = spec.url.rstrip("/")
+        self._user = spec.user or DEFAULT_USER
+        self._shared = _shared(self._root, self._user)
+        self._clock = clock
+        self._listing_max_age_s = listing_max_age_s
         self._owns_session = session is None
         self._session = session if session is not None else requests.Session()
-        self._headers = {
-            "X-SLURM-USER-NAME": spec.user or DEFAULT_USER,
-            "X-SLURM-USER-TOKEN": token,
-            "Accept": "application/json",
-        }
 
     def __repr__(self) -> str:
         return f"SlurmSite(site={self.spec.name!r}, url={self.spec.url!r})"
@@ -349,14 +318,39 @@ class SlurmSite:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    # ------------------------------------------------------------------ what it speaks
+
+    @property
+    def api_version(self) -> str:
+        """The REST version in use (found by asking the server when ``auto``)."""
+        return self._version()
+
+    @property
+    def release(self) -> str | None:
+        """The cluster's Slurm release (``meta.slurm.release``), once a call returned."""
+        if self._shared.release is None:
+            self._version()
+        return self._shared.release
+
+    @property
+    def rest_calls(self) -> int:
+        """REST calls this process made to this slurmrestd (all its SlurmSites)."""
+        return self._shared.calls
+
     # ------------------------------------------------------------------ protocol
 
     def ping(self) -> None:
-        """Raise SiteUnavailable/SiteRejected unless slurmctld answers through slurmrestd."""
+        """Raise unless slurmctld answers through slurmrestd. A ``/ping`` saying no
+        controller responds is what a rejected token looks like on 24.11+, so it is
+        confirmed by a data call (which raises CredentialRejected for a bad token)."""
         body = self._call("GET", "/ping")
-        pings = _dicts(body, "pings")
-        if not any(str(p.get("ping", "")).upper() == "UP" for p in pings):
-            raise SiteUnavailable(self.spec.name, f"no controller is UP: {pings}")
+        if api.responding(body):
+            return
+        self._call("GET", "/partitions")
+        log.warning(
+            "site %s: /ping says no controller responds, yet /partitions answered: up",
+            self.spec.name,
+        )
 
     def observe(self) -> SiteObservation:
         observed_at = time.time()
@@ -365,88 +359,21 @@ class SlurmSite:
         # starting between the reads looks pending yet allocated (counted twice: idle
         # under-stated, safe). The other order can show a job running whose CPUs the
         # earlier nodes read still called idle (counted nowhere: idle over-stated).
-        jobs = tuple(self._observed_job(j) for j in _dicts(self._call("GET", "/jobs"), "jobs"))
-        nodes = _dicts(self._call("GET", "/nodes"), "nodes")
-        partition = self.spec.partition or DEFAULT_PARTITION
-        usable = [n for n in nodes if partition in (n.get("partitions") or ()) and _node_usable(n)]
+        jobs = tuple(
+            self._observed_job(api.read_job(j)) for j in self._listing(max_age_s=0).values()
+        )
+        nodes = [api.read_node(n) for n in api.dicts(self._call("GET", "/nodes"), "nodes")]
+        partition = self.spec.partition or self.spec.defaults.partition or api.DEFAULT_PARTITION
+        usable = [n for n in nodes if partition in n.partitions and n.usable]
         return SiteObservation(
             site=self.spec.name,
-            total_processors=sum(_int(n, "cpus") for n in usable),
-            idle_processors=sum(_node_idle_cpus(n) for n in usable),
+            total_processors=sum(n.cpus for n in usable),
+            idle_processors=sum(n.idle_cpus for n in usable),
             jobs=jobs,
             observed_at=observed_at,
         )
 
     def submit(self, job: JobSubmission) -> str:
-        payload = self._submission(job)
-        status, body = self._send("POST", "/job/submit", payload)
-        job_id = _number(body.get("job_id"))
-        if job_id is not None and _site_errors(body):
-            # Slurm queued the job despite the error (e.g. more CPUs than the partition
-            # has); it could never run, so do not leave it pending at the site.
-            self._discard(str(job_id))
-        self._check(status, body)
-        if job_id is None:
-            raise SiteRejected(self.spec.name, f"job {job.name}: submit answered without job_id")
-        log.info("site %s: submitted %s as job %s", self.spec.name, job.name, job_id)
-        return str(job_id)
-
-    def find(self, key: str) -> str | None:
-        """The id of the job submitted with ``key`` (its comment), if slurmctld still
-        knows it (see the module's note on MinJobAge). Several (a race between two
-        submitters): the oldest, which is the one a conditional record keeps."""
-        found = [
-            int(j["job_id"])
-            for j in _dicts(self._call("GET", "/jobs"), "jobs")
-            if j.get("comment") == key and isinstance(j.get("job_id"), int)
-        ]
-        return str(min(found)) if found else None
-
-    def status(self, job_id: str) -> JobStatus:
-        path = self._job_path(job_id)
-        found = [
-            j for j in _dicts(self._call("GET", path), "jobs") if str(j.get("job_id")) == job_id
-        ]
-        if not found:
-            raise UnknownJob(self.spec.name, f"job {job_id} is not known to the site")
-        return self._job_status(job_id, found[0])
-
-    def output_files(self, job_id: str) -> OutputFiles:
-        """The job's ``standard_output`` and ``standard_error`` as slurmrestd reports
-        them (v0.0.38 gives the pattern submitted, ``%j`` unexpanded: expanded here),
-        relative ones under its working directory; a job submitted without them writes
-        both streams to ``slurm-<id>.out`` there. Paths on the cluster: as URLs on the
-        host of the site's ``storage_dir`` when that is one (``sftp://...``), else as
-        paths on this machine (see :mod:`gridcore.sites.output`). UnknownJob once
-        slurmctld forgot the job (MinJobAge after its end)."""
-        path = self._job_path(job_id)
-        found = [
-            j for j in _dicts(self._call("GET", path), "jobs") if str(j.get("job_id")) == job_id
-        ]
-        if not found:
-            raise UnknownJob(self.spec.name, f"job {job_id} is not known to the site")
-        job = found[0]
-        workdir = str(job.get("current_working_directory") or self.spec.storage_dir or "/")
-        stdout = str(job.get("standard_output") or "slurm-%j.out")
-        stderr = str(job.get("standard_error") or stdout)
-        return OutputFiles(
-            self._site_file(job, workdir, stdout), self._site_file(job, workdir, stderr)
-        )
-
-    def _site_file(self, job: Json, workdir: str, pattern: str) -> str:
-        name = expand_filename_pattern(_local_part(pattern), job)
-        path = posixpath.join(_local_part(workdir), name)
-        host = _URL.match(self.spec.storage_dir or "")
-        return f"{host.group(1)}{path}" if host else path
-
-    def cancel(self, job_id: str) -> None:
-        # ESLURM_ALREADY_DONE: the job finished meanwhile, which is what we wanted.
-        self._call("DELETE", self._job_path(job_id), tolerate=frozenset({_ESLURM_ALREADY_DONE}))
-        log.info("site %s: cancelled job %s", self.spec.name, job_id)
-
-    # ------------------------------------------------------------------ mapping
-
-    def _submission(self, job: JobSubmission) -> Json:
         workdir = job.workdir or self.spec.storage_dir
         if not workdir:
             raise RequestError(
@@ -454,50 +381,165 @@ class SlurmSite:
             )
         if job.processors < 1:
             raise RequestError(f"job {job.name}: processors must be >= 1, got {job.processors}")
-        return {
-            "script": f"#!/bin/bash\n{job.command}\n",
-            "job": {
-                "name": job.name,
-                **({"comment": job.key} if job.key is not None else {}),
-                "partition": self.spec.partition or DEFAULT_PARTITION,
-                "ntasks": 1,
-                "cpus_per_task": job.processors,
-                "current_working_directory": workdir,
-                "standard_output": posixpath.join(workdir, f"{job.name}-%j.out"),
-                "standard_error": posixpath.join(workdir, f"{job.name}-%j.err"),
-                # slurmrestd refuses a job without an environment (HTTP 400).
-                "environment": {"PATH": JOB_PATH, **job.env},
-            },
-        }
+        resources = job.resources.over(self.spec.defaults)
+        partition = resources.partition or self.spec.partition or api.DEFAULT_PARTITION
+        self.check_request(job.name, job.processors, resources, partition)
+        version = self._version()
+        payload = api.submission_body(
+            version, job, partition=partition, workdir=workdir, resources=resources
+        )
+        status, body = self._exchange("POST", "/job/submit", payload)
+        job_id = api.number(body.get("job_id"))
+        if job_id is not None and api.errors(body):
+            # Slurm queued the job despite the error (e.g. more CPUs than the partition
+            # has); it could never run, so do not leave it pending at the site.
+            self._discard(str(job_id))
+        self._check(status, body)
+        if job_id is None:
+            raise SiteRejected(self.spec.name, f"job {job.name}: submit answered without job_id")
+        for warning in api.warnings(body):
+            log.warning("site %s: job %s: %s", self.spec.name, job_id, self._scrub(warning))
+        self._forget_listing()
+        log.info("site %s: submitted %s as job %s", self.spec.name, job.name, job_id)
+        return str(job_id)
+
+    def check_request(
+        self, name: str, processors: int, resources: Any, partition: str | None = None
+    ) -> None:
+        """Raise RequestError naming each field no node of the partition could satisfy
+        (read from ``/partitions`` and ``/nodes``, cached for ``LIMITS_MAX_AGE_S``)."""
+        partition = partition or resources.partition or self.spec.partition
+        partition = partition or api.DEFAULT_PARTITION
+        partitions, nodes = self._limits()
+        reasons = api.refusals(processors, resources, partition, partitions, nodes)
+        if reasons:
+            raise RequestError(
+                f"site {self.spec.name}: job {name} cannot run there: " + "; ".join(reasons)
+            )
+
+    def find(self, key: str) -> str | None:
+        """The id of the job submitted with ``key`` (its comment), if slurmctld still
+        knows it (see the module's note on MinJobAge). Several (a race between two
+        submitters): the oldest, which is the one a conditional record keeps. Always a
+        fresh listing: a stale one could miss a job another worker just submitted."""
+        found = [
+            int(job_id)
+            for job_id, raw in self._listing(max_age_s=0).items()
+            if raw.get("comment") == key and job_id.isdigit()
+        ]
+        return str(min(found)) if found else None
+
+    def status(self, job_id: str) -> JobStatus:
+        return self._job_status(job_id, api.read_job(self._job(job_id)))
+
+    def output_files(self, job_id: str) -> OutputFiles:
+        """The job's ``standard_output`` and ``standard_error`` as slurmrestd reports
+        them (``%j`` expanded here where the server did not), relative ones under its
+        working directory; a job submitted without them writes both streams to
+        ``slurm-<id>.out`` there. Paths on the cluster: as URLs on the host of the site's
+        ``storage_dir`` when that is one (``sftp://...``), else as paths on this machine
+        (see :mod:`gridcore.sites.output`). UnknownJob once slurmctld forgot the job."""
+        raw = self._job(job_id)
+        job = api.read_job(raw)
+        workdir = job.workdir or self.spec.storage_dir or "/"
+        stdout = job.stdout or "slurm-%j.out"
+        stderr = job.stderr or stdout
+        return OutputFiles(
+            self._site_file(raw, workdir, stdout), self._site_file(raw, workdir, stderr)
+        )
+
+    def cancel(self, job_id: str) -> None:
+        # ESLURM_ALREADY_DONE: the job finished meanwhile, which is what we wanted.
+        self._call("DELETE", self._job_path(job_id), tolerate=frozenset({_ESLURM_ALREADY_DONE}))
+        self._forget_listing()
+        log.info("site %s: cancelled job %s", self.spec.name, job_id)
+
+    # ------------------------------------------------------------------ reading jobs
+
+    def _job(self, job_id: str) -> Json:
+        """The job's raw object: from the shared listing when it is fresh and has it,
+        else asked for by id (UnknownJob when the site forgot it)."""
+        path = self._job_path(job_id)
+        listing = self._listing(max_age_s=self._listing_max_age_s)
+        if job_id in listing:
+            return listing[job_id]
+        found = [
+            j for j in api.dicts(self._call("GET", path), "jobs") if str(j.get("job_id")) == job_id
+        ]
+        if not found:
+            raise UnknownJob(self.spec.name, f"job {job_id} is not known to the site")
+        return found[0]
+
+    def _listing(self, max_age_s: float) -> dict[str, Json]:
+        """Every job slurmctld lists, shared by this process's SlurmSites of the site,
+        fetched again once older than ``max_age_s``."""
+        shared = self._shared
+        with shared.lock:
+            jobs, fetched_at = shared.jobs, shared.jobs_at
+        if jobs is not None and self._clock() - fetched_at <= max_age_s:
+            return jobs
+        started = self._clock()
+        listed = {str(j.get("job_id")): j for j in api.dicts(self._call("GET", "/jobs"), "jobs")}
+        with shared.lock:
+            if started >= shared.jobs_at:
+                shared.jobs, shared.jobs_at = listed, started
+        return listed
+
+    def _forget_listing(self) -> None:
+        with self._shared.lock:
+            self._shared.jobs, self._shared.jobs_at = None, float("-inf")
+
+    def _limits(self) -> tuple[tuple[api.SlurmPartition, ...], tuple[api.SlurmNode, ...]]:
+        shared = self._shared
+        with shared.lock:
+            if self._clock() - shared.limits_at <= LIMITS_MAX_AGE_S and shared.partitions:
+                return shared.partitions, shared.nodes
+        started = self._clock()
+        partitions = tuple(
+            api.read_partition(p) for p in api.dicts(self._call("GET", "/partitions"), "partitions")
+        )
+        nodes = tuple(api.read_node(n) for n in api.dicts(self._call("GET", "/nodes"), "nodes"))
+        with shared.lock:
+            shared.partitions, shared.nodes, shared.limits_at = partitions, nodes, started
+        return partitions, nodes
+
+    def _site_file(self, job: Json, workdir: str, pattern: str) -> str:
+        name = expand_filename_pattern(_local_part(pattern), job)
+        path = posixpath.join(_local_part(workdir), name)
+        host = _URL.match(self.spec.storage_dir or "")
+        return f"{host.group(1)}{path}" if host else path
 
     @staticmethod
-    def _observed_job(job: Json) -> ObservedJob:
-        comment = job.get("comment")
-        state = map_job_state(_state_name(job.get("job_state")))
+    def _observed_job(job: api.SlurmJob) -> ObservedJob:
+        state = map_job_state(job.state)
         return ObservedJob(
-            job_id=str(job.get("job_id")),
-            processors=_int(job, "cpus"),
+            job_id=job.job_id,
+            processors=job.cpus,
             state=state,
-            key=comment if isinstance(comment, str) and comment else None,
-            submitted_at=_epoch(job.get("submit_time")),
+            key=job.comment,
+            submitted_at=job.submit_time,
             started_at=_observed_start(job, state),
         )
 
     @staticmethod
-    def _job_status(job_id: str, job: Json) -> JobStatus:
-        state = map_job_state(_state_name(job.get("job_state")))
-        reason = str(job.get("state_reason") or "")
-        detail = str(job.get("state_description") or "")
-        reason = "; ".join(r for r in (reason, detail) if r and r != "None")
+    def _job_status(job_id: str, job: api.SlurmJob) -> JobStatus:
+        state = map_job_state(job.state)
+        reason = "; ".join(r for r in (job.reason, job.description) if r)
+        requeued_by = None
+        if state is JobState.PENDING and job.requeued:
+            requeued_by = _requeue_cause(job)
         return JobStatus(
             job_id=job_id,
             state=state,
             # Running jobs report exit_code 0 and a projected end_time: meaningless yet.
-            exit_code=decode_exit_code(job.get("exit_code")) if state.finished else None,
-            submitted_at=_epoch(job.get("submit_time")),
-            started_at=_epoch(job.get("start_time")) if state is not JobState.PENDING else None,
-            finished_at=_epoch(job.get("end_time")) if state.finished else None,
+            exit_code=job.exit_code if state.finished else None,
+            submitted_at=job.submit_time,
+            started_at=job.start_time if state is not JobState.PENDING else None,
+            finished_at=job.end_time if state.finished else None,
             reason=reason,
+            held=state is JobState.PENDING and job.held,
+            requeued_by=requeued_by,
+            restarts=job.restarts,
         )
 
     def _job_path(self, job_id: str) -> str:
@@ -514,6 +556,34 @@ class SlurmSite:
                 "site %s: could not cancel rejected job %s: %s", self.spec.name, job_id, exc
             )
 
+    # ------------------------------------------------------------------ versions
+
+    def _version(self) -> str:
+        if self.spec.api_version != api.AUTO:
+            return self.spec.api_version
+        version = self._shared.version
+        return version if version is not None else self._discover()
+
+    def _discover(self) -> str:
+        """Ask the server which versions it serves (``GET /openapi/v3``, the list every
+        release since 20.11 publishes) and keep the newest gridcore speaks."""
+        status, text = self._authorized("GET", f"{self._root}/openapi/v3", None)
+        body = self._parse("GET", "/openapi/v3", status, text)
+        self._check(status, body)
+        served = api.served_versions(body)
+        chosen = api.choose_version(served)
+        if chosen is None:
+            listed = ", ".join(served) or "no slurmctld API version"
+            raise SiteRejected(
+                self.spec.name,
+                f"slurmrestd serves {listed}; gridcore speaks {api.VERSIONS[0]} to "
+                f"{api.VERSIONS[-1]} (is slurmrestd started with -s openapi/slurmctld?)",
+            )
+        with self._shared.lock:
+            self._shared.version = chosen
+        log.info("site %s: slurmrestd serves %s; using %s", self.spec.name, served, chosen)
+        return chosen
+
     # ------------------------------------------------------------------ boundary
 
     def _call(
@@ -523,19 +593,84 @@ class SlurmSite:
         payload: Json | None = None,
         tolerate: frozenset[int] = frozenset(),
     ) -> Json:
-        status, body = self._send(method, path, payload)
+        status, body = self._exchange(method, path, payload)
         return self._check(status, body, tolerate)
 
-    def _scrub(self, text: str) -> str:
-        return text.replace(self._token, "<token>")
+    def _exchange(self, method: str, path: str, payload: Json | None = None) -> tuple[int, Json]:
+        """One API call: ``path`` under the version in use. Under ``auto``, a 404 with a
+        non-JSON body (a version the server no longer serves: the site was upgraded)
+        makes the adapter ask the server again and retry once."""
+        version = self._version()
+        status, text = self._authorized(method, f"{self._root}/slurm/{version}{path}", payload)
+        if status == 404 and not _is_json(text):
+            if self.spec.api_version != api.AUTO:
+                raise SiteRejected(
+                    self.spec.name,
+                    f"slurmrestd does not serve the pinned api_version {version} (HTTP 404 "
+                    f'on {path}); set api_version = "auto" or a version it serves',
+                )
+            log.warning(
+                "site %s: %s answers 404: asking for its versions again", self.spec.name, version
+            )
+            with self._shared.lock:
+                if self._shared.version == version:
+                    self._shared.version = None
+            version = self._version()
+            status, text = self._authorized(method, f"{self._root}/slurm/{version}{path}", payload)
+        body = self._parse(method, path, status, text)
+        self._note_release(body)
+        return status, body
 
-    def _send(self, method: str, path: str, payload: Json | None = None) -> tuple[int, Json]:
-        """One HTTP exchange -> (status, JSON object); transport and auth errors raised."""
-        url = f"{self._base}{path}"
+    def _authorized(self, method: str, url: str, payload: Json | None) -> tuple[int, str]:
+        """Send with the current token; on a refused credential read it anew and send
+        once more; refused again: CredentialRejected naming the reference."""
+        status, text = self._send(method, url, payload)
+        if not _credential_refused(status, text):
+            return status, text
+        renewed = self._renew()
+        status, text = self._send(method, url, payload)
+        if not _credential_refused(status, text):
+            return status, text
+        detail = _AUTH_ERROR if status not in _AUTH_STATUS else f"HTTP {status}"
+        again = "read anew" if renewed else "read anew (unchanged)"
+        raise CredentialRejected(
+            self.spec.name,
+            f"credential rejected ({'error ' if isinstance(detail, int) else ''}{detail}) for "
+            f"user {self._user!r} with the token from {self._tokens.describe()}, {again}: "
+            "check that the token is valid for this cluster and not expired",
+        )
+
+    def _renew(self) -> bool:
+        old = self._token
+        self._token = self._checked(self._tokens.renew())
+        return self._token != old
+
+    def _checked(self, token: str) -> str:
+        token = token.strip()
+        # requests would echo an invalid header value in its exception: refuse it here.
+        if not token or any(ch in token for ch in "\r\n\0"):
+            raise CredentialError(
+                f"site {self.spec.name}: the token from {self._tokens.describe()} is empty "
+                "or invalid"
+            )
+        return token
+
+    def _scrub(self, text: str) -> str:
+        return scrub(text, self._token)
+
+    def _send(self, method: str, url: str, payload: Json | None) -> tuple[int, str]:
+        """One HTTP exchange -> (status, text); transport failures raised."""
         site = self.spec.name
+        headers = {
+            "X-SLURM-USER-NAME": self._user,
+            "X-SLURM-USER-TOKEN": self._token,
+            "Accept": "application/json",
+        }
+        with self._shared.lock:
+            self._shared.calls += 1
         try:
             with self._session.request(
-                method, url, headers=self._headers, json=payload, timeout=self.spec.timeout_s
+                method, url, headers=headers, json=payload, timeout=self.spec.timeout_s
             ) as resp:
                 status, text = resp.status_code, resp.text
         except requests.Timeout as exc:
@@ -544,15 +679,14 @@ class SlurmSite:
             ) from exc
         except requests.RequestException as exc:
             raise SiteUnavailable(site, self._scrub(f"cannot reach {method} {url}: {exc}")) from exc
-        log.debug("site %s: %s %s -> HTTP %d", site, method, path, status)
-        if status in (401, 403):
-            ref = self.spec.token.describe() if self.spec.token else "the token reference"
-            raise SiteRejected(
-                site,
-                f"authentication rejected (check the token reference): HTTP {status} "
-                f"for user {self._headers['X-SLURM-USER-NAME']!r}, token from {ref}",
-            )
-        return status, self._parse(method, path, status, text)
+        log.debug("site %s: %s %s -> HTTP %d", site, method, url, status)
+        return status, text
+
+    def _note_release(self, body: Json) -> None:
+        found = api.release(body)
+        if found and found != self._shared.release:
+            with self._shared.lock:
+                self._shared.release = found
 
     def _parse(self, method: str, path: str, status: int, text: str) -> Json:
         try:
@@ -570,10 +704,10 @@ class SlurmSite:
 
     def _check(self, status: int, body: Json, tolerate: frozenset[int] = frozenset()) -> Json:
         """Raise for a non-empty ``errors[]`` (even on HTTP 200) or an HTTP error code."""
-        errors = _site_errors(body)
-        numbers = {_error_number(e) for e in errors}
+        errors = api.errors(body)
+        numbers = {api.error_number(e) for e in errors}
         if errors and not numbers <= tolerate:
-            text = self._scrub("; ".join(_error_text(e) for e in errors))
+            text = self._scrub("; ".join(api.error_text(e) for e in errors))
             if _ESLURM_INVALID_JOB_ID in numbers:
                 raise UnknownJob(self.spec.name, text)
             if numbers & _COMMUNICATION_ERRORS:
@@ -584,3 +718,48 @@ class SlurmSite:
         if status >= 400 and not errors:
             raise SiteRejected(self.spec.name, f"HTTP {status} without an error message")
         return body
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _credential_refused(status: int, text: str) -> bool:
+    if status in _AUTH_STATUS:
+        return True
+    if '"error_number"' not in text and '"error_code"' not in text:
+        return False
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(body, dict) and any(
+        api.error_number(e) == _AUTH_ERROR for e in api.errors(body)
+    )
+
+
+def _requeue_cause(job: api.SlurmJob) -> str:
+    """What Slurm says put the job back in the queue: a state flag beside PENDING
+    (NODE_FAIL, PREEMPTED, ...), else its reason, else that it was requeued."""
+    causes = sorted(job.flags - api.REQUEUE_WORDS - {"PENDING"})
+    if causes:
+        return ", ".join(causes)
+    if job.reason and job.reason not in ("BeginTime", "None"):
+        return job.reason
+    return "REQUEUED" if not job.flags else ", ".join(sorted(job.flags))
+
+
+def scrub(text: str, secret: str) -> str:
+    """``text`` with ``secret`` replaced by ``<token>`` where it stands as a whole word
+    (a short secret inside other words is left alone); a secret of 16 characters or more
+    is replaced wherever it appears."""
+    if not secret:
+        return text
+    if len(secret) >= 16:
+        return text.replace(secret, "<token>")
+    bounded = re.compile(rf"(?<![A-Za-z0-9._~+/=-]){re.escape(secret)}(?![A-Za-z0-9._~+/=-])")
+    return bounded.sub("<token>", text)

@@ -18,6 +18,7 @@ from requests.adapters import BaseAdapter
 
 from gridcore.errors import (
     CredentialError,
+    CredentialRejected,
     GridError,
     RequestError,
     SiteRejected,
@@ -25,7 +26,7 @@ from gridcore.errors import (
     UnknownJob,
 )
 from gridcore.model import CredentialRef, JobState, JobSubmission, SiteKind, SiteSpec
-from gridcore.sites.slurm import SlurmSite, decode_exit_code, map_job_state
+from gridcore.sites.slurm import SlurmSite, decode_exit_code, forget_shared, map_job_state
 
 TOKEN = "eyJhbGciOiJIUzI1NiJ9.c2VjcmV0LXBheWxvYWQ.s3cr3t-signature"
 BASE = "http://slurm.test:6820/slurm/v0.0.38"
@@ -77,6 +78,7 @@ def spec(**changes: Any) -> SiteSpec:
         "partition": "debug",
         "token": CredentialRef(env="GRIDCORE_SLURM_TOKEN_ALPHA"),
         "storage_dir": "/data/alpha",
+        "api_version": "v0.0.38",
         **changes,
     }
     return SiteSpec(**fields)
@@ -88,10 +90,35 @@ def session() -> Iterator[requests.Session]:
         yield sess
 
 
+# What a submission is checked against first: one 16-CPU node in partition debug.
+LIMITS: dict[tuple[str, str], Reply] = {
+    ("GET", "/partitions"): (200, {"meta": META, "errors": [], "partitions": [{"name": "debug"}]}),
+    ("GET", "/nodes"): (
+        200,
+        {
+            "meta": META,
+            "errors": [],
+            "nodes": [
+                {"name": "n1", "cpus": 16, "idle_cpus": 16, "state": "idle",
+                 "partitions": ["debug"], "real_memory": 4000}
+            ],
+        },
+    ),
+    ("GET", "/jobs"): (200, {"meta": META, "errors": [], "jobs": []}),
+}  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _fresh_adapter_caches() -> Iterator[None]:
+    forget_shared()
+    yield
+    forget_shared()
+
+
 def make_site(
     session: requests.Session, replies: Mapping[tuple[str, str], Reply], **changes: Any
 ) -> tuple[SlurmSite, FakeTransport]:
-    transport = FakeTransport(replies)
+    transport = FakeTransport({**LIMITS, **replies})
     session.mount("http://", transport)
     return SlurmSite(spec(**changes), TOKEN, session=session), transport
 
@@ -110,6 +137,8 @@ def test_errors_on_http_200_are_rejections(session: requests.Session) -> None:
     replies: dict[tuple[str, str], Reply] = {
         ("POST", "/job/submit"): (200, body(errors=errors, job_id=1004, step_id="BATCH")),
         ("DELETE", "/job/1004"): (200, body()),
+        # the nodes gridcore read allow it; the controller (changed since) does not
+        ("GET", "/nodes"): (200, body(nodes=[node("n1", 64, 0)])),
     }
     site, transport = make_site(session, replies)
     with pytest.raises(SiteRejected, match="Requested partition configuration") as err:
@@ -128,7 +157,7 @@ def test_bad_partition_carries_the_sites_text(session: requests.Session) -> None
     site, transport = make_site(session, {("POST", "/job/submit"): (500, body(errors=errors))})
     with pytest.raises(SiteRejected, match="Invalid partition name specified"):
         site.submit(JobSubmission(name="j", command="true", processors=1))
-    assert len(transport.sent) == 1
+    assert [r.method for r in transport.sent].count("POST") == 1
 
 
 def test_several_errors_are_all_reported(session: requests.Session) -> None:
@@ -142,13 +171,15 @@ def test_several_errors_are_all_reported(session: requests.Session) -> None:
     assert "environment must be set; Failure during parsing" in str(err.value)
 
 
-@pytest.mark.parametrize("status", [401, 403])
+@pytest.mark.parametrize("status", [401, 403, 511])
 def test_auth_status_codes(session: requests.Session, status: int) -> None:
-    site, _ = make_site(session, {("GET", "/ping"): (status, "Authentication failure")})
-    with pytest.raises(SiteRejected, match=r"authentication rejected \(check the token ref") as e:
+    site, transport = make_site(session, {("GET", "/ping"): (status, "Authentication failure")})
+    with pytest.raises(CredentialRejected, match=rf"credential rejected \(HTTP {status}\)") as e:
         site.ping()
     assert "env:GRIDCORE_SLURM_TOKEN_ALPHA" in str(e.value)
     assert_no_token(e.value)
+    # read anew and tried once more, then given up
+    assert [r.path_url for r in transport.sent] == ["/slurm/v0.0.38/ping"] * 2
 
 
 def test_rejected_token_gets_a_hint(session: requests.Session) -> None:
@@ -211,10 +242,21 @@ def test_controller_unreachable_errno_is_unavailable(session: requests.Session) 
         site.ping()
 
 
-def test_controller_down_ping(session: requests.Session) -> None:
-    site, _ = make_site(session, {("GET", "/ping"): (200, body(pings=[{"ping": "DOWN"}]))})
-    with pytest.raises(SiteUnavailable, match="no controller is UP"):
+def test_controller_down_ping_is_confirmed_by_a_data_call(session: requests.Session) -> None:
+    down = [{"error_number": 1001, "error": "Unable to contact slurm controller"}]
+    replies: dict[tuple[str, str], Reply] = {
+        ("GET", "/ping"): (200, body(pings=[{"ping": "DOWN"}])),
+        ("GET", "/partitions"): (500, body(errors=down)),
+    }
+    site, _ = make_site(session, replies)
+    with pytest.raises(SiteUnavailable, match="Unable to contact slurm controller"):
         site.ping()
+
+
+def test_ping_down_but_data_answered_is_up(session: requests.Session) -> None:
+    site, transport = make_site(session, {("GET", "/ping"): (200, body(pings=[{"ping": "DOWN"}]))})
+    site.ping()
+    assert [r.path_url for r in transport.sent][-1] == "/slurm/v0.0.38/partitions"
 
 
 def test_unknown_job(session: requests.Session) -> None:
@@ -334,7 +376,7 @@ def test_submit_payload_and_headers(session: requests.Session) -> None:
     )
     job = JobSubmission(name="m1", command="echo hi", processors=4, env={"A": "1"})
     assert site.submit(job) == "1000"
-    [request] = transport.sent
+    [request] = [r for r in transport.sent if r.method == "POST"]
     assert request.headers["X-SLURM-USER-NAME"] == "root"
     assert request.headers["X-SLURM-USER-TOKEN"] == TOKEN
     sent = json.loads(request.body or b"")
@@ -343,7 +385,7 @@ def test_submit_payload_and_headers(session: requests.Session) -> None:
         "job": {
             "name": "m1",
             "partition": "debug",
-            "ntasks": 1,
+            "tasks": 1,
             "cpus_per_task": 4,
             "current_working_directory": "/data/alpha",
             "standard_output": "/data/alpha/m1-%j.out",
