@@ -170,7 +170,7 @@ class GridRuntime:
 
         if spec.token is None:
             raise RequestError(f"site {spec.name}: slurm sites need a token reference")
-        return SlurmSite(spec, credentials.resolve(spec.token))
+        return SlurmSite(spec, credentials.token_source(spec.token, spec.name))
 
     # -- monitoring ------------------------------------------------------------------
 

@@ -57,6 +57,7 @@ from typing import Any, Protocol
 
 import requests
 
+from gridcore import credentials
 from gridcore.errors import (
     ConfigError,
     CredentialError,
@@ -137,7 +138,7 @@ class TokenProvider(Protocol):
 
     def token(self) -> str: ...
 
-    def renew(self) -> str: ...
+    def renew(self, rejected: str | None = None) -> str: ...
 
     def describe(self) -> str: ...
 
@@ -152,7 +153,7 @@ class FixedToken:
     def token(self) -> str:
         return self.value
 
-    def renew(self) -> str:
+    def renew(self, rejected: str | None = None) -> str:
         return self.value
 
     def describe(self) -> str:
@@ -642,7 +643,7 @@ class SlurmSite:
 
     def _renew(self) -> bool:
         old = self._token
-        self._token = self._checked(self._tokens.renew())
+        self._token = self._checked(self._tokens.renew(rejected=old))
         return self._token != old
 
     def _checked(self, token: str) -> str:
@@ -656,11 +657,13 @@ class SlurmSite:
         return token
 
     def _scrub(self, text: str) -> str:
-        return scrub(text, self._token)
+        return credentials.scrub(text, self._token)
 
     def _send(self, method: str, url: str, payload: Json | None) -> tuple[int, str]:
         """One HTTP exchange -> (status, text); transport failures raised."""
         site = self.spec.name
+        # A file reference that changed, or a command whose JWT nears its exp, renews here.
+        self._token = self._checked(self._tokens.token())
         headers = {
             "X-SLURM-USER-NAME": self._user,
             "X-SLURM-USER-TOKEN": self._token,
@@ -751,15 +754,3 @@ def _requeue_cause(job: api.SlurmJob) -> str:
     if job.reason and job.reason not in ("BeginTime", "None"):
         return job.reason
     return "REQUEUED" if not job.flags else ", ".join(sorted(job.flags))
-
-
-def scrub(text: str, secret: str) -> str:
-    """``text`` with ``secret`` replaced by ``<token>`` where it stands as a whole word
-    (a short secret inside other words is left alone); a secret of 16 characters or more
-    is replaced wherever it appears."""
-    if not secret:
-        return text
-    if len(secret) >= 16:
-        return text.replace(secret, "<token>")
-    bounded = re.compile(rf"(?<![A-Za-z0-9._~+/=-]){re.escape(secret)}(?![A-Za-z0-9._~+/=-])")
-    return bounded.sub("<token>", text)
