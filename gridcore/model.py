@@ -80,8 +80,14 @@ class JobResources:
             constraint=self.constraint if self.constraint is not None else defaults.constraint,
         )
 
+    @property
+    def is_empty(self) -> bool:
+        """Nothing asked: every field unset."""
+        return self == NO_RESOURCES
+
     def as_json(self) -> dict[str, object]:
-        """The fields that are set, as plain JSON (XCom, ``--json``)."""
+        """The fields that are set, as plain JSON (XCom, ``--json``, the state database's
+        JSON columns); :meth:`from_json` inverts it."""
         out: dict[str, object] = {}
         for key in ("time_limit_s", "account", "qos", "partition", "constraint"):
             value = getattr(self, key)
@@ -93,6 +99,32 @@ class JobResources:
         if self.gpus:
             out["gpus"] = self.gpus
         return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object] | None) -> JobResources:
+        """The resources :meth:`as_json` wrote (None or ``{}``: nothing asked). Stored
+        values only: user input is checked by ``gridcore.validation.check_resources``."""
+        if not data:
+            return NO_RESOURCES
+
+        def text(key: str) -> str | None:
+            value = data.get(key)
+            return None if value is None else str(value)
+
+        def number(key: str) -> int | None:
+            value = data.get(key)
+            return None if value is None else int(str(value))
+
+        return cls(
+            time_limit_s=number("time_limit_s"),
+            account=text("account"),
+            qos=text("qos"),
+            partition=text("partition"),
+            memory_mib=number("memory_mib"),
+            memory_per=MemoryScope(str(data.get("memory_per", MemoryScope.NODE.value))),
+            gpus=number("gpus") or 0,
+            constraint=text("constraint"),
+        )
 
 
 NO_RESOURCES = JobResources()
@@ -463,6 +495,8 @@ class CoAllocationRequest:
     input_file: InputFile | None = None
     priority: Priority = Priority.LOW
     flexible: FlexibleOptions = field(default_factory=FlexibleOptions)
+    # what every component asks of its site (each component's site fills what is unset)
+    resources: JobResources = NO_RESOURCES
 
     @property
     def processors(self) -> int:
@@ -546,6 +580,9 @@ class CoReservationRequest:
     sites: tuple[str, ...] | None = None
     # a static machine file: (site, virtual jobs) pinned instead of selected (Eq. 1)
     machine_file: tuple[tuple[str, int], ...] | None = None
+    # what the command asks of each cluster; ``time_limit_s`` is the command's own: each
+    # pilot asks for its reservation's lifetime more (gridcore.engine.coreservation)
+    resources: JobResources = NO_RESOURCES
 
     @property
     def virtual_jobs(self) -> int:

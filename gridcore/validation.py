@@ -11,7 +11,12 @@ pydantic v2 models check types and limits and convert into the frozen domain typ
   :func:`check_coallocation_submission` (request + command + quota; KOALA's
   ``KoalaEngine.submit`` checks the placement policy itself);
 * :func:`check_logical_name` (the replica catalog's names); :func:`check_choice` (an
-  enum option given beside a request: selection protocol, placement policy).
+  enum option given beside a request: selection protocol, placement policy);
+* :func:`check_resources` -> :class:`~gridcore.model.JobResources`: what a job asks of a
+  cluster besides processors, under the same names everywhere (operators, the grid
+  file's ``[sites.NAME.defaults]``, the pipeline file, :data:`RESOURCE_KEYS`), parsed
+  here once: ``time_limit`` (:func:`parse_duration`) and ``memory`` /
+  ``memory_per_cpu`` (:func:`parse_memory`).
 
 Each accepts the domain dataclass (re-checked, as its types are not enforced) or a plain
 mapping (operators, JSON). Every refusal is ONE line naming the field, raised as
@@ -30,6 +35,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import fractions
+import math
 import posixpath
 import re
 import shlex
@@ -39,6 +46,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     HttpUrl,
@@ -55,6 +63,7 @@ from pydantic_core import PydanticCustomError
 
 from gridcore.errors import ConfigError, RequestError
 from gridcore.model import (
+    NO_RESOURCES,
     ORIGIN,
     CoAllocationRequest,
     Component,
@@ -65,7 +74,9 @@ from gridcore.model import (
     GridSpec,
     InputFile,
     JobRequest,
+    JobResources,
     JobSubmission,
+    MemoryScope,
     Priority,
     RequestKind,
     SiteKind,
@@ -346,6 +357,242 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, from_attributes=True)
 
 
+# -- job resources ----------------------------------------------------------------------
+# What a cluster asks of a job besides its processors, named as sbatch names them. Parsed
+# here ONCE into JobResources (whole seconds, MiB); every other module reads that.
+
+RESOURCE_KEYS = (
+    "time_limit",
+    "account",
+    "qos",
+    "partition",
+    "memory",
+    "memory_per_cpu",
+    "gpus",
+    "constraint",
+)
+DURATION_HINT = "use 90s, 10m, 2h, 1d or D-HH:MM:SS"
+MEMORY_HINT = "use 512M, 4G, 1T or an integer of MiB"
+CONSTRAINT_MAX = 1024
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_UNIT_MIB = {
+    unit: fractions.Fraction(1024**power, 1024)
+    for power, unit in enumerate(("k", "m", "g", "t"))
+}
+_SUFFIXED = re.compile(r"(\d+)\s*([smhd])", re.IGNORECASE)
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)", re.IGNORECASE)
+_NUMBER = re.compile(r"\d+")
+# Slurm's feature expressions: names joined by & | , with ( ) [ ] and *N counts
+_CONSTRAINT = r"^[A-Za-z0-9_.:+@/&|,()\[\]*!-]+$"
+
+
+class _NotADuration(ValueError):
+    """Why a text is not a duration (the caller words the refusal)."""
+
+
+def parse_duration(value: str) -> int:
+    """Whole seconds of a duration: ``90s``, ``10m``, ``2h``, ``1d`` (case-insensitive), or
+    Slurm's ``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS`` (so a
+    bare ``"90"`` is 90 minutes, as ``sbatch --time=90``). Only the leading field may
+    exceed its clock range (``90:00`` is 90 minutes; ``1:75:00`` is refused). ValueError
+    saying why otherwise (the number may still be 0: the caller bounds it)."""
+    text = value.strip()
+    suffixed = _SUFFIXED.fullmatch(text)
+    if suffixed:
+        return int(suffixed.group(1)) * _UNIT_S[suffixed.group(2).lower()]
+    days, dash, clock = text.rpartition("-")
+    fields = clock.split(":")
+    if (dash and not _NUMBER.fullmatch(days)) or not all(_NUMBER.fullmatch(f) for f in fields):
+        raise _NotADuration("")
+    numbers = [int(f) for f in fields]
+    if dash:
+        # D-HH, D-HH:MM, D-HH:MM:SS: hours, minutes and seconds stay in their range
+        if len(numbers) > 3:
+            raise _NotADuration("")
+        _in_clock_range(numbers, ("hours", "minutes", "seconds"), leading=False)
+        h, m, sec = (*numbers, 0, 0)[:3]
+        return int(days) * 86400 + h * 3600 + m * 60 + sec
+    names = {1: ("minutes",), 2: ("minutes", "seconds"), 3: ("hours", "minutes", "seconds")}
+    if len(numbers) not in names:
+        raise _NotADuration("")
+    _in_clock_range(numbers, names[len(numbers)], leading=True)
+    weights = {1: (60,), 2: (60, 1), 3: (3600, 60, 1)}[len(numbers)]
+    return sum(n * w for n, w in zip(numbers, weights, strict=True))
+
+
+def _in_clock_range(numbers: list[int], names: tuple[str, ...], *, leading: bool) -> None:
+    for i, (number, name) in enumerate(zip(numbers, names, strict=True)):
+        if i == 0 and leading:
+            continue  # MM:SS may say 90:00, HH:MM:SS 36:00:00
+        top = 23 if name == "hours" else 59
+        if number > top:
+            raise _NotADuration(f"{name} must be 0-{top}")
+
+
+def parse_memory(value: str) -> int:
+    """MiB of a memory size: ``512M``, ``4G``, ``1T``, ``1024K`` (binary units, as Slurm's;
+    case-insensitive; ``1.5G`` is 1536), a bare number being MiB; rounded up to a whole
+    MiB. ValueError otherwise."""
+    found = _SIZE.fullmatch(value.strip())
+    if not found:
+        raise ValueError(value)
+    mib = fractions.Fraction(found.group(1)) * _UNIT_MIB[(found.group(2) or "m").lower()]
+    return math.ceil(mib)
+
+
+def _time_limit(value: Any, handler: ValidatorFunctionWrapHandler) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise _refused(
+            f"must be a duration ({DURATION_HINT}) or an integer of seconds,"
+            f" got {shown_value(value)}"
+        )
+    if isinstance(value, str):
+        try:
+            seconds = parse_duration(value)
+        except _NotADuration as exc:
+            why = f"{exc}; " if str(exc) else ""
+            shown = shown_value(value)
+            raise _refused(f"{shown} is not a duration ({why}{DURATION_HINT})") from None
+    else:
+        seconds = value
+    if not 1 <= seconds <= INT32_MAX:
+        raise _refused(
+            f"must be from 1 second to {INT32_MAX} seconds, got {shown_value(value)}"
+        )
+    return seconds
+
+
+def _memory(value: Any, handler: ValidatorFunctionWrapHandler) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise _refused(f"must be a memory size ({MEMORY_HINT}), got {shown_value(value)}")
+    if isinstance(value, str):
+        try:
+            mib = parse_memory(value)
+        except ValueError:
+            raise _refused(
+                f"{shown_value(value)} is not a memory size ({MEMORY_HINT})"
+            ) from None
+    else:
+        mib = value
+    if not 1 <= mib <= INT32_MAX:
+        raise _refused(f"must be from 1 MiB to {INT32_MAX} MiB, got {shown_value(value)}")
+    return mib
+
+
+TimeLimit = Annotated[int, WrapValidator(_time_limit)]
+Memory = Annotated[int, WrapValidator(_memory)]
+Gpus = Annotated[
+    int,
+    Field(strict=True, ge=0, le=INT32_MAX),
+    _worded(f"must be an integer of GPUs >= 0 (at most {INT32_MAX})"),
+]
+Constraint = Annotated[
+    str,
+    _string(CONSTRAINT_MAX, _CONSTRAINT),
+    _text_worded(
+        CONSTRAINT_MAX,
+        "must be a Slurm feature expression: feature names (letters, digits, _ . : + @ / -)"
+        " joined by & | , with ( ) [ ] and *N counts, no spaces",
+    ),
+]
+
+
+class _Resources(_Model):
+    time_limit: TimeLimit | None = None
+    account: ShortText | None = None
+    qos: ShortText | None = None
+    partition: ShortText | None = None
+    memory: Memory | None = None
+    memory_per_cpu: Memory | None = None
+    gpus: Gpus = 0
+    constraint: Constraint | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, raw: Any) -> Any:
+        if isinstance(raw, Mapping):
+            for key in raw:
+                if key not in RESOURCE_KEYS:
+                    raise _refused(f"unknown key (known: {', '.join(RESOURCE_KEYS)})", str(key))
+        return raw
+
+    @model_validator(mode="after")
+    def _one_memory(self) -> _Resources:
+        if self.memory is not None and self.memory_per_cpu is not None:
+            raise _refused(
+                "give memory (per node) or memory_per_cpu, not both", "memory_per_cpu"
+            )
+        return self
+
+    def resources(self) -> JobResources:
+        per_cpu = self.memory_per_cpu is not None
+        return JobResources(
+            time_limit_s=self.time_limit,
+            account=self.account,
+            qos=self.qos,
+            partition=self.partition,
+            memory_mib=self.memory_per_cpu if per_cpu else self.memory,
+            memory_per=MemoryScope.CPU if per_cpu else MemoryScope.NODE,
+            gpus=self.gpus,
+            constraint=self.constraint,
+        )
+
+
+def resource_keys(resources: JobResources) -> dict[str, Any]:
+    """``resources`` under the names users write (:data:`RESOURCE_KEYS`), the set ones
+    only: whole seconds and MiB as integers, which :func:`check_resources` reads back to
+    equal resources (the pipeline file's writer, re-checks)."""
+    keys: dict[str, Any] = {
+        "time_limit": resources.time_limit_s,
+        "account": resources.account,
+        "qos": resources.qos,
+        "partition": resources.partition,
+    }
+    memory = "memory_per_cpu" if resources.memory_per is MemoryScope.CPU else "memory"
+    keys[memory] = resources.memory_mib
+    keys["gpus"] = resources.gpus or None
+    keys["constraint"] = resources.constraint
+    return {key: value for key, value in keys.items() if value is not None}
+
+
+def _resource_mapping(value: Any) -> Any:
+    """A :class:`JobResources` (a dataclass field re-checked) as the keys users write."""
+    if value is None:
+        return {}
+    if isinstance(value, JobResources):
+        return resource_keys(value)
+    return value
+
+
+Resources = Annotated[_Resources, BeforeValidator(_resource_mapping)]
+
+
+def check_resources(
+    value: object,
+    *,
+    root: tuple[str, ...] = (),
+    error: Callable[[str, str], Exception] | None = None,
+) -> JobResources:
+    """What a job asks of a cluster besides processors, from the keys users write
+    (:data:`RESOURCE_KEYS`; None values are unset) or a :class:`JobResources` re-checked.
+    A refusal is one line naming the field (``time_limit: '10x' is not a duration (use
+    90s, 10m, 2h, 1d or D-HH:MM:SS)``), raised as RequestError, or as ``error(field,
+    problem)`` (the pipeline file names its own place); ``root`` prefixes the field."""
+    if value is not None and not isinstance(value, JobResources | Mapping):
+        field, problem = _field(root), f"must be a table of resources, got {shown_value(value)}"
+    else:
+        raw = _resource_mapping(value)
+        if isinstance(raw, Mapping):
+            raw = {key: item for key, item in raw.items() if item is not None}
+        try:
+            return _Resources.model_validate(raw).resources()
+        except ValidationError as exc:
+            field, problem = _one_line(exc, root)
+    if error is not None:
+        raise error(field, problem)
+    raise RequestError(f"{field}: {problem}" if field else problem)
+
+
 # -- the grid description -------------------------------------------------------------
 
 
@@ -424,6 +671,8 @@ class _Site(_Model):
     token: Credential | None = None
     api_version: ApiVersion = "v0.0.38"
     timeout_s: Positive = 10.0
+    # what every job at the site asks for unless its request says otherwise
+    defaults: Resources | None = None
 
     @model_validator(mode="after")
     def _fields_of_kind(self) -> _Site:
@@ -431,6 +680,8 @@ class _Site(_Model):
             slurm_only = sorted(self.model_fields_set & _SLURM_ONLY)
             if slurm_only:
                 raise _refused(f"key(s) {slurm_only} only apply to slurm")
+            if self.defaults is not None and self.defaults.gpus:
+                raise _refused("a local site has no GPUs", "defaults", "gpus")
         elif self.url is None:
             raise _refused("slurm sites need an http(s) slurmrestd URL, got None", "url")
         return self
@@ -450,6 +701,7 @@ class _Site(_Model):
             token=None if self.token is None else CredentialRef(**self.token.model_dump()),
             api_version=self.api_version,
             timeout_s=self.timeout_s,
+            defaults=NO_RESOURCES if self.defaults is None else self.defaults.resources(),
         )
 
 
@@ -542,6 +794,11 @@ class _JobSubmission(_Model):
     processors: Count
     workdir: WorkDir | None = None
     env: dict[EnvName, EnvValue] = Field(default_factory=dict)
+    resources: Resources | None = None
+
+
+def _resources_of(checked: _Resources | None) -> JobResources:
+    return NO_RESOURCES if checked is None else checked.resources()
 
 
 class _Component(_Model):
@@ -568,6 +825,7 @@ class _CoAllocationRequest(_Model):
     input_file: _InputFile | None = None
     priority: PriorityChoice = Priority.LOW
     flexible: _Flexible = Field(default_factory=_Flexible)
+    resources: Resources | None = None
 
     @model_validator(mode="after")
     def _shape_of_kind(self, info: ValidationInfo) -> _CoAllocationRequest:
@@ -636,6 +894,7 @@ class _CoAllocationRequest(_Model):
             else InputFile(self.input_file.logical_name, FileDelivery(self.input_file.delivery)),
             Priority(self.priority),
             FlexibleOptions(flexible.min_component_size, flexible.max_components, flexible.splits),
+            _resources_of(self.resources),
         )
 
 
@@ -659,12 +918,20 @@ def check_selection_stream(stream: Any) -> str:
 
 
 def check_job_submission(job: JobSubmission | Mapping[str, Any]) -> JobSubmission:
-    """What a site will run: its name, command, processors, workdir and environment."""
+    """What a site will run: its name, command, processors, workdir, environment and
+    resources (:func:`check_resources`)."""
     checked = _validated(_JobSubmission, job, RequestError, root=("job",))
     if isinstance(job, JobSubmission):
         return job  # its fields are as checked; fields the check does not cover stay
     env = MappingProxyType(dict(checked.env))
-    return JobSubmission(checked.name, checked.command, checked.processors, checked.workdir, env)
+    return JobSubmission(
+        checked.name,
+        checked.command,
+        checked.processors,
+        checked.workdir,
+        env,
+        resources=_resources_of(checked.resources),
+    )
 
 
 def check_coallocation_request(
@@ -703,6 +970,7 @@ class _CoReservationRequest(_Model):
     workdir: WorkDir | None = None
     sites: tuple[SiteName, ...] | None = None
     machine_file: dict[SiteName, Count] | None = None
+    resources: Resources | None = None
 
     @model_validator(mode="after")
     def _shape(self, info: ValidationInfo) -> _CoReservationRequest:
@@ -751,6 +1019,7 @@ class _CoReservationRequest(_Model):
             self.workdir,
             self.sites,
             None if self.machine_file is None else tuple(self.machine_file.items()),
+            _resources_of(self.resources),
         )
 
 
