@@ -1,0 +1,517 @@
+"""The Slurm adapter across REST versions v0.0.38 (22.05) to v0.0.45 (26.05): version
+discovery, the request builder per version family, the tolerant reader, renewed
+credentials, requeues and holds, requests refused before they reach Slurm, and the one
+shared job listing. Canned answers in each version's shape through a fake transport on a
+real ``requests.Session`` (no network); the live counterpart is tests/slurm/.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import requests
+from requests.adapters import BaseAdapter
+
+from gridcore.errors import CredentialRejected, RequestError, SiteRejected, UnknownJob
+from gridcore.model import (
+    CredentialRef,
+    JobResources,
+    JobState,
+    JobSubmission,
+    MemoryScope,
+    SiteKind,
+    SiteSpec,
+)
+from gridcore.sites import slurm_api as api
+from gridcore.sites.slurm import SlurmSite, forget_shared
+
+ROOT = "http://slurm.test:6820"
+TOKEN = "eyJhbGciOiJIUzI1NiJ9.eyJleHAiOjF9.old-signature-0123456789"
+NEW_TOKEN = "eyJhbGciOiJIUzI1NiJ9.eyJleHAiOjJ9.new-signature-0123456789"
+
+Reply = tuple[int, Any]
+
+
+def meta(release: str = "26.05.5") -> dict[str, Any]:
+    return {"slurm": {"release": release, "version": {"major": "26", "minor": "05"}}}
+
+
+def ok(**fields: Any) -> dict[str, Any]:
+    return {"meta": meta(), "errors": [], "warnings": [], **fields}
+
+
+def openapi(*versions: str) -> dict[str, Any]:
+    paths = {f"/slurm/{v}/{p}": {} for v in versions for p in ("ping", "jobs", "job/submit")}
+    return {"openapi": "3.0.2", "paths": {**paths, "/slurmdb/v0.0.45/jobs": {}}}
+
+
+class FakeSlurm(BaseAdapter):
+    """Answers (method, path after the root) from a table, each entry a reply or a list
+    of replies given in turn; records every request."""
+
+    def __init__(self, replies: Mapping[tuple[str, str], Reply | list[Reply]]) -> None:
+        super().__init__()
+        self.replies = {k: list(v) if isinstance(v, list) else [v] for k, v in replies.items()}
+        self.sent: list[requests.PreparedRequest] = []
+
+    def send(  # type: ignore[override]
+        self, request: requests.PreparedRequest, **kwargs: Any
+    ) -> requests.Response:
+        self.sent.append(request)
+        path = (request.url or "").removeprefix(ROOT)
+        queue = self.replies[(request.method or "", path)]
+        status, body = queue.pop(0) if len(queue) > 1 else queue[0]
+        resp = requests.Response()
+        resp.status_code = status
+        resp.raw = io.BytesIO((body if isinstance(body, str) else json.dumps(body)).encode())
+        resp.encoding = "utf-8"
+        resp.request = request
+        resp.url = request.url or ""
+        return resp
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+    def paths(self) -> list[str]:
+        return [f"{r.method} {(r.url or '').removeprefix(ROOT)}" for r in self.sent]
+
+    def bodies(self) -> list[dict[str, Any]]:
+        return [json.loads(r.body or b"") for r in self.sent if r.method == "POST"]
+
+
+@dataclass
+class Tokens:
+    """A token reference that renews to NEW_TOKEN (a file rewritten, a command re-run)."""
+
+    current: str = TOKEN
+    renewals: list[str | None] = field(default_factory=list)
+
+    def token(self) -> str:
+        return self.current
+
+    def renew(self, rejected: str | None = None) -> str:
+        self.renewals.append(rejected)
+        self.current = NEW_TOKEN
+        return self.current
+
+    def describe(self) -> str:
+        return "command:scontrol token lifespan=3600"
+
+
+def spec(**changes: Any) -> SiteSpec:
+    fields: dict[str, Any] = {
+        "name": "alpha",
+        "kind": SiteKind.SLURM,
+        "processors": 16,
+        "url": ROOT,
+        "partition": "debug",
+        "token": CredentialRef(command="scontrol token lifespan=3600"),
+        "storage_dir": "/data/alpha",
+        **changes,
+    }
+    return SiteSpec(**fields)
+
+
+def cluster(
+    version: str, *, gpus: int = 0, max_minutes: Any = None
+) -> dict[tuple[str, str], Reply]:
+    """A 16-CPU, 4000 MiB node in partition debug, answered in ``version``'s shapes."""
+    base = f"/slurm/{version}"
+    if api.minor(version) >= 40:
+        limit = max_minutes if max_minutes is not None else {"set": True, "infinite": True}
+        partition = {"name": "debug", "maximums": {"time": limit}, "partition": {"state": ["UP"]}}
+        node = {"name": "n1", "cpus": 16, "alloc_cpus": 0, "alloc_idle_cpus": 16,
+                "state": ["IDLE"], "partitions": ["debug"], "real_memory": 4000,
+                "gres": f"gpu:a100:{gpus}(S:0)" if gpus else ""}  # fmt: skip
+    else:
+        partition = {"name": "debug", "maximum_time": max_minutes or api_infinite()}
+        node = {"name": "n1", "cpus": 16, "alloc_cpus": 0, "idle_cpus": 16, "state": "idle",
+                "partitions": ["debug"], "real_memory": 4000,
+                "gres": f"gpu:{gpus}" if gpus else ""}  # fmt: skip
+    return {
+        ("GET", "/openapi/v3"): (200, openapi(version)),
+        ("GET", f"{base}/partitions"): (200, ok(partitions=[partition])),
+        ("GET", f"{base}/nodes"): (200, ok(nodes=[node])),
+        ("GET", f"{base}/jobs"): (200, ok(jobs=[])),
+    }
+
+
+def api_infinite() -> int:
+    return 0xFFFFFFFF
+
+
+@pytest.fixture(autouse=True)
+def _fresh_adapter_caches() -> Iterator[None]:
+    forget_shared()
+    yield
+    forget_shared()
+
+
+@pytest.fixture
+def session() -> Iterator[requests.Session]:
+    with requests.Session() as sess:
+        yield sess
+
+
+def make_site(
+    session: requests.Session,
+    replies: Mapping[tuple[str, str], Reply | list[Reply]],
+    tokens: Tokens | None = None,
+    **changes: Any,
+) -> tuple[SlurmSite, FakeSlurm]:
+    fake = FakeSlurm(replies)
+    session.mount("http://", fake)
+    return SlurmSite(spec(**changes), tokens or Tokens(), session=session), fake
+
+
+JOB = JobSubmission(name="m1", command="echo hi", processors=4, env={"A": "1"}, key="gc-k1")
+
+
+# --------------------------------------------------------------------------- versions
+
+
+@pytest.mark.parametrize(
+    ("served", "chosen"),
+    [
+        (("v0.0.36", "v0.0.37", "v0.0.38"), "v0.0.38"),  # 22.05
+        (("v0.0.38", "v0.0.39", "v0.0.40"), "v0.0.40"),  # 23.11
+        (("v0.0.40", "v0.0.41", "v0.0.42"), "v0.0.42"),  # 24.11
+        (("v0.0.42", "v0.0.43", "v0.0.44", "v0.0.45"), "v0.0.45"),  # 26.05
+        (("v0.0.44", "v0.0.45", "v0.0.46"), "v0.0.45"),  # a future release
+        (("v0.0.36", "v0.0.37"), None),  # too old
+    ],
+)
+def test_the_newest_common_version_is_chosen(served: tuple[str, ...], chosen: str | None) -> None:
+    assert api.served_versions(openapi(*served)) == served
+    assert api.choose_version(served) == chosen
+
+
+def test_auto_asks_the_server_once_per_process(session: requests.Session) -> None:
+    site, fake = make_site(session, {**cluster("v0.0.45"), ("GET", "/slurm/v0.0.45/ping"): (
+        200, ok(pings=[{"hostname": "c", "responding": True, "latency": 10}]))})  # fmt: skip
+    site.ping()
+    again = SlurmSite(spec(), Tokens(), session=session)
+    again.ping()
+    assert again.api_version == "v0.0.45"
+    assert again.release == "26.05.5"
+    assert fake.paths() == [
+        "GET /openapi/v3",
+        "GET /slurm/v0.0.45/ping",
+        "GET /slurm/v0.0.45/ping",
+    ]
+
+
+def test_an_upgraded_site_is_asked_again_after_a_404(session: requests.Session) -> None:
+    # Cached v0.0.38 from before the upgrade; the server now serves v0.0.42 only.
+    replies: dict[tuple[str, str], Reply | list[Reply]] = {
+        ("GET", "/openapi/v3"): [(200, openapi("v0.0.38")), (200, openapi("v0.0.40", "v0.0.42"))],
+        ("GET", "/slurm/v0.0.38/ping"): [(200, ok(pings=[{"ping": "UP"}])), (404, "Not Found")],
+        ("GET", "/slurm/v0.0.42/ping"): (200, ok(pings=[{"responding": True}])),
+    }
+    site, fake = make_site(session, replies)
+    site.ping()
+    site.ping()
+    assert site.api_version == "v0.0.42"
+    assert fake.paths()[-3:] == [
+        "GET /slurm/v0.0.38/ping",
+        "GET /openapi/v3",
+        "GET /slurm/v0.0.42/ping",
+    ]
+
+
+def test_a_pinned_version_the_server_lacks_says_so(session: requests.Session) -> None:
+    replies = {("GET", "/slurm/v0.0.38/ping"): (404, "Not Found")}
+    site, _ = make_site(session, replies, api_version="v0.0.38")
+    with pytest.raises(SiteRejected, match=r'pinned api_version v0.0.38 .*"auto"'):
+        site.ping()
+
+
+def test_a_server_without_a_version_gridcore_speaks(session: requests.Session) -> None:
+    site, _ = make_site(session, {("GET", "/openapi/v3"): (200, openapi("v0.0.36"))})
+    with pytest.raises(SiteRejected, match=r"serves v0\.0\.36; gridcore speaks v0\.0\.38 to v0\.0\.45"):
+        site.ping()
+
+
+# --------------------------------------------------------------------------- ping
+
+
+@pytest.mark.parametrize(
+    ("pings", "up"),
+    [
+        ([{"ping": "UP"}], True),  # v0.0.38
+        ([{"pinged": "UP"}], True),  # v0.0.40, 41
+        ([{"pinged": "UP", "responding": True}], True),  # v0.0.42-44
+        ([{"responding": True, "status": 0}], True),  # v0.0.45
+        ([{"responding": False, "pinged": "DOWN"}], False),
+        ([{"ping": "DOWN"}, {"ping": "UP"}], True),  # a backup controller answers
+        ([], False),
+    ],
+)
+def test_every_versions_ping(pings: list[dict[str, Any]], up: bool) -> None:
+    assert api.responding({"pings": pings}) is up
+
+
+def test_a_bad_token_looks_like_a_dead_controller_until_a_data_call(
+    session: requests.Session,
+) -> None:
+    # 24.11+: /ping says responding false for a bad token; data calls answer 511/1007.
+    auth = {"error_number": 1007, "error": "Protocol authentication error"}
+    replies: dict[tuple[str, str], Reply | list[Reply]] = {
+        **cluster("v0.0.42"),
+        ("GET", "/slurm/v0.0.42/ping"): (200, ok(pings=[{"responding": False}])),
+        ("GET", "/slurm/v0.0.42/partitions"): (511, ok(errors=[auth])),
+    }
+    tokens = Tokens()
+    site, fake = make_site(session, replies, tokens)
+    with pytest.raises(CredentialRejected) as err:
+        site.ping()
+    text = str(err.value)
+    assert "credential rejected (HTTP 511)" in text
+    assert "command:scontrol token lifespan=3600" in text
+    assert TOKEN not in text and NEW_TOKEN not in text
+    assert tokens.renewals == [TOKEN]  # renewed once, then given up
+    assert fake.paths().count("GET /slurm/v0.0.42/partitions") == 2
+
+
+def test_a_renewed_token_is_used_and_the_call_succeeds(session: requests.Session) -> None:
+    auth = {"error_number": 1007, "error": "Protocol authentication error"}
+    replies: dict[tuple[str, str], Reply | list[Reply]] = {
+        **cluster("v0.0.45"),
+        ("GET", "/slurm/v0.0.45/jobs"): [(500, ok(errors=[auth])), (200, ok(jobs=[]))],
+    }
+    site, fake = make_site(session, replies)
+    assert site.find("gc-k1") is None
+    tokens_sent = [r.headers["X-SLURM-USER-TOKEN"] for r in fake.sent if "jobs" in (r.url or "")]
+    assert tokens_sent == [TOKEN, NEW_TOKEN]
+
+
+# --------------------------------------------------------------------------- requests
+
+
+def test_v0_0_38_body(session: requests.Session) -> None:
+    res = JobResources(time_limit_s=90, account="proj", qos="normal", memory_mib=2048,
+                       gpus=0, constraint="avx2")  # fmt: skip
+    job = JobSubmission(name="m1", command="echo hi", processors=4, key="gc-k1", resources=res)
+    replies = {**cluster("v0.0.38"), ("POST", "/slurm/v0.0.38/job/submit"): (200, ok(job_id=7))}
+    site, fake = make_site(session, replies)
+    assert site.submit(job) == "7"
+    [body] = fake.bodies()
+    assert body == {
+        "script": "#!/bin/bash\necho hi\n",
+        "job": {
+            "name": "m1",
+            "comment": "gc-k1",
+            "partition": "debug",
+            "tasks": 1,
+            "cpus_per_task": 4,
+            "current_working_directory": "/data/alpha",
+            "standard_output": "/data/alpha/m1-%j.out",
+            "standard_error": "/data/alpha/m1-%j.err",
+            "environment": {"PATH": "/usr/local/bin:/usr/bin:/bin"},
+            "time_limit": 2,  # 90 s: whole minutes, rounded up
+            "memory_per_node": 2048,
+            "account": "proj",
+            "qos": "normal",
+            "constraints": "avx2",
+        },
+    }
+
+
+@pytest.mark.parametrize("version", ["v0.0.40", "v0.0.41", "v0.0.42", "v0.0.45"])
+def test_newer_bodies(session: requests.Session, version: str) -> None:
+    res = JobResources(time_limit_s=600, memory_mib=512, memory_per=MemoryScope.CPU, gpus=2,
+                       partition="debug")  # fmt: skip
+    job = JobSubmission(name="m1", command="true", processors=2, env={"A": "1"}, resources=res)
+    replies = {
+        **cluster(version, gpus=4),
+        ("POST", f"/slurm/{version}/job/submit"): (200, ok(job_id=8)),
+    }
+    site, fake = make_site(session, replies)
+    site.submit(job)
+    [body] = fake.bodies()
+    desc = body["job"]
+    assert "ntasks" not in desc and desc["tasks"] == 1
+    assert desc["environment"] == ["PATH=/usr/local/bin:/usr/bin:/bin", "A=1"]
+    assert desc["time_limit"] == {"set": True, "infinite": False, "number": 10}
+    assert desc["memory_per_cpu"] == {"set": True, "infinite": False, "number": 512}
+    assert desc["tres_per_job"] == "gres/gpu:2"
+    if api.minor(version) >= 41:
+        assert "script" not in body and desc["script"] == "#!/bin/bash\ntrue\n"
+    else:
+        assert body["script"] == "#!/bin/bash\ntrue\n" and "script" not in desc
+
+
+def test_site_defaults_fill_what_the_request_leaves_unset(session: requests.Session) -> None:
+    defaults = JobResources(time_limit_s=3600, account="site-acct", qos="low")
+    job = JobSubmission(name="m1", command="true", processors=1,
+                        resources=JobResources(qos="high"))  # fmt: skip
+    replies = {**cluster("v0.0.42"), ("POST", "/slurm/v0.0.42/job/submit"): (200, ok(job_id=9))}
+    site, fake = make_site(session, replies, defaults=defaults)
+    site.submit(job)
+    desc = fake.bodies()[0]["job"]
+    assert (desc["account"], desc["qos"], desc["time_limit"]["number"]) == ("site-acct", "high", 60)
+
+
+@pytest.mark.parametrize(
+    ("processors", "resources", "message"),
+    [
+        (64, JobResources(), "processors: 64 exceeds the largest node of partition debug (16 CPUs"),
+        (1, JobResources(gpus=1), "gpus: 1 exceeds the most GPUs of a node of partition debug (0)"),
+        (1, JobResources(memory_mib=8000), "memory: 8000 MiB per node exceeds the largest node"),
+        (
+            4,
+            JobResources(memory_mib=2000, memory_per=MemoryScope.CPU),
+            "memory_per_cpu: 8000 MiB per node exceeds",
+        ),
+        (
+            1,
+            JobResources(time_limit_s=7200),
+            "time_limit: 02:00:00 exceeds partition debug's MaxTime of 01:00:00",
+        ),
+        (1, JobResources(partition="gpu"), "partition: 'gpu' is not a partition of this cluster"),
+    ],
+)
+def test_a_request_no_node_can_run_never_reaches_slurm(
+    session: requests.Session, processors: int, resources: JobResources, message: str
+) -> None:
+    # 26.05 would accept these with warnings only and let them pend for ever.
+    site, fake = make_site(session, cluster("v0.0.45", max_minutes={"set": True, "number": 60}))
+    job = JobSubmission(name="big", command="true", processors=processors, resources=resources)
+    with pytest.raises(RequestError, match="site alpha: job big cannot run there") as err:
+        site.submit(job)
+    assert message in str(err.value)
+    assert fake.bodies() == []
+
+
+def test_warnings_are_logged(session: requests.Session, caplog: pytest.LogCaptureFixture) -> None:
+    warned = ok(job_id=10, warnings=[{"description": 'Ignoring unknown field "x"'}])
+    replies = {**cluster("v0.0.45"), ("POST", "/slurm/v0.0.45/job/submit"): (200, warned)}
+    site, _ = make_site(session, replies)
+    with caplog.at_level(logging.WARNING, logger="gridcore.sites.slurm"):
+        site.submit(JOB)
+    assert 'job 10: Ignoring unknown field "x"' in caplog.text
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def job_v45(job_id: int, state: list[str], **extra: Any) -> dict[str, Any]:
+    return {
+        "job_id": job_id,
+        "job_state": state,
+        "comment": "gc-k1",
+        "cpus": {"set": True, "infinite": False, "number": 4},
+        "submit_time": {"set": True, "number": 100},
+        "start_time": {"set": True, "number": 110},
+        "end_time": {"set": True, "number": 150},
+        "exit_code": {"status": ["SUCCESS"], "return_code": {"set": True, "number": 0}},
+        "standard_output": "/data/alpha/m1-%j.out",
+        "stdout_expanded": f"/data/alpha/m1-{job_id}.out",
+        "current_working_directory": "/data/alpha",
+        "nodes": "n1",
+        "restart_cnt": 0,
+        **extra,
+    }
+
+
+def listing(*jobs: dict[str, Any]) -> dict[tuple[str, str], Reply]:
+    return {**cluster("v0.0.45"), ("GET", "/slurm/v0.0.45/jobs"): (200, ok(jobs=list(jobs)))}
+
+
+def test_a_finished_job_in_the_newest_shapes(session: requests.Session) -> None:
+    failed = job_v45(
+        11,
+        ["FAILED"],
+        exit_code={"status": ["SIGNALED"], "return_code": {"number": 0}, "signal": {"id": 9}},
+    )
+    site, _ = make_site(session, listing(job_v45(10, ["COMPLETED"]), failed))
+    done = site.status("10")
+    assert (done.state, done.exit_code, done.started_at, done.finished_at) == (
+        JobState.COMPLETED, 0, 110.0, 150.0)  # fmt: skip
+    assert site.status("11").exit_code == 128 + 9
+    assert site.output_files("10").stdout == "/data/alpha/m1-10.out"
+    assert site.find("gc-k1") == "10"
+
+
+@pytest.mark.parametrize(
+    ("state", "extra", "requeued_by", "held"),
+    [
+        (
+            ["PENDING", "REQUEUED"],
+            {"restart_cnt": 1, "state_reason": "BeginTime"},
+            "REQUEUED",
+            False,
+        ),
+        (["PENDING", "NODE_FAIL", "REQUEUED"], {"restart_cnt": 1}, "NODE_FAIL", False),
+        (["PENDING"], {"restart_cnt": 2, "state_reason": "Priority"}, "Priority", False),
+        (
+            ["PENDING", "REQUEUE_HOLD"],
+            {"restart_cnt": 1, "state_reason": "JobHeldAdmin"},
+            "JobHeldAdmin",
+            True,
+        ),
+        (["PENDING"], {"state_reason": "JobHeldUser", "hold": True}, None, True),
+        (["PENDING"], {"state_reason": "Resources"}, None, False),
+    ],
+)
+def test_requeued_and_held_jobs_are_pending_not_failed(
+    session: requests.Session,
+    state: list[str],
+    extra: dict[str, Any],
+    requeued_by: str | None,
+    held: bool,
+) -> None:
+    site, _ = make_site(session, listing(job_v45(12, state, **extra)))
+    status = site.status("12")
+    assert status.state is JobState.PENDING
+    assert (status.requeued_by, status.held) == (requeued_by, held)
+    assert status.exit_code is None and status.finished_at is None
+
+
+def test_delete_status_list_of_v0_0_42(session: requests.Session) -> None:
+    done = {"error_code": 2021, "error": "Job/step already completing or completed", "job_id": 5}
+    denied = {"error_code": 2002, "error": "Access/permission denied", "job_id": 6}
+    replies = {
+        **cluster("v0.0.45"),
+        ("DELETE", "/slurm/v0.0.45/job/5"): (200, ok(status=[done])),
+        ("DELETE", "/slurm/v0.0.45/job/6"): (200, ok(status=[denied])),
+        ("DELETE", "/slurm/v0.0.45/job/7"): (200, ok(status=[{"error_code": 0, "signal": 9}])),
+    }
+    site, _ = make_site(session, replies)
+    site.cancel("5")
+    site.cancel("7")
+    with pytest.raises(SiteRejected, match="Access/permission denied"):
+        site.cancel("6")
+
+
+def test_one_listing_serves_every_status_read(session: requests.Session) -> None:
+    jobs = [job_v45(100 + i, ["RUNNING"]) for i in range(200)]
+    now = [0.0]
+    fake = FakeSlurm(listing(*jobs))
+    session.mount("http://", fake)
+    sites = [SlurmSite(spec(), Tokens(), session=session, clock=lambda: now[0]) for _ in range(3)]
+    for cycle in range(5):
+        now[0] = cycle * 10.0  # one poll cycle every 10 s, the listing trusted for 5 s
+        for i in range(200):
+            assert sites[i % 3].status(str(100 + i)).state is JobState.RUNNING
+    listings = [p for p in fake.paths() if p == "GET /slurm/v0.0.45/jobs"]
+    assert len(listings) == 5
+
+
+def test_a_job_the_listing_lacks_is_asked_for_by_id(session: requests.Session) -> None:
+    unknown = {"error_number": 2017, "error": "Invalid job id specified"}
+    replies = {
+        **listing(),
+        ("GET", "/slurm/v0.0.45/job/13"): (200, ok(jobs=[job_v45(13, ["RUNNING"])])),
+        ("GET", "/slurm/v0.0.45/job/14"): (500, ok(errors=[unknown], jobs=[])),
+    }
+    site, _ = make_site(session, replies)
+    assert site.status("13").state is JobState.RUNNING
+    with pytest.raises(UnknownJob):
+        site.status("14")
