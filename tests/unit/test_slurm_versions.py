@@ -234,7 +234,8 @@ def test_a_pinned_version_the_server_lacks_says_so(session: requests.Session) ->
 
 def test_a_server_without_a_version_gridcore_speaks(session: requests.Session) -> None:
     site, _ = make_site(session, {("GET", "/openapi/v3"): (200, openapi("v0.0.36"))})
-    with pytest.raises(SiteRejected, match=r"serves v0\.0\.36; gridcore speaks v0\.0\.38 to v0\.0\.45"):
+    expected = r"serves v0\.0\.36; gridcore speaks v0\.0\.38 to v0\.0\.45"
+    with pytest.raises(SiteRejected, match=expected):
         site.ping()
 
 
