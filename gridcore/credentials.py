@@ -480,6 +480,8 @@ def _token_in(text: str, ref: CredentialRef, what: str = "holds") -> str:
         token = assigned[-1].removeprefix("SLURM_JWT=").strip()
     elif len(lines) == 1:
         token = lines[0]
+    elif not lines:
+        raise CredentialError(f"{where} {what} nothing: expected the token or SLURM_JWT=<token>")
     else:
         raise CredentialError(
             f"{where} {what} {len(lines)} non-blank lines: expected the token alone or "
