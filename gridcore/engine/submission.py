@@ -6,6 +6,8 @@ engine:
 
 * before submitting, ask the site for the key (:func:`submit_once`): a job found was
   submitted by a worker that died before recording it, and is adopted, not doubled;
+  a job submitted carries its request's resources over the site's defaults
+  (:func:`resources_at`: the one place a request meets its site's grid-file defaults);
 * a site job with our key whose holder is not live is an orphan, cancelled by the next
   refresh (:func:`judge_keyed_jobs`). A live holder is never cancelled: a selection
   still ``selected`` (its submission may be under way in another worker) adopts the job
@@ -21,13 +23,21 @@ import enum
 import logging
 import uuid
 from collections.abc import Iterable
+from dataclasses import replace
 
 from sqlalchemy import Connection, and_, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from gridcore.engine import capacity
 from gridcore.engine.phases import ComponentState, PilotState
-from gridcore.model import HolderKind, JobState, JobSubmission, ObservedJob
+from gridcore.model import (
+    HolderKind,
+    JobResources,
+    JobState,
+    JobSubmission,
+    ObservedJob,
+    SiteSpec,
+)
 from gridcore.sites.base import SiteAdapter
 from gridcore.sites.keys import KeyHolder, install_prefix, parse_key
 from gridcore.state.schema import coalloc_components, meta, pilots, selections, sites
@@ -57,9 +67,17 @@ def install_id(conn: Connection) -> str:
     return str(conn.execute(select(meta.c.value).where(meta.c.name == INSTALL_ID)).scalar_one())
 
 
+def resources_at(resources: JobResources, site: SiteSpec) -> JobResources:
+    """What a job asking ``resources`` asks of ``site``: every field it leaves unset taken
+    from the site's defaults (the grid file's ``[sites.NAME.defaults]``). Every engine
+    submits through :func:`submit_once`, which applies it; operators and records show
+    what was sent with it."""
+    return resources.over(site.defaults)
+
+
 def submit_once(adapter: SiteAdapter, job: JobSubmission) -> tuple[str, bool]:
     """The site's job for ``job.key``: the one it has already (adopted: True), else a new
-    submission (False)."""
+    submission (False) with its resources over the site's defaults (:func:`resources_at`)."""
     if job.key is not None:
         found = adapter.find(job.key)
         if found is not None:
@@ -67,6 +85,9 @@ def submit_once(adapter: SiteAdapter, job: JobSubmission) -> tuple[str, bool]:
                 "site %s: key %s is job %s already: adopted", adapter.spec.name, job.key, found
             )
             return found, True
+    sent = resources_at(job.resources, adapter.spec)
+    if sent != job.resources:
+        job = replace(job, resources=sent)
     return adapter.submit(job), False
 
 

@@ -19,6 +19,21 @@ only if it can create the fence directory ``start.N`` first. A running job that 
 pid after ``SPAWN_GRACE_S`` is fenced by whoever looks next (``mkdir start.N``): if that
 succeeds no wrapper of attempt N can ever run it, and the job is queued again; if it
 fails the wrapper did start, and its pid is read from ``start.N/pid``.
+
+Resources (:class:`~gridcore.model.JobResources`, already over the site's defaults):
+
+* ``time_limit_s`` is enforced by the job's own wrapper, so it holds with nobody watching
+  (as slurmd's): the wrapper that won attempt N's fence starts a watchdog beside the
+  command; past the limit it marks ``start.N/timed_out``, sends SIGTERM to the job's
+  process group (the wrapper, the command and its children; the group ``cancel`` kills)
+  and SIGKILL :data:`KILL_GRACE_S` later, as Slurm's KillWait. The job is reported
+  FAILED with "time limit of N s exceeded". A command that ends first stops the watchdog.
+* ``gpus`` > 0 is refused with RequestError before anything is written: a local site
+  has no GPUs (the grid file refuses them in a local site's defaults too).
+* ``memory``, ``account``, ``qos``, ``partition`` and ``constraint`` are accepted and
+  ignored: this machine has one pool of processors, no accounting, partitions or node
+  features, and enforces no memory limit (a request written for a cluster runs on a
+  laptop site unchanged).
 """
 
 from __future__ import annotations
@@ -38,7 +53,7 @@ from typing import Any
 from sqlalchemy import Connection, and_, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from gridcore.errors import SiteRejected, UnknownJob
+from gridcore.errors import RequestError, SiteRejected, UnknownJob
 from gridcore.model import (
     JobState,
     JobStatus,
@@ -58,11 +73,26 @@ from gridcore.state.store import Store, state_dir
 SPAWN_GRACE_S = 30.0
 STDOUT_FILE = "stdout.txt"
 STDERR_FILE = "stderr.txt"
-# The fence: only the wrapper that creates start.N runs attempt N's command.
+TIME_LIMIT_FILE = "time_limit"  # whole seconds; absent: no limit
+TIMED_OUT = "timed_out"  # in start.N: attempt N's watchdog killed it at the limit
+KILL_GRACE_S = 10  # SIGTERM at the limit, SIGKILL this much later (Slurm's KillWait)
+# The fence: only the wrapper that creates start.N runs attempt N's command. With a time
+# limit a watchdog runs beside it in the same process group: past the limit it marks the
+# attempt timed out and signals the whole group (itself included, so it ignores TERM
+# first); a command that ends in time stops it (its trap stops its sleep too).
+_WATCHDOG = (
+    "( trap 'kill $s 2>/dev/null; exit 0' TERM; "
+    f'sleep "$(cat {TIME_LIMIT_FILE})" & s=$!; wait $s || exit 0; '
+    f'echo timed out > "start.$GRIDCORE_ATTEMPT/{TIMED_OUT}"; '
+    f"trap '' TERM; kill -TERM 0; sleep {KILL_GRACE_S}; kill -KILL 0 ) & w=$!; "
+)
 _WRAPPER = (
     'mkdir "start.$GRIDCORE_ATTEMPT" 2>/dev/null || exit 0; '
     'echo $$ > "start.$GRIDCORE_ATTEMPT/pid"; '
-    f"sh job.sh > {STDOUT_FILE} 2> {STDERR_FILE}; echo $? > rc.tmp && mv rc.tmp rc"
+    f"w=; if [ -s {TIME_LIMIT_FILE} ]; then {_WATCHDOG}fi; "
+    f"sh job.sh > {STDOUT_FILE} 2> {STDERR_FILE}; rc=$?; "
+    '[ -z "$w" ] || kill $w 2>/dev/null; '
+    "echo $rc > rc.tmp && mv rc.tmp rc"
 )
 
 
@@ -166,6 +196,12 @@ class LocalSite:
         return OutputFiles(str(workdir / STDOUT_FILE), str(workdir / STDERR_FILE))
 
     def _check_submission(self, job: JobSubmission) -> None:
+        gpus = job.resources.over(self.spec.defaults).gpus
+        if gpus:
+            raise RequestError(
+                f"site {self.spec.name}: job {job.name!r} asks for {gpus} GPU(s);"
+                " a local site has no GPUs"
+            )
         if job.processors > self.spec.processors:
             raise SiteRejected(
                 self.spec.name,
@@ -235,7 +271,7 @@ class LocalSite:
         if row["state"] == JobState.RUNNING.value and row["pid"] is None:
             # a spawn may be under way: fence it so the cancelled job never starts
             _fence(Path(row["workdir"]) / f"start.{row['attempt']}")
-            pid = _read_pid(Path(row["workdir"]) / f"start.{row['attempt']}" / "pid")
+            pid = _read_int(Path(row["workdir"]) / f"start.{row['attempt']}" / "pid")
             if pid is not None:
                 _kill_group(_pgid(pid) or pid)
         if row["pgid"]:
@@ -275,6 +311,9 @@ class LocalSite:
 
     def _outcome(self, row: Any) -> dict[str, Any] | None:
         rc_file = Path(row["workdir"]) / "rc"
+        timed_out = self._timed_out(row)
+        if timed_out is not None:
+            return timed_out
         if rc_file.exists():
             return _exit_outcome(rc_file)
         if row["pid"] is None:
@@ -286,10 +325,32 @@ class LocalSite:
         # The job may have written its exit code and exited between the two checks.
         if rc_file.exists():
             return _exit_outcome(rc_file)
+        timed_out = self._timed_out(row)
+        if timed_out is not None:
+            return timed_out
         return {
             "state": JobState.FAILED.value,
             "finished_at": self.clock(),
             "message": "process vanished without an exit code",
+        }
+
+    def _timed_out(self, row: Any) -> dict[str, Any] | None:
+        """FAILED if attempt N's watchdog killed it at its time limit and its wrapper is
+        gone (a command that ended with 0 just before the limit still completed)."""
+        workdir = Path(row["workdir"])
+        marker = workdir / f"start.{row['attempt']}" / TIMED_OUT
+        if not marker.exists():
+            return None
+        rc_file = workdir / "rc"
+        if rc_file.exists() and rc_file.read_text().strip() == "0":
+            return None
+        if row["pid"] is not None and _alive(int(row["pid"]), workdir):
+            return None  # its wrapper is still being stopped
+        limit = _read_int(workdir / TIME_LIMIT_FILE)
+        return {
+            "state": JobState.FAILED.value,
+            "finished_at": marker.stat().st_mtime,
+            "message": f"time limit of {limit} s exceeded (killed)",
         }
 
     def _unspawned(self, row: Any) -> dict[str, Any] | None:
@@ -302,7 +363,7 @@ class LocalSite:
                 "started_at": None,
                 "message": f"queued again: attempt {row['attempt']} was never spawned",
             }
-        pid = _read_pid(fence / "pid")
+        pid = _read_int(fence / "pid")
         if pid is not None:
             return {"pid": pid, "pgid": _pgid(pid)}
         if self.clock() - (row["started_at"] or 0) > 2 * SPAWN_GRACE_S:
@@ -417,6 +478,9 @@ class LocalSite:
         try:
             workdir.mkdir(parents=True, exist_ok=True)
             _write_whole(workdir / "job.sh", _script(job))
+            limit = job.resources.time_limit_s
+            if limit is not None:
+                _write_whole(workdir / TIME_LIMIT_FILE, f"{limit}\n")
             # The environment may hold a secret (a pilot's token): readable by us only.
             _write_whole(workdir / "env.json", json.dumps(env), mode=0o600)
         except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
@@ -470,7 +534,7 @@ def _fence(directory: Path) -> bool:
     return True
 
 
-def _read_pid(path: Path) -> int | None:
+def _read_int(path: Path) -> int | None:
     try:
         text = path.read_text().strip()
     except FileNotFoundError:
