@@ -19,8 +19,12 @@ Format (version 1)::
     url = "http://host:6820"         # slurm: slurmrestd base URL
     partition = "debug"              # slurm: partition (default "debug")
     user = "root"                    # slurm: X-SLURM-USER-NAME
-    token = { env = "ALPHA_TOKEN" }  # slurm: credential BY REFERENCE:
-                                     #   { env = "VAR" } or { airflow_conn = "conn_id" }
+    token = { env = "ALPHA_TOKEN" }  # slurm: credential BY REFERENCE, exactly one of
+                                     #   { env = "VAR" }, { airflow_conn = "conn_id" }
+                                     #   (its password), { file = "/abs/path" } (read
+                                     #   again when it changes) or { command = "scontrol
+                                     #   token lifespan=3600" } (run again before the JWT
+                                     #   expires; no shell): see gridcore.credentials
     api_version = "v0.0.38"          # slurm: slurmrestd OpenAPI version (v0.0.36-38)
     timeout_s = 10                   # slurm: HTTP timeout
 
