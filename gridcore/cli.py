@@ -234,6 +234,8 @@ def _sites(args: argparse.Namespace) -> int:
             f" {r.queued:>6} {r.external_pending:>8}"
             f" {f'{_bytes(r.storage_claimed)}/{limit}':>20} {'yes' if r.usable else 'NO':>6}"
         )
+        if r.release or r.api_version:
+            lines.append(f"  Slurm {r.release or '(release unknown)'}, REST {r.api_version}")
         for kind, held in r.holds.items():
             lines.append(
                 f"  held by {held['holds']} {kind}(s): {held['processors']} processors,"

@@ -232,6 +232,9 @@ class SiteObservation:
     idle_processors: int
     jobs: tuple[ObservedJob, ...] = ()
     observed_at: float = 0.0
+    # Slurm sites: the release answering and the REST version the adapter speaks to it
+    release: str | None = None
+    api_version: str | None = None
 
     def pending(self) -> tuple[ObservedJob, ...]:
         return tuple(j for j in self.jobs if j.state is JobState.PENDING)

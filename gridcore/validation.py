@@ -42,7 +42,7 @@ import re
 import shlex
 from collections.abc import Callable, Collection, Mapping
 from types import MappingProxyType
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -82,6 +82,7 @@ from gridcore.model import (
     SiteKind,
     SiteSpec,
 )
+from gridcore.sites import slurm_api
 
 FORMAT_VERSION = 1
 INT32_MAX = 2**31 - 1  # Integer columns (processors, sizes)
@@ -93,7 +94,8 @@ LOGICAL_NAME_MAX = 512  # gc_replicas.logical_name
 COMMAND_MAX = 131_072  # Linux MAX_ARG_STRLEN: the command is one argument of ``sh -c``
 TEXT_MAX = 255  # partition, user, credential references, env names
 STORAGE_DIR_MAX = 4096  # PATH_MAX
-API_VERSIONS = ("v0.0.36", "v0.0.37", "v0.0.38")
+# "auto": the newest version the server and gridcore both speak (GET /openapi/v3)
+API_VERSIONS = (slurm_api.AUTO, *slurm_api.VERSIONS)
 
 _SITE_NAME = r"^[A-Za-z0-9_-]+$"
 # printable (no C0 control character or DEL) and not blank
@@ -247,7 +249,8 @@ StorageGb = Annotated[
 ]
 SlurmUrl = Annotated[HttpUrl, _worded("slurm sites need an http(s) slurmrestd URL")]
 ApiVersion = Annotated[
-    Literal["v0.0.36", "v0.0.37", "v0.0.38"],
+    str,
+    Field(strict=True, pattern=rf"^({'|'.join(re.escape(v) for v in API_VERSIONS)})$"),
     _worded(f"must be one of {' | '.join(API_VERSIONS)}"),
 ]
 SiteKindChoice = Annotated[SiteKind, _one_of(SiteKind)]
@@ -669,7 +672,7 @@ class _Site(_Model):
     partition: ShortText = "debug"
     user: ShortText = "root"
     token: Credential | None = None
-    api_version: ApiVersion = "v0.0.38"
+    api_version: ApiVersion = slurm_api.AUTO
     timeout_s: Positive = 10.0
     # what every job at the site asks for unless its request says otherwise
     defaults: Resources | None = None

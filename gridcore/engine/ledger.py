@@ -700,6 +700,8 @@ def store_observation(
             external_pending=sum(j.processors for j in external),
             pending_jobs=len(obs.pending()),
             observed_at=obs.observed_at,
+            release=obs.release,
+            api_version=obs.api_version,
         )
     )
     if stored.rowcount != 1:

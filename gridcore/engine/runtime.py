@@ -114,6 +114,9 @@ class SiteRow:
     last_error: str | None
     probe_job_id: str | None
     observed_at: float
+    # Slurm sites: the release (meta.slurm.release) and the REST API version in use
+    release: str | None = None
+    api_version: str | None = None
 
 
 class GridRuntime:
@@ -485,4 +488,6 @@ def _site_row(row: Any, usage: capacity.Usage, site_health: health.HealthRecord)
         site_health.last_error,
         site_health.probe_job_id,
         row["observed_at"],
+        row["release"],
+        row["api_version"],
     )

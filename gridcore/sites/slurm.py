@@ -372,6 +372,8 @@ class SlurmSite:
             idle_processors=sum(n.idle_cpus for n in usable),
             jobs=jobs,
             observed_at=observed_at,
+            release=self._shared.release,
+            api_version=self._version(),
         )
 
     def submit(self, job: JobSubmission) -> str:

@@ -56,6 +56,10 @@ sites = Table(
     Column("mean_queue_wait_s", Float, nullable=True),
     Column("mean_runtime_s", Float, nullable=True),
     Column("finished_jobs", Integer, nullable=False, default=0),
+    # what answers for the site: a Slurm release and the REST version in use (NULL: local
+    # sites, or not observed yet)
+    Column("release", String(64), nullable=True),
+    Column("api_version", String(16), nullable=True),
 )
 
 selections = Table(

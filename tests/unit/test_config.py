@@ -107,7 +107,7 @@ BASE = {"version": 1, "sites": {"a": {"kind": "local", "processors": 4}}}
                         "processors": 4,
                         "url": "http://x",
                         "token": {"env": "T"},
-                        "api_version": "v0.0.40",
+                        "api_version": "v0.0.37",
                     }
                 }
             },

@@ -92,6 +92,7 @@
     const columns = [
       ["name", "site", f("name")],
       ["kind", "kind", f("kind")],
+      ["software", "software", (s) => (s.release || s.api_version ? "Slurm " + (s.release || "?") + " REST " + (s.api_version || "?") : s.kind)],
       ["idle", "idle", f("idle"), null, true],
       ["total", "total", f("total"), null, true],
       ["free", "free", f("free"), null, true],
