@@ -10,6 +10,14 @@ Format (version 1)::
     name = "kmer-count"             # required: the workload's name (it becomes a DAG id):
                                     # 1-128 of A-Z a-z 0-9 _ . -, first a letter or digit
 
+    [resources]                     # optional: what every job asks of the site, named
+    time_limit = "30m"              # as everywhere in gridcore (and as sbatch): time_limit
+    account = "proj42"              # ("90s", "10m", "2h", "1d", Slurm's "MM", "MM:SS",
+                                    # "HH:MM:SS", "D-HH[:MM[:SS]]", or integer seconds),
+                                    # account, qos, partition, memory or memory_per_cpu
+                                    # ("512M", "4G", "1T", integer MiB), gpus, constraint;
+                                    # the site's [sites.NAME.defaults] fill what is unset
+
     [[depths]]                      # one table per depth, in pipeline order: D = how many
     name = "lookup"                 # the job at this depth; a name as above, unique
     command = "kmer-lookup --index {batch} --reads {input} --out {output}"
@@ -30,6 +38,9 @@ Format (version 1)::
                                     # this depth, by logical name in the replica catalog;
                                     # size_bytes may be left out when the catalog knows the
                                     # file (``gridcore plan`` looks it up). No batch: 0 bytes
+    resources = { time_limit = "2h", memory = "8G" }
+                                    # optional: this depth's jobs ask for these, over the
+                                    # file's [resources] key by key
 
     [[pipelines]]                   # the W pipelines: EITHER a list of tables ...
     name = "sample-01"              # unique, a name as above
@@ -48,6 +59,11 @@ Format (version 1)::
 Sizes are integer bytes (0 to 2**63 - 1; never 6.0e6, "6 MB" or true), seconds finite
 numbers >= 0. At most 1000 depths and 1,000,000 pipelines (every pipeline is one object
 in memory; a bound makes a stray ``count = 1e9`` a refusal, not an exhausted machine).
+Resources are parsed by :func:`gridcore.validation.check_resources`
+(``kmer.toml: depths[1].resources.time_limit: '10x' is not a duration (...)``); a job asks
+for the operator's resources
+(``DataPlanPipelineOperator(time_limit=...)``, like sbatch's command line over its
+``#SBATCH`` lines) over its depth's over the file's, and its site's defaults fill the rest.
 The file must be a regular file of UTF-8 text of at most 32 MiB. Every problem raises
 :class:`~gridcore.errors.ConfigError` in one line naming the file and the field:
 ``kmer.toml: depths[2].batch.size_bytes: must be an integer >= 0 (bytes, at most
@@ -126,7 +142,7 @@ from typing import Any
 from gridcore.config import read_text_file
 from gridcore.dataplan_choosers import choose_by_simulation
 from gridcore.errors import ConfigError, RequestError
-from gridcore.model import MB, ORIGIN, GridSpec
+from gridcore.model import MB, NO_RESOURCES, ORIGIN, GridSpec, JobResources
 from gridcore.policies.dataplan import (
     BandwidthReading,
     DataPlan,
@@ -135,7 +151,14 @@ from gridcore.policies.dataplan import (
     choose_bent2009,
     serial_bandwidth,
 )
-from gridcore.validation import COMMAND_MAX, INT64_MAX, check_logical_name, shown_value
+from gridcore.validation import (
+    COMMAND_MAX,
+    INT64_MAX,
+    check_logical_name,
+    check_resources,
+    resource_keys,
+    shown_value,
+)
 
 __all__ = [
     "CHOOSERS",
@@ -242,8 +265,11 @@ class DepthSpec:
     runtime_sd_s: float = 0.0
     batch: BatchVolume | None = None
     processors: int = 1
+    # what this depth's jobs ask of the site, over the pipeline's resources
+    resources: JobResources = NO_RESOURCES
 
     def __post_init__(self) -> None:
+        _check_resources_field("DepthSpec", self.resources)
         _check_fields(
             "DepthSpec",
             ("name", lambda: _name(self.name)),
@@ -316,8 +342,11 @@ class PipelineSpec:
     depths: tuple[DepthSpec, ...]
     pipelines: tuple[PipelineInput, ...]
     source: str = field(default=PYTHON, compare=False)
+    # what every job asks of the site (a depth's own resources go over it)
+    resources: JobResources = NO_RESOURCES
 
     def __post_init__(self) -> None:
+        _check_resources_field(self.source, self.resources)
         object.__setattr__(self, "depths", _as_tuple(self.depths, self.source, "depths"))
         object.__setattr__(self, "pipelines", _as_tuple(self.pipelines, self.source, "pipelines"))
         _check_fields(self.source, ("name", lambda: _name(self.name)))
@@ -333,6 +362,11 @@ class PipelineSpec:
     @property
     def W(self) -> int:
         return len(self.pipelines)
+
+    def job_resources(self, depth: int) -> JobResources:
+        """What a job at ``depth`` asks of the site: its depth's resources over the
+        pipeline's (the site's defaults fill the rest when it is submitted)."""
+        return self.depths[depth].resources.over(self.resources)
 
     def unsized_logical_names(self) -> tuple[str, ...]:
         """Logical names whose size the spec leaves to the replica catalog, in order."""
@@ -356,6 +390,24 @@ def _check_fields(where: str, *checks: tuple[str, Callable[[], None]]) -> None:
 
 class _Problem(Exception):
     """What is wrong with one value (the caller knows which field it is)."""
+
+
+def _check_resources_field(where: str, resources: object) -> None:
+    if not isinstance(resources, JobResources):
+        problem = f"must be a JobResources, got {shown_value(resources)}"
+        raise PipelineFieldError(where, "resources", problem)
+    _resources(resources, where, "resources")
+
+
+def _resources(raw: object, source: str, at: str) -> JobResources:
+    """Resources checked by gridcore.validation, a refusal named at ``at`` in ``source``."""
+
+    def refused(field_path: str, problem: str) -> PipelineFieldError:
+        return PipelineFieldError(source, f"{at}.{field_path}" if field_path else at, problem)
+
+    if not isinstance(raw, JobResources | Mapping):
+        raise PipelineFieldError(source, at, f"must be a table, got {shown_value(raw)}")
+    return check_resources(raw, error=refused)
 
 
 def _name(value: object) -> None:
@@ -468,9 +520,9 @@ def _check_items(
 
 # -- the file ----------------------------------------------------------------------------
 
-_TOP = frozenset({"version", "name", "depths", "pipelines", "pipeline_range"})
+_TOP = frozenset({"version", "name", "depths", "pipelines", "pipeline_range", "resources"})
 _DEPTH_REQUIRED = ("name", "command", "runtime_mean_s", "output_bytes")
-_DEPTH_OPTIONAL = ("runtime_sd_s", "processors", "batch")
+_DEPTH_OPTIONAL = ("runtime_sd_s", "processors", "batch", "resources")
 _BATCH = (("logical_name",), ("size_bytes",))
 _INPUT_OPTIONAL = ("size_bytes", "logical_name", "path")
 _RANGE_OPTIONAL = ("first", "size_bytes", "logical_name", "path")
@@ -503,11 +555,13 @@ def parse_pipeline(
     _check_version(raw, source)
     _table(raw, source, "", required=("name", "depths"), optional=tuple(_TOP))
     depths = _list_of_tables(raw["depths"], source, "depths")
+    resources = _resources(raw["resources"], source, "resources") if "resources" in raw else None
     return PipelineSpec(
         name=raw["name"],
         depths=tuple(_depth(d, source, f"depths[{i}]") for i, d in enumerate(depths)),
         pipelines=_pipelines(raw, source, None if base_dir is None else Path(base_dir)),
         source=source,
+        resources=resources or NO_RESOURCES,
     )
 
 
@@ -568,6 +622,8 @@ def _depth(raw: object, source: str, at: str) -> DepthSpec:
         )
     values = {k: table[k] for k in (*_DEPTH_REQUIRED, *_DEPTH_OPTIONAL) if k in table}
     values["batch"] = batch
+    if "resources" in table:
+        values["resources"] = _resources(table["resources"], source, f"{at}.resources")
     depth: DepthSpec = _built(source, at, lambda: DepthSpec(**values))
     return depth
 
@@ -653,6 +709,9 @@ def dump_pipeline(spec: PipelineSpec) -> str:
     """``spec`` as a version-1 pipeline file (pipelines as a list): loading the text gives
     an equal spec (paths are written as they are in ``spec``)."""
     lines = [f"version = {PIPELINE_FORMAT_VERSION}", f"name = {_toml(spec.name)}"]
+    if not spec.resources.is_empty:
+        lines += ["", "[resources]"]
+        lines += [f"{k} = {_toml(v)}" for k, v in resource_keys(spec.resources).items()]
     for depth in spec.depths:
         lines += ["", "[[depths]]"]
         lines += [
@@ -668,6 +727,8 @@ def dump_pipeline(spec: PipelineSpec) -> str:
         ]
         if depth.batch is not None:
             lines.append(f"batch = {_inline(_present(depth.batch, 'logical_name', 'size_bytes'))}")
+        if not depth.resources.is_empty:
+            lines.append(f"resources = {_inline(resource_keys(depth.resources))}")
     for pipeline in spec.pipelines:
         lines += ["", "[[pipelines]]"]
         present = _present(pipeline, "name", "logical_name", "path", "size_bytes")

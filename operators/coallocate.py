@@ -20,7 +20,7 @@ from gridcore.errors import GridError, StateError
 from gridcore.model import CoAllocationRequest, FileDelivery, Priority, RequestKind
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.validation import check_choice, check_coallocation_submission
-from gridcore_airflow.operators.base import GridcoreOperator
+from gridcore_airflow.operators.base import RESOURCE_FIELDS, GridcoreJobOperator
 from gridcore_airflow.operators.site_job import job_name, map_index, state_store, translated
 from gridcore_airflow.sensors.base import output_files_of
 from gridcore_airflow.sensors.coalloc_trigger import CoAllocationTrigger
@@ -33,6 +33,7 @@ _COMPONENT_KEYS = {
     "file_sites": "file_site",
     "site_job_ids": "site_job_id",
     "start_times": "released_at",
+    "resources": "resources",
 }
 _JOB_KEYS = (
     "job_id",
@@ -51,7 +52,7 @@ _JOB_KEYS = (
 )
 
 
-class CoAllocateOperator(GridcoreOperator):
+class CoAllocateOperator(GridcoreJobOperator):
     """Run ``command`` as a co-allocated job placed by KOALA (seed 000, 002).
 
     Every component runs ``command`` after the start barrier, which releases them only
@@ -76,11 +77,16 @@ class CoAllocateOperator(GridcoreOperator):
         ``$GRIDCORE_CENTER_URL``); without one configured the center runs inside this
         worker and the operator waits here instead.
 
-    ``grid_file``, ``db_url`` and ``gridcore_conn_id`` say where gridcore is
-    (:class:`~operators.base.GridcoreOperator`).
+    ``time_limit``, ``account``, ``qos``, ``partition``, ``memory``, ``memory_per_cpu``,
+    ``gpus`` and ``constraint`` (templated): what every component's site job asks of its
+    site (:class:`~operators.base.GridcoreJobOperator`); the time limit covers the
+    component's wait at the start barrier and the command. ``grid_file``, ``db_url`` and
+    ``gridcore_conn_id`` say where gridcore is (:class:`~operators.base.GridcoreOperator`).
 
     Returns (XCom) the job as placed and run: ``sites``, ``sizes``, ``file_sites``,
-    ``site_job_ids`` and ``start_times`` (barrier release, epoch seconds) per component,
+    ``site_job_ids``, ``start_times`` (barrier release, epoch seconds) and ``resources``
+    (what its site job asked of its site: the arguments over the site's defaults,
+    :meth:`gridcore.model.JobResources.as_json`) per component,
     and ``job_id``, ``jpt``, ``jst``, ``started_at``, ``finished_at``,
     ``barrier_skew_s``, ``retries``, ``placement_tries``, ``claim_tries``, ``placement``,
     and ``output_files``: per component ``{"stdout", "stderr"}`` (paths at its site) or
@@ -103,6 +109,7 @@ class CoAllocateOperator(GridcoreOperator):
         "policy",
         "priority",
         "input_file",
+        *RESOURCE_FIELDS,
     )
     ui_color = "#cfe2f3"
 
@@ -246,6 +253,7 @@ class CoAllocateOperator(GridcoreOperator):
             "priority": self.priority,
         }
         with translated(name):  # nothing written yet
+            request["resources"] = self.plan_resources()
             policy = check_choice(PlacementPolicy, self.policy, "policy")
             # Checked even without an input file: a misspelt option is an error.
             delivery = check_choice(FileDelivery, self.delivery, "delivery")

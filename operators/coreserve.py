@@ -19,7 +19,7 @@ from gridcore.engine.coreservation import CoReserveEngine, ReservationRecord
 from gridcore.errors import GridError, StateError
 from gridcore.model import CoReservationRequest
 from gridcore.validation import check_coreservation_request
-from gridcore_airflow.operators.base import GridcoreOperator
+from gridcore_airflow.operators.base import RESOURCE_FIELDS, GridcoreJobOperator
 from gridcore_airflow.operators.site_job import job_name, map_index, state_store, translated
 from gridcore_airflow.sensors.base import output_files_of
 from gridcore_airflow.sensors.coreserve_trigger import CoReservationTrigger
@@ -41,7 +41,7 @@ _RESULT_KEYS = (
 )
 
 
-class CoReserveOperator(GridcoreOperator):
+class CoReserveOperator(GridcoreJobOperator):
     """Run ``command`` on ``processors`` processors co-reserved by pilots (VJM).
 
     ``processors / vj_size`` pilots (virtual jobs of ``vj_size`` processors) go to the
@@ -68,12 +68,20 @@ class CoReserveOperator(GridcoreOperator):
         ``extra.center_url`` or ``$GRIDCORE_CENTER_URL``) the center runs inside this
         worker and the operator waits here instead.
 
+    ``time_limit``, ``account``, ``qos``, ``partition``, ``memory``, ``memory_per_cpu``,
+    ``gpus`` and ``constraint`` (templated): what each pilot asks of its cluster
+    (:class:`~operators.base.GridcoreJobOperator`); ``time_limit`` is the COMMAND's: each
+    pilot asks for the reservation's lifetime (Eq. 2) plus it plus a margin (10 %, at
+    least 5 minutes), since it holds its processors before the command starts.
+
     Returns (XCom): ``job_id``, ``state``, ``clusters`` (pilots per cluster),
     ``t_avail_s`` (Eq. 1 per virtual job, substitutes included), ``lifetime_s``,
     ``coallocation_s`` (submission to all held), ``dispatch_skew_s``,
     ``shifts_received``, ``shifts_given``, ``substitutes``, ``reorganizations``,
-    ``site_job_ids``, ``sites`` and ``output_files`` (``{"stdout", "stderr"}`` of the
-    pilot's site job, which the command's output goes to, or None) per rank. While the
+    ``site_job_ids``, ``sites``, ``output_files`` (``{"stdout", "stderr"}`` of the
+    pilot's site job, which the command's output goes to, or None) and ``resources``
+    (what the pilot's site job asked of its site, its computed time limit included,
+    :meth:`gridcore.model.JobResources.as_json`) per rank. While the
     job runs, each rank's new output lines go into the task log prefixed
     ``[component i @ site]``; a failed job's log ends with the stderr tails of its
     failed ranks.
@@ -86,6 +94,7 @@ class CoReserveOperator(GridcoreOperator):
         "max_clusters",
         "sites",
         "machine_file",
+        *RESOURCE_FIELDS,
     )
     ui_color = "#d9ead3"
 
@@ -193,6 +202,7 @@ class CoReserveOperator(GridcoreOperator):
         AirflowFailException naming the field otherwise. Touches nothing."""
         name = job_name(self.dag_id, self.task_id, map_index(context))
         with translated(name):
+            resources = self.plan_resources()
             return check_coreservation_request(
                 {
                     "name": name,
@@ -204,6 +214,7 @@ class CoReserveOperator(GridcoreOperator):
                     "sites": self.sites,
                     "machine_file": self.machine_file,
                     "workdir": self.workdir,
+                    "resources": resources,
                 }
             )
 
@@ -218,6 +229,7 @@ def result_of(record: dict[str, Any], output: Sequence[dict[str, Any]] = ()) -> 
     )
     result["sites"] = [p["site"] for p in ranks]
     result["site_job_ids"] = [p["site_job_id"] for p in ranks]
+    result["resources"] = [p.get("resources") or {} for p in ranks]
     by_job = {(o.get("site"), o.get("job_id")): o for o in output}
     found = [by_job.get((p["site"], p["site_job_id"])) for p in ranks]
     result["output_files"] = [

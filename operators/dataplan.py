@@ -58,18 +58,21 @@ from gridcore.errors import ConfigError
 from gridcore.model import ORIGIN, GridSpec
 from gridcore.policies.dataplan import Strategy
 from gridcore.policies.dataplan_stages import Stage, StageKind
-from gridcore_airflow.operators.base import GridcoreOperator
+from gridcore_airflow.operators.base import RESOURCE_FIELDS, GridcoreJobOperator
 from gridcore_airflow.operators.site_job import translated
 
 PIPELINE_CONTEXT_KEY = "gridcore_pipeline"  # what map_index_template shows
 DEFAULT_RETRIES = 2
 
 
-class _DataPlanOperator(GridcoreOperator):
+class _DataPlanOperator(GridcoreJobOperator):
     """What the plan's tasks share: the pipeline file, the site and strategy the DAG was
-    rendered with, where final outputs go and the emulated WAN rate."""
+    rendered with, where final outputs go, the emulated WAN rate, and what the pipeline's
+    jobs ask of the site over the pipeline file's ``resources`` (``time_limit``,
+    ``account``... templated, :class:`~operators.base.GridcoreJobOperator`; as sbatch's
+    command line over ``#SBATCH`` lines; only the jobs stage's tasks run jobs)."""
 
-    template_fields: Sequence[str] = ("home_dir",)
+    template_fields: Sequence[str] = ("home_dir", *RESOURCE_FIELDS)
 
     def __init__(
         self,
@@ -100,6 +103,7 @@ class _DataPlanOperator(GridcoreOperator):
             (),
             os.path.join(str(self.home_dir), run_id),
             self.wan_mbps,
+            self.plan_resources(),
         )
         return DataPlanRunner(grid, runtime_factory(grid, runtime_store), run)
 
@@ -136,8 +140,9 @@ class DataPlanPipelineOperator(_DataPlanOperator):
 
     Each job's output lines go into the task log as it runs, a failed job's stderr tail
     after them (:class:`gridcore.engine.dataplan.DataPlanRunner`). Returns (XCom)
-    ``{"site", "pipeline", "depths", "output_files"}``; ``output_files``: job name ->
-    ``{"stdout", "stderr"}`` of its latest job, or None.
+    ``{"site", "pipeline", "depths", "output_files", "resources"}``; ``output_files``: job
+    name -> ``{"stdout", "stderr"}`` of its latest job, or None; ``resources``: job name ->
+    what it asked of the site (:meth:`gridcore.model.JobResources.as_json`).
     """
 
     def __init__(self, *, pipeline: int, depths: Sequence[int], **kwargs: Any) -> None:
@@ -152,11 +157,13 @@ class DataPlanPipelineOperator(_DataPlanOperator):
             get_current_context()[PIPELINE_CONTEXT_KEY] = name  # type: ignore[literal-required]
             runner.run_pipeline(self.pipeline, self.depths)
             files = runner.output_files(self.pipeline, self.depths)
+            sent = runner.sent_resources(self.pipeline, self.depths)
         return {
             "site": self.site,
             "pipeline": name,
             "depths": list(self.depths),
             "output_files": files,
+            "resources": sent,
         }
 
 
@@ -209,7 +216,8 @@ def pipeline_dag(
     :param emulate_wan: pace copies between the origin and the site to the grid's
         bandwidth (one machine standing in for a WAN).
     :param operator_kwargs: more arguments for every task (default: ``retries`` 2 after
-        10 s: a task whose worker died runs again and resumes where its steps got).
+        10 s: a task whose worker died runs again and resumes where its steps got), e.g.
+        ``time_limit`` or ``account`` for every job, over the pipeline file's.
     """
     from gridcore.config import GRID_ENV, default_grid, load_grid
     from gridcore.state.store import state_dir

@@ -30,7 +30,7 @@ from gridcore.validation import (
     check_job_submission,
     check_selection_stream,
 )
-from gridcore_airflow.operators.base import GridcoreOperator
+from gridcore_airflow.operators.base import RESOURCE_FIELDS, GridcoreJobOperator
 from gridcore_airflow.sensors.base import output_files_of
 from gridcore_airflow.sensors.triggers import SiteJobTrigger
 
@@ -55,7 +55,7 @@ class JobPlan:
     selection_id: int | None = None  # a selection made for this member beforehand
 
 
-class SiteJobOperator(GridcoreOperator):
+class SiteJobOperator(GridcoreJobOperator):
     """Run ``command`` with ``processors`` processors on a gridcore site.
 
     :param command: shell command run at the site (templated). The job sees
@@ -83,13 +83,17 @@ class SiteJobOperator(GridcoreOperator):
     :param poll_interval: seconds between status polls while waiting.
     :param deferrable: wait in the triggerer (default) instead of holding a worker slot.
 
-    ``grid_file``, ``db_url`` and ``gridcore_conn_id`` say where gridcore is
-    (:class:`~operators.base.GridcoreOperator`).
+    ``time_limit``, ``account``, ``qos``, ``partition``, ``memory``, ``memory_per_cpu``,
+    ``gpus`` and ``constraint`` (templated): what the job asks of its site
+    (:class:`~operators.base.GridcoreJobOperator`). ``grid_file``, ``db_url`` and
+    ``gridcore_conn_id`` say where gridcore is (:class:`~operators.base.GridcoreOperator`).
 
     Returns (XCom) ``{"site", "job_id", "state", "selected_at", "started_at",
-    "finished_at", "queued_s", "selection_id", "output_files"}``; times are epoch
-    seconds; ``output_files``: ``{"stdout", "stderr"}``, where the job's output is (paths
-    at the site, see :mod:`gridcore.sites.output`), or None if not known.
+    "finished_at", "queued_s", "selection_id", "output_files", "resources"}``; times are
+    epoch seconds; ``output_files``: ``{"stdout", "stderr"}``, where the job's output is
+    (paths at the site, see :mod:`gridcore.sites.output`), or None if not known;
+    ``resources``: what the job asked of its site (its arguments over the site's defaults,
+    :meth:`gridcore.model.JobResources.as_json`).
 
     While the job runs, its new stdout and stderr lines go into the task log at every
     poll (bounded, see :mod:`gridcore.sites.output`); a job that failed has the tail of
@@ -109,6 +113,7 @@ class SiteJobOperator(GridcoreOperator):
         "selection_id",
         "stream",
         "env",
+        *RESOURCE_FIELDS,
     )
     ui_color = "#d9ead3"
 
@@ -271,6 +276,9 @@ class SiteJobOperator(GridcoreOperator):
         result["output_files"] = (
             {"stdout": files[0]["stdout"], "stderr": files[0]["stderr"]} if files else None
         )
+        with translated(str(record.get("name") or self.task_id)):
+            asked = self.plan_resources()
+        result["resources"] = self.resources_sent(asked, [str(record.get("site"))])[0]
         return result
 
     def on_kill(self) -> None:
@@ -303,8 +311,9 @@ class SiteJobOperator(GridcoreOperator):
             request = check_job_request(
                 JobRequest(name, self.processors, self.runtime_s, input_bytes=input_bytes)
             )
+            resources = self.plan_resources()
             submission = check_job_submission(
-                JobSubmission(name, self.command, self.processors, env=env)
+                JobSubmission(name, self.command, self.processors, env=env, resources=resources)
             )
             protocol = check_choice(SelectionProtocol, self.protocol, "protocol")
             mode = check_choice(InsufficientMode, self.insufficient_mode, "insufficient_mode")

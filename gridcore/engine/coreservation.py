@@ -33,6 +33,11 @@ The engine has no daemon: whoever waits on a job (the Airflow trigger, the CLI) 
    them), submitted, and a new lifetime;
 6. a finished job lets every pilot it still has go.
 
+Resources: the request's (``CoReservationRequest.resources``, kept in the reservation's
+``selection`` JSON) over each cluster's defaults go with every pilot, whose time limit is
+the lifetime, the command's time limit and a margin (:func:`_pilot_resources`); what each
+pilot was sent is kept beside it (``selection.pilots``) for a resubmission and the record.
+
 Exactly once: a pilot's site job carries ``gc-<install>-v<pilot>``; a submitter that
 died before recording the site's job id is adopted by the next refresh (orphan judging in
 :mod:`gridcore.engine.submission`), and a pilot still ``submitting`` after
@@ -51,7 +56,7 @@ from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import Connection, RowMapping, and_, func, insert, select, update
@@ -70,12 +75,15 @@ from gridcore.engine.pilot_command import pilot_command
 from gridcore.engine.runtime import GridRuntime
 from gridcore.errors import GridError, RequestError, StateError, UnknownJob
 from gridcore.model import (
+    NO_RESOURCES,
     CoReservationRequest,
     HolderKind,
+    JobResources,
     JobState,
     JobSubmission,
     Outcome,
     SiteKind,
+    SiteSpec,
 )
 from gridcore.policies.coreservation import (
     DEFAULT_RULE,
@@ -87,6 +95,7 @@ from gridcore.policies.coreservation import (
     QueueStats,
     Reorganization,
     ReorganizeRule,
+    pilot_time_limit,
     reorganize,
     reservation_lifetime,
     select_clusters,
@@ -150,6 +159,8 @@ class PilotRecord:
     finished_at: float | None
     exit_code: int | None
     message: str | None
+    # what its site job was sent (JobResources.as_json), its time limit included
+    resources: Mapping[str, Any] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -166,6 +177,7 @@ class PilotRecord:
             "started_at": self.started_at,
             "exit_code": self.exit_code,
             "message": self.message,
+            "resources": dict(self.resources),
         }
 
 
@@ -260,6 +272,7 @@ class _NewPilot:
     token: str
     name: str
     workdir: str | None
+    resources: JobResources = NO_RESOURCES
 
 
 class CoReserveEngine:
@@ -310,6 +323,14 @@ class CoReserveEngine:
         return job_id
 
     def _check_feasible(self, request: CoReservationRequest) -> None:
+        pinned = request.machine_file
+        names = [s for s, _n in pinned] if pinned is not None else self._candidates(request)
+        submission.refuse_gpus_on_local(
+            request.resources,
+            [self.grid.site(s) for s in names],
+            every=pinned is None,
+            field="resources.gpus",
+        )
         idle = QueueStats(0.0, 0.0, 0, 0.0)
         views = [
             ClusterView(s, idle, self.grid.site(s).processors // request.vj_size)
@@ -371,7 +392,11 @@ class CoReserveEngine:
         lifetime = reservation_lifetime(
             waiting, request.lifetime_floor_s, self.params.lifetime_ceiling_s
         )
-        _set_selection(conn, job_id, selection, lifetime, now)
+        made = [
+            replace(p, resources=_pilot_resources(request, lifetime, self.grid.site(p.site)))
+            for p in made
+        ]
+        _set_selection(conn, job_id, selection, lifetime, now, {p.id: p.resources for p in made})
         return made
 
     def _select(
@@ -428,6 +453,7 @@ class CoReserveEngine:
             workdir=None,
             env={TOKEN_ENV: pilot.token, PROCESSORS_ENV: str(pilot.processors)},
             key=pilot.key,
+            resources=pilot.resources,
         )
         try:
             site_job_id, _ = submission.submit_once(self.runtime.adapter(pilot.site), job)
@@ -530,7 +556,12 @@ class CoReserveEngine:
         with self.store.begin() as conn:
             stale = (
                 conn.execute(
-                    select(pilots, reservations.c.name, reservations.c.workdir)
+                    select(
+                        pilots,
+                        reservations.c.name,
+                        reservations.c.workdir,
+                        reservations.c.selection,
+                    )
                     .join(reservations, reservations.c.id == pilots.c.job_id)
                     .where(
                         and_(
@@ -571,6 +602,7 @@ class CoReserveEngine:
                         token,
                         row["name"],
                         row["workdir"],
+                        _sent_to_pilot(row["selection"], row["id"]),
                     )
                 )
 
@@ -831,6 +863,7 @@ def _insert_reservation(conn: Connection, request: CoReservationRequest, now: fl
                     "machine_file": None
                     if request.machine_file is None
                     else [list(pair) for pair in request.machine_file],
+                    "resources": request.resources.as_json(),
                 }
             ),
         )
@@ -854,11 +887,39 @@ def _request_of(row: RowMapping) -> CoReservationRequest:
         row["workdir"],
         tuple(sites) if sites else None,
         None if pinned is None else tuple((str(s), int(n)) for s, n in pinned),
+        JobResources.from_json(stored.get("resources")),
     )
 
 
+def _pilot_resources(
+    request: CoReservationRequest, lifetime_s: float, site: SiteSpec
+) -> JobResources:
+    """What one pilot of ``request`` asks of ``site``: the request's resources over the
+    site's defaults, its time limit stretched to cover the pilot's whole life:
+    :func:`~gridcore.policies.coreservation.pilot_time_limit` of the reservation's lifetime
+    (Eq. 2, the longest its pilots hold before the reorganization reconsiders them) and
+    the command's own time limit (the request's, else the site's default), i.e.
+    ``ceil(T + L + max(300 s, 10 % of (T + L)))``. Without a command time limit the pilot
+    asks none either (the cluster's default applies, as to any job asking none)."""
+    asked = submission.resources_at(request.resources, site)
+    if asked.time_limit_s is None:
+        return asked
+    return replace(asked, time_limit_s=pilot_time_limit(lifetime_s, asked.time_limit_s))
+
+
+def _sent_to_pilot(selection: str | None, pilot_id: int) -> JobResources:
+    """The resources pilot ``pilot_id`` was first sent with (``selection.pilots``)."""
+    sent = json.loads(selection or "{}").get("pilots", {})
+    return JobResources.from_json(sent.get(str(pilot_id)))
+
+
 def _set_selection(
-    conn: Connection, job_id: int, selection: ClusterSelection, lifetime: float | None, now: float
+    conn: Connection,
+    job_id: int,
+    selection: ClusterSelection,
+    lifetime: float | None,
+    now: float,
+    sent: Mapping[int, JobResources] | None = None,
 ) -> None:
     old = conn.execute(
         select(reservations.c.selection).where(reservations.c.id == job_id)
@@ -868,6 +929,10 @@ def _set_selection(
         {"cluster": c.cluster, "t_avail_s": c.t_avail} for c in selection.choices
     ]
     stored["reasons"] = list(selection.reasons)
+    if sent:
+        stored["pilots"] = stored.get("pilots", {}) | {
+            str(pilot_id): resources.as_json() for pilot_id, resources in sent.items()
+        }
     values: dict[str, Any] = {"selection": json.dumps(stored)}
     if lifetime is not None:
         values |= {"lifetime_s": lifetime, "deadline_at": now + lifetime}
@@ -1195,6 +1260,7 @@ def reservation_record(conn: Connection, job_id: int) -> ReservationRecord:
             )
         )
     ).all()
+    sent = _sent_to_pilots(conn, row, owned)
     return ReservationRecord(
         job_id=row["id"],
         name=row["name"],
@@ -1213,11 +1279,30 @@ def reservation_record(conn: Connection, job_id: int) -> ReservationRecord:
         shifts_received=sum(1 for _f, t in shifts if t == job_id),
         shifts_given=sum(1 for f, _t in shifts if f == job_id),
         selection=json.loads(row["selection"] or "{}"),
-        pilots=tuple(_pilot_record(p) for p in owned),
+        pilots=tuple(_pilot_record(p, sent.get(str(p["id"]), {})) for p in owned),
     )
 
 
-def _pilot_record(row: RowMapping) -> PilotRecord:
+def _sent_to_pilots(
+    conn: Connection, row: RowMapping, owned: Sequence[RowMapping]
+) -> dict[str, Any]:
+    """Pilot id -> what it was sent, kept by the job each pilot was first sent for."""
+    selections = {row["id"]: row["selection"]}
+    others = {p["first_job_id"] for p in owned} - set(selections)
+    if others:
+        found = conn.execute(
+            select(reservations.c.id, reservations.c.selection).where(
+                reservations.c.id.in_(sorted(others))
+            )
+        ).all()
+        selections |= {job_id: text for job_id, text in found}
+    sent: dict[str, Any] = {}
+    for text in selections.values():
+        sent |= json.loads(text or "{}").get("pilots", {})
+    return sent
+
+
+def _pilot_record(row: RowMapping, resources: Mapping[str, Any]) -> PilotRecord:
     return PilotRecord(
         id=row["id"],
         job_id=row["job_id"],
@@ -1234,4 +1319,5 @@ def _pilot_record(row: RowMapping) -> PilotRecord:
         finished_at=row["finished_at"],
         exit_code=row["exit_code"],
         message=row["message"],
+        resources=resources,
     )

@@ -78,8 +78,19 @@ from sqlalchemy import select
 from gridcore.dataplan_format import DepthSpec, PipelineInput, PipelineSpec
 from gridcore.engine import capacity
 from gridcore.engine.runtime import GridRuntime, JobRecord
+from gridcore.engine.submission import resources_at
 from gridcore.errors import ConfigError, GridError, RequestError, StagingError
-from gridcore.model import MB, ORIGIN, GridSpec, JobRequest, JobState, JobSubmission, Replica
+from gridcore.model import (
+    MB,
+    NO_RESOURCES,
+    ORIGIN,
+    GridSpec,
+    JobRequest,
+    JobResources,
+    JobState,
+    JobSubmission,
+    Replica,
+)
 from gridcore.policies.dataplan import DataPlan, Strategy
 from gridcore.policies.dataplan_stages import Stage, StageKind, plan_stages
 from gridcore.sites.output import JobOutputs, SiteJob, failure_tails
@@ -113,8 +124,9 @@ def run_id_from(text: str) -> str:
 @dataclass(frozen=True)
 class PipelineRun:
     """One execution of ``spec`` under ``strategy`` at ``site``: its ``stages`` (from
-    :func:`~gridcore.policies.dataplan_stages.plan_stages`), where final outputs go and
-    the WAN rate emulated (None: none)."""
+    :func:`~gridcore.policies.dataplan_stages.plan_stages`), where final outputs go, the
+    WAN rate emulated (None: none) and ``resources`` every job asks for over what the
+    pipeline file asks (an operator's, like sbatch's command line over ``#SBATCH``)."""
 
     run_id: str
     spec: PipelineSpec
@@ -123,6 +135,7 @@ class PipelineRun:
     stages: tuple[Stage, ...]
     home_dir: str
     wan_mbps: float | None = None
+    resources: JobResources = NO_RESOURCES
 
     def __post_init__(self) -> None:
         if not isinstance(self.run_id, str) or not _RUN_ID.fullmatch(self.run_id):
@@ -428,6 +441,18 @@ class DataPlanRunner:
             found[self._job_name(pipeline, depth)] = files
         return found
 
+    def job_resources(self, depth: int) -> JobResources:
+        """What a job at ``depth`` asks of the run's site, as submitted: the run's
+        resources over the pipeline file's for the depth over the site's defaults."""
+        run = self.run_spec
+        asked = run.resources.over(run.spec.job_resources(depth))
+        return resources_at(asked, self.grid.site(run.site))
+
+    def sent_resources(self, pipeline: int, depths: Sequence[int]) -> dict[str, dict[str, Any]]:
+        """Job name -> what ``pipeline``'s job at each of ``depths`` asks of the site
+        (:meth:`job_resources` as plain JSON)."""
+        return {self._job_name(pipeline, d): self.job_resources(d).as_json() for d in depths}
+
     def _pname(self, pipeline: int) -> str:
         return self.run_spec.spec.pipelines[pipeline].name
 
@@ -535,7 +560,9 @@ class DataPlanRunner:
             ).selection_id
         with self._counts.lock:
             self._counts.jobs += 1
-        submission = JobSubmission(name, command, 1, workdir=str(output.parent))
+        submission = JobSubmission(
+            name, command, 1, workdir=str(output.parent), resources=self.job_resources(depth)
+        )
         return self.runtime.submit(selection_id, submission)
 
     def _wait(self, record: JobRecord) -> JobRecord:
@@ -671,6 +698,7 @@ def build_run(
     home_dir: str,
     strategy: Strategy | None = None,
     wan_mbps: float | None = None,
+    resources: JobResources = NO_RESOURCES,
 ) -> PipelineRun:
     """The run of ``plan`` (its pick, or ``strategy`` at the concurrency the plan
     predicted it with) for ``spec`` at ``site``: its stages
@@ -694,7 +722,7 @@ def build_run(
         group_width=width if chosen is Strategy.MINIMAL else None,
         batch_depths=[d for d, depth in enumerate(spec.depths) if depth.batch is not None],
     )
-    return PipelineRun(run_id, spec, site, chosen, stages, home_dir, wan_mbps)
+    return PipelineRun(run_id, spec, site, chosen, stages, home_dir, wan_mbps, resources)
 
 
 @dataclass(frozen=True)

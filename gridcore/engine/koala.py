@@ -88,7 +88,7 @@ from gridcore.engine.koala_records import (
 from gridcore.engine.lease import LeaseLost
 from gridcore.engine.phases import LIVE_JOB, STARTED_COMPONENT, ComponentState, JobPhase
 from gridcore.engine.runtime import GridRuntime
-from gridcore.engine.submission import submit_once
+from gridcore.engine.submission import refuse_gpus_on_local, submit_once
 from gridcore.errors import GridError, RequestError, SiteError, StateError
 from gridcore.model import (
     CoAllocationRequest,
@@ -267,6 +267,13 @@ class KoalaEngine:
                     " catalog (KoalaEngine(catalog=...))"
                 )
             self.catalog.require(request.input_file.logical_name)
+        named = [self.grid.site(c.site) for c in request.components if c.site is not None]
+        refuse_gpus_on_local(
+            request.resources,
+            named or self.grid.sites,
+            every=not named,
+            field="request.resources.gpus",
+        )
         # The policy on the whole grid idle: a request that cannot fit even then never will.
         idle = [SiteSnapshot(s.name, s.processors, s.processors) for s in self.grid.sites]
         trial = place(
@@ -637,6 +644,9 @@ class KoalaEngine:
             component.size,
             env=barrier.env,
             key=component_key(self.runtime.install_id, row["id"], row["epoch"], component.index),
+            # as the request asks: its time limit covers the barrier's wait and the
+            # command (submit_once puts the site's defaults under it)
+            resources=request_from_json(row["request"]).resources,
         )
 
     # (e) following started components --------------------------------------------------
@@ -787,7 +797,7 @@ class KoalaEngine:
             if row is None:
                 raise StateError(f"no co-allocation job {job_id} in the state database")
             parts = _components(conn, row)
-        return job_record(row, parts)
+        return job_record(row, parts, self.grid)
 
     def cancel(self, job_id: int) -> CoAllocationRecord:
         """Cancel the job and every started component (a finished job is left alone)."""

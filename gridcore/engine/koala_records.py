@@ -12,18 +12,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sqlalchemy import RowMapping
 
 from gridcore.engine.phases import JobPhase
+from gridcore.engine.submission import resources_at
 from gridcore.model import (
     CoAllocationRequest,
     Component,
     FileDelivery,
     FlexibleOptions,
+    GridSpec,
     InputFile,
+    JobResources,
     Placement,
     Priority,
     RequestKind,
@@ -46,6 +49,9 @@ class ComponentRecord:
     finished_at: float | None
     exit_code: int | None
     message: str
+    # what its site job asks of its site (JobResources.as_json): the request's over the
+    # site's defaults; the request's alone when the grid is not known
+    resources: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,8 @@ class CoAllocationRecord:
     message: str
     placement: dict[str, Any] | None = None
     components: tuple[ComponentRecord, ...] = ()
+    # what the request asks of every component's site (JobResources.as_json)
+    resources: dict[str, Any] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -94,8 +102,12 @@ class CoAllocationRecord:
         return data
 
 
-def job_record(row: RowMapping, parts: Sequence[RowMapping]) -> CoAllocationRecord:
-    """The record of a ``gc_coalloc_jobs`` row and its current epoch's component rows."""
+def job_record(
+    row: RowMapping, parts: Sequence[RowMapping], grid: GridSpec | None = None
+) -> CoAllocationRecord:
+    """The record of a ``gc_coalloc_jobs`` row and its current epoch's component rows;
+    with ``grid``, each component's resources over its site's defaults (as sent)."""
+    asked = request_from_json(row["request"]).resources
     return CoAllocationRecord(
         row["id"],
         row["name"],
@@ -117,11 +129,18 @@ def job_record(row: RowMapping, parts: Sequence[RowMapping]) -> CoAllocationReco
         row["finished_at"],
         row["message"] or "",
         json.loads(row["placement"]) if row["placement"] else None,
-        tuple(component_record(p) for p in parts),
+        tuple(component_record(p, _sent(asked, p["site"], grid)) for p in parts),
+        asked.as_json(),
     )
 
 
-def component_record(part: RowMapping) -> ComponentRecord:
+def _sent(asked: JobResources, site: str, grid: GridSpec | None) -> JobResources:
+    if grid is None or site not in grid.site_names:
+        return asked
+    return resources_at(asked, grid.site(site))
+
+
+def component_record(part: RowMapping, resources: JobResources | None = None) -> ComponentRecord:
     return ComponentRecord(
         part["idx"],
         part["size"],
@@ -137,6 +156,7 @@ def component_record(part: RowMapping) -> ComponentRecord:
         part["finished_at"],
         part["exit_code"],
         part["message"] or "",
+        {} if resources is None else resources.as_json(),
     )
 
 
@@ -155,7 +175,9 @@ def placement_to_json(placement: Placement) -> str:
 
 def request_to_json(request: CoAllocationRequest) -> str:
     """The request as one JSON object (enums by value); :func:`request_from_json` inverts."""
-    return json.dumps(asdict(request))
+    data = asdict(request)
+    data["resources"] = request.resources.as_json()
+    return json.dumps(data)
 
 
 def request_from_json(text: str) -> CoAllocationRequest:
@@ -176,4 +198,6 @@ def request_from_json(text: str) -> CoAllocationRequest:
             flexible["max_components"],
             tuple(tuple(split) for split in flexible["splits"]),
         ),
+        # a job stored before requests carried resources has none
+        JobResources.from_json(data.get("resources")),
     )

@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 import logging
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from sqlalchemy import Connection, and_, insert, select, update
@@ -30,12 +30,14 @@ from sqlalchemy.exc import IntegrityError
 
 from gridcore.engine import capacity
 from gridcore.engine.phases import ComponentState, PilotState
+from gridcore.errors import RequestError
 from gridcore.model import (
     HolderKind,
     JobResources,
     JobState,
     JobSubmission,
     ObservedJob,
+    SiteKind,
     SiteSpec,
 )
 from gridcore.sites.base import SiteAdapter
@@ -73,6 +75,20 @@ def resources_at(resources: JobResources, site: SiteSpec) -> JobResources:
     submits through :func:`submit_once`, which applies it; operators and records show
     what was sent with it."""
     return resources.over(site.defaults)
+
+
+def refuse_gpus_on_local(
+    resources: JobResources, sites: Sequence[SiteSpec], *, every: bool, field: str
+) -> None:
+    """RequestError before anything is written when a job asking for GPUs could only
+    land on local sites, which have none: ``every`` of ``sites`` (the candidates a
+    policy chooses from) or any one of them (``every=False``: sites the request names)."""
+    local = [s.name for s in sites if s.kind is SiteKind.LOCAL and resources_at(resources, s).gpus]
+    if local and (not every or len(local) == len(sites)):
+        raise RequestError(
+            f"{field}: asks for {resources.gpus} GPU(s), but site(s) {', '.join(local)}"
+            " are local and have none"
+        )
 
 
 def submit_once(adapter: SiteAdapter, job: JobSubmission) -> tuple[str, bool]:

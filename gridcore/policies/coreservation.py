@@ -11,7 +11,9 @@ Parallel Jobs" (``shared/seeds/vjm-virtual-job-model.md``).
   each virtual job to the cluster with the smallest ``T_avail``; while the candidate set
   spans more than ``M`` clusters, drop the one with the smallest virtual-job set and
   redistribute its virtual jobs over the rest.
-* Eq. 2 (:func:`reservation_lifetime`): ``T_life_time(VS(J_a)) = 2 * max T_avail``.
+* Eq. 2 (:func:`reservation_lifetime`): ``T_life_time(VS(J_a)) = 2 * max T_avail``; a
+  pilot's time limit (:func:`pilot_time_limit`, not in the paper) is that lifetime plus
+  its command's own limit plus a margin.
 * Definitions 1 and 2 (:func:`relation`): ``J_a > J_b on C``, ``J_a < J_b on C``,
   ``J_a = J_b on C``.
 * Sec. 3.3 (:func:`reorganize`): after the lifetime, step 1 the indirect deadlock
@@ -181,6 +183,30 @@ def reservation_lifetime(
     if not ceiling_s > 0.0:
         raise ConfigError(f"lifetime ceiling must be > 0, got {ceiling_s}")
     return max(floor_s, min(ceiling_s, 2.0 * max(t_avails, default=0.0)))
+
+
+PILOT_TIME_MARGIN_S = 300.0
+"""The least a pilot's time limit adds beyond its hold and its command: its start-up,
+registration, the dispatch and the heartbeat's lag (:func:`pilot_time_limit`)."""
+PILOT_TIME_MARGIN = 0.1
+"""... or this fraction of hold plus command, if more (Slurm counts whole minutes)."""
+
+
+def pilot_time_limit(lifetime_s: float, command_limit_s: float) -> int:
+    """Whole seconds a pilot (a virtual job) asks its cluster for: it holds its processors
+    until every pilot of its job holds, which the deadlock check gives at most the
+    reservation's lifetime (Eq. 2, ``lifetime_s``: after it the reorganization shifts or
+    releases held pilots), then runs the command for at most its own limit
+    (``command_limit_s``); plus a margin of :data:`PILOT_TIME_MARGIN` of that, at least
+    :data:`PILOT_TIME_MARGIN_S`. Not in the paper (its pilots were not time-limited); a
+    pilot that outlives it anyway (a job that waits past its lifetime for substitutes)
+    ends like any lost pilot and is substituted."""
+    if not (math.isfinite(lifetime_s) and lifetime_s >= 0.0):
+        raise ConfigError(f"lifetime must be a finite number >= 0, got {lifetime_s}")
+    if not (math.isfinite(command_limit_s) and command_limit_s > 0.0):
+        raise ConfigError(f"command time limit must be a finite number > 0, got {command_limit_s}")
+    needed = lifetime_s + command_limit_s
+    return math.ceil(needed + max(PILOT_TIME_MARGIN_S, PILOT_TIME_MARGIN * needed))
 
 
 # -- the cluster selection algorithm (Sec. 3.2, steps 1-3) ---------------------------------
