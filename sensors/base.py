@@ -140,6 +140,7 @@ class GridcoreTrigger(BaseTrigger, Generic[H, R]):
         self.max_retries = max_retries
         self._handle: H | None = None
         self._outputs: JobOutputs | None = None
+        self._last_note = ""
 
     @property
     def grid_file(self) -> str | None:
@@ -285,11 +286,23 @@ class GridcoreTrigger(BaseTrigger, Generic[H, R]):
                 await asyncio.sleep(delay)
                 continue
             failures = 0
+            self._say_progress(record)
             await self._copy_output(handle, record)
             if record.finished:
                 await asyncio.to_thread(self._finished, handle)
                 return self.event_for(record, self._output_so_far())
             await asyncio.sleep(self.poll_interval)
+
+    def _progress_note(self, record: R) -> str:
+        """What the site says of the wait that a person should read (e.g. "requeued by
+        Slurm: NODE_FAIL"); empty when there is nothing to say."""
+        return ""
+
+    def _say_progress(self, record: R) -> None:
+        note = self._progress_note(record)
+        if note and note != self._last_note:
+            self.log.info("%s %s: %s", self.subject, self.ident, note)
+        self._last_note = note
 
     async def _copy_output(self, handle: H, record: R) -> None:
         """The new output lines of the record's site jobs into the task log; the file

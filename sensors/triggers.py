@@ -61,6 +61,12 @@ class SiteJobTrigger(GridcoreTrigger[GridRuntime, JobRecord]):
         detail = f": {record.message}" if record.message else ""
         return Outcome(record.selection_id, False, f"{where} {record.state}{code}{detail}")
 
+    def _progress_note(self, record: JobRecord) -> str:
+        # a requeued or held job is pending again: the record's message says why
+        if record.state == JobState.PENDING.value and record.message:
+            return f"job {record.job_id} on site {record.site}: {record.message}"
+        return ""
+
     def _output_jobs(self, record: JobRecord) -> list[SiteJob]:
         if record.job_id is None:
             return []

@@ -33,6 +33,7 @@ from gridcore.model import (
     GridSpec,
     JobRequest,
     JobState,
+    JobStatus,
     JobSubmission,
     ObservedJob,
     SiteKind,
@@ -52,6 +53,10 @@ DEFAULT_MAX_AGE_S = 5.0
 SUBMIT_DEADLINE_S = 600.0
 
 log = logging.getLogger(__name__)
+
+
+# What a pending job's record says when the site queued it again or holds it.
+_PENDING_NOTES = ("requeued by Slurm", "held")
 
 
 @dataclass(frozen=True)
@@ -355,10 +360,38 @@ class GridRuntime:
                     update(selections)
                     .where(selections.c.id == selection_id)
                     .values(
-                        state=JobState.RUNNING.value, started_at=status.started_at or self.clock()
+                        state=JobState.RUNNING.value,
+                        started_at=status.started_at or self.clock(),
+                        # running again after a requeue or hold: that note is history
+                        message=""
+                        if current.message.startswith(_PENDING_NOTES)
+                        else current.message,
                     )
                 )
+        elif status.state is JobState.PENDING:
+            self._note_pending(current, status)
         return self.record(selection_id)
+
+    def _note_pending(self, current: JobRecord, status: JobStatus) -> None:
+        """A job the site queued again (requeued after a node failure or preemption) or
+        holds is pending, not failed: its record says so, in words the task log shows."""
+        note = ""
+        if status.requeued_by:
+            note = f"requeued by Slurm: {status.requeued_by}"
+        if status.held:
+            note = f"{note}; held" if note else "held"
+            note += f" ({status.reason})" if status.reason else ""
+        if current.state == JobState.PENDING.value and current.message == note:
+            return
+        stale = current.message.startswith(_PENDING_NOTES)
+        if current.state != JobState.RUNNING.value and not note and not stale:
+            return
+        with self.store.begin() as conn:
+            conn.execute(
+                update(selections)
+                .where(selections.c.id == current.selection_id)
+                .values(state=JobState.PENDING.value, message=note)
+            )
 
     def cancel(self, selection_id: int) -> JobRecord:
         current = self.record(selection_id)

@@ -1,0 +1,85 @@
+"""A job the site queues again (Slurm's requeue after a node failure or preemption) or
+holds is pending, not failed: the selection's record says why, the trigger's task log
+says it once, and the job that runs again and completes ends the task as completed.
+The site's answers are scripted at the adapter edge (the real ones are tested against
+the Slurm clusters in tests/slurm/test_slurm_adapter.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gridcore.config import default_grid
+from gridcore.engine.runtime import GridRuntime
+from gridcore.model import JobRequest, JobState, JobStatus, JobSubmission
+from gridcore.sites.base import SiteAdapter
+from gridcore.state.store import open_store
+
+
+@dataclass
+class ScriptedStatus:
+    """The real local site for submitting; status answers taken from ``script``."""
+
+    inner: SiteAdapter
+    script: list[JobStatus] = field(default_factory=list)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def status(self, job_id: str) -> JobStatus:
+        return self.script.pop(0)
+
+
+@pytest.fixture
+def runtime(tmp_path: Path) -> Iterator[tuple[GridRuntime, ScriptedStatus]]:
+    store = open_store(f"sqlite:///{tmp_path}/state.db", upgrade=True)
+    base = GridRuntime(default_grid(tmp_path / "home"), store)
+    scripted = ScriptedStatus(base.adapter("local-a"))
+    yield GridRuntime(base.grid, store, adapters={"local-a": scripted}), scripted
+    store.dispose()
+
+
+def test_a_requeued_then_held_job_is_pending_with_its_reason_until_it_completes(
+    runtime: tuple[GridRuntime, ScriptedStatus],
+) -> None:
+    rt, scripted = runtime
+    record = rt.select(JobRequest("j", 1), site="local-a")
+    record = rt.submit(record.selection_id, JobSubmission("j", "true", 1))
+    job = str(record.job_id)
+    scripted.script = [
+        JobStatus(job, JobState.RUNNING, started_at=10.0),
+        JobStatus(job, JobState.PENDING, requeued_by="NODE_FAIL", restarts=1),
+        JobStatus(job, JobState.PENDING, requeued_by="REQUEUED", held=True, reason="JobHeldAdmin"),
+        JobStatus(job, JobState.RUNNING, started_at=20.0, restarts=1),
+        JobStatus(job, JobState.COMPLETED, exit_code=0, started_at=20.0, finished_at=30.0),
+    ]
+    seen = [rt.poll(record.selection_id) for _ in range(5)]
+    assert [(r.state, r.message) for r in seen] == [
+        ("running", ""),
+        ("pending", "requeued by Slurm: NODE_FAIL"),
+        ("pending", "requeued by Slurm: REQUEUED; held (JobHeldAdmin)"),
+        ("running", ""),
+        ("completed", ""),
+    ]
+    assert seen[-1].exit_code == 0
+
+
+def test_a_job_held_before_it_ever_ran_says_held(
+    runtime: tuple[GridRuntime, ScriptedStatus],
+) -> None:
+    rt, scripted = runtime
+    record = rt.select(JobRequest("j", 1), site="local-a")
+    record = rt.submit(record.selection_id, JobSubmission("j", "true", 1))
+    job = str(record.job_id)
+    scripted.script = [
+        JobStatus(job, JobState.PENDING, held=True, reason="JobHeldUser"),
+        JobStatus(job, JobState.PENDING, reason="Priority"),
+    ]
+    assert rt.poll(record.selection_id).message == "held (JobHeldUser)"
+    # released, waiting for its turn: nothing more to say
+    released = rt.poll(record.selection_id)
+    assert (released.state, released.message) == ("pending", "")
