@@ -28,14 +28,38 @@ Format (version 1)::
     api_version = "v0.0.38"          # slurm: slurmrestd OpenAPI version (v0.0.36-38)
     timeout_s = 10                   # slurm: HTTP timeout
 
+    [sites.alpha.defaults]           # optional: what every job at the site asks for
+    time_limit = "1h"                # unless its request says otherwise (key by key);
+    account = "proj42"               # the same keys as every request (operators, the
+    qos = "normal"                   # pipeline file), named as sbatch names them:
+    partition = "batch"              #   time_limit: "90s" "10m" "2h" "1d", Slurm's "MM"
+    memory = "4G"                    #     "MM:SS" "HH:MM:SS" "D-HH" "D-HH:MM" "D-HH:MM:SS"
+    gpus = 0                         #     (a bare "90" is 90 minutes) or integer seconds
+    constraint = "intel&ib"          #   account, qos, partition (over the site's own)
+                                     #   memory (per node) or memory_per_cpu, not both:
+                                     #     "512M" "4G" "1T" (binary units) or integer MiB
+                                     #   gpus: integer >= 0; constraint: Slurm features
+                                     # (or inline: defaults = { time_limit = "1h" });
+                                     # unset everywhere: the cluster's own defaults
+
     [sites.laptop]
     kind = "local"
     processors = 4
     storage_dir = "/tmp/gridcore/laptop"   # optional; default under the state dir
+    defaults = { time_limit = "30m" }      # a local site enforces time_limit, has no
+                                           # GPUs, ignores memory/account/qos/partition/
+                                           # constraint (gridcore/sites/local.py)
 
     [bandwidth]                      # directed MB/s; a missing reverse pair is symmetric
     origin = { alpha = 200.0, laptop = 1000.0 }   # "origin" = where inputs live
     alpha = { laptop = 50.0 }
+
+Resources are parsed once, by :func:`gridcore.validation.check_resources`: an unknown
+key in a ``defaults`` table is refused naming it
+(``grid.toml: sites.alpha.defaults.time: unknown key (known: time_limit, ...)``), a bad
+value naming its field (``grid.toml: sites.alpha.defaults.time_limit: '10x' is not a
+duration (use 90s, 10m, 2h, 1d or D-HH:MM:SS)``). A job's own resources go over its site's defaults where it is submitted
+(:func:`gridcore.engine.submission.resources_at`).
 
 Numbers are finite (no inf or nan) and, unless said otherwise, > 0. The file must be a
 regular file of UTF-8 text. Every problem raises :class:`ConfigError` in one line naming
