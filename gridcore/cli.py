@@ -149,6 +149,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--decisions", type=int, default=2000)
     p.add_argument("--per-process", type=int, default=250)
+    p.add_argument("--grid", help="slurm-polling: the grid file (default $GRIDCORE_GRID)")
+    p.add_argument("--site", help="slurm-polling: the Slurm site (default the grid's first)")
     p.set_defaults(handler=_bench)
 
     p = sub.add_parser(
@@ -305,6 +307,8 @@ def _run_registered(args: argparse.Namespace, entry: registry.Experiment) -> int
         case=getattr(args, "case", None),
         all_orderings=getattr(args, "all_orderings", None),
         live=getattr(args, "live", None),
+        grid=getattr(args, "grid", None) if args.command == "bench" else None,
+        site=getattr(args, "site", None),
     )
     progress_mode()  # a bad $GRIDCORE_PROGRESS is refused before the run, not in it
     # Log lines during the run are written above the progress bars (stderr), not through them.

@@ -17,7 +17,8 @@ reader); the rest is pure functions of those rows.
 ``/api/v1/grid`` (``version`` 1)::
 
     taken_at       epoch seconds of the snapshot
-    sites          [{name, kind, release, api_version, total, idle, free, external_pending, claimed, queued,
+    sites          [{name, kind, release, api_version, total, idle, free, external_pending,
+                     claimed, queued,
                      claimed_by_kind {kind: processors}, queued_by_kind {kind: processors},
                      holds {kind: {holds, processors, bytes}}, storage_used, storage_limit
                      (null: unlimited), usable, consecutive_errors, unusable_after,

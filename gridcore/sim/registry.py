@@ -57,6 +57,8 @@ class RunOptions:
     case: int | None = None
     all_orderings: bool | None = None
     live: bool | None = None
+    grid: str | None = None
+    site: str | None = None
 
     def __post_init__(self) -> None:
         if self.cases is not None and self.cases < 1:
@@ -85,6 +87,8 @@ OPTIONAL_OPTIONS: Mapping[str, str] = MappingProxyType(
         "case": "--case",
         "all_orderings": "--all-orderings",
         "live": "--live",
+        "grid": "--grid",
+        "site": "--site",
     }
 )
 """The :class:`RunOptions` only some entries take, by the command-line option that sets them."""
@@ -205,6 +209,7 @@ BENCHMARKS: Mapping[str, str] = MappingProxyType(
         "placement": "gridcore.bench:PLACEMENT",
         "coreservation": "gridcore.bench_coreservation:CORESERVATION",
         "dataplan": "gridcore.bench_dataplan:DATAPLAN",
+        "slurm-polling": "gridcore.bench_slurm:SLURM_POLLING",
     }
 )
 """``gridcore bench NAME``: decision throughput and latency."""

@@ -272,6 +272,8 @@ class SlurmSite:
     ``file`` and ``command`` references) or a plain string. The token is only put in
     request headers: never logged, and scrubbed from every error message. Pass a
     ``session`` to share a connection pool (it is then not closed by :meth:`close`).
+    ``share_listing=False`` reads every status by id (``GET /job/{id}``), as a per-job
+    poller does (``gridcore bench slurm-polling`` compares the two).
     """
 
     def __init__(
@@ -282,6 +284,7 @@ class SlurmSite:
         *,
         clock: Callable[[], float] = time.monotonic,
         listing_max_age_s: float = LISTING_MAX_AGE_S,
+        share_listing: bool = True,
     ) -> None:
         if spec.kind is not SiteKind.SLURM or not spec.url:
             raise ConfigError(f"site {spec.name}: a Slurm site needs kind 'slurm' and a url")
@@ -301,6 +304,7 @@ class SlurmSite:
         self._shared = _shared(self._root, self._user)
         self._clock = clock
         self._listing_max_age_s = listing_max_age_s
+        self._share_listing = share_listing
         self._owns_session = session is None
         self._session = session if session is not None else requests.Session()
 
@@ -463,9 +467,10 @@ class SlurmSite:
         """The job's raw object: from the shared listing when it is fresh and has it,
         else asked for by id (UnknownJob when the site forgot it)."""
         path = self._job_path(job_id)
-        listing = self._listing(max_age_s=self._listing_max_age_s)
-        if job_id in listing:
-            return listing[job_id]
+        if self._share_listing:
+            listing = self._listing(max_age_s=self._listing_max_age_s)
+            if job_id in listing:
+                return listing[job_id]
         found = [
             j for j in api.dicts(self._call("GET", path), "jobs") if str(j.get("job_id")) == job_id
         ]
