@@ -412,7 +412,7 @@ def parse_duration(value: str) -> int:
         # D-HH, D-HH:MM, D-HH:MM:SS: hours, minutes and seconds stay in their range
         if len(numbers) > 3:
             raise _NotADuration("")
-        _in_clock_range(numbers, ("hours", "minutes", "seconds"), leading=False)
+        _in_clock_range(numbers, ("hours", "minutes", "seconds")[: len(numbers)], leading=False)
         h, m, sec = (*numbers, 0, 0)[:3]
         return int(days) * 86400 + h * 3600 + m * 60 + sec
     names = {1: ("minutes",), 2: ("minutes", "seconds"), 3: ("hours", "minutes", "seconds")}
