@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import textwrap
+import tomllib
 from pathlib import Path
 
 import pytest
 
+from gridcore import config
 from gridcore.config import load_grid, parse_grid
 from gridcore.errors import ConfigError
-from gridcore.model import CredentialRef, SiteKind
+from gridcore.model import NO_RESOURCES, CredentialRef, JobResources, MemoryScope, SiteKind
 
 VALID = """
 version = 1
@@ -142,3 +145,95 @@ def test_unknown_site_lookup_lists_known_sites(tmp_path: Path) -> None:
     grid = parse_grid(BASE, source="g.toml")
     with pytest.raises(ConfigError, match=r"unknown site 'zz' .*has: a"):
         grid.site("zz")
+
+
+DEFAULTS = """
+version = 1
+
+[sites.alpha]
+kind = "slurm"
+processors = 16
+url = "http://127.0.0.1:6820"
+token = { env = "ALPHA_TOKEN" }
+
+[sites.alpha.defaults]
+time_limit = "1-00:00"
+account = "proj42"
+qos = "normal"
+partition = "batch"
+memory_per_cpu = "2G"
+gpus = 1
+constraint = "intel&ib"
+
+[sites.beta]
+kind = "slurm"
+processors = 8
+url = "http://127.0.0.1:6821"
+defaults = { time_limit = "1h", account = "proj42" }
+
+[sites.laptop]
+kind = "local"
+processors = 4
+defaults = { time_limit = 1800, memory = "4G", account = "ignored-here" }
+
+[sites.plain]
+kind = "local"
+processors = 2
+"""
+
+
+def test_site_defaults_load_from_tables_and_inline_tables(tmp_path: Path) -> None:
+    path = tmp_path / "grid.toml"
+    path.write_text(DEFAULTS)
+    grid = load_grid(path)
+    assert grid.site("alpha").defaults == JobResources(
+        86400, "proj42", "normal", "batch", 2048, MemoryScope.CPU, 1, "intel&ib"
+    )
+    assert grid.site("beta").defaults == JobResources(time_limit_s=3600, account="proj42")
+    assert grid.site("laptop").defaults == JobResources(
+        time_limit_s=1800, account="ignored-here", memory_mib=4096
+    )
+    assert grid.site("plain").defaults == NO_RESOURCES
+    assert grid.site("alpha").partition == "debug"  # the site's own; defaults go over it
+
+
+@pytest.mark.parametrize(
+    ("defaults", "message"),
+    [
+        (
+            {"time": "1h"},
+            "g.toml: sites.a.defaults.time: unknown key (known: time_limit, account, qos,"
+            " partition, memory, memory_per_cpu, gpus, constraint)",
+        ),
+        (
+            {"time_limit": "10x"},
+            "g.toml: sites.a.defaults.time_limit: '10x' is not a duration"
+            " (use 90s, 10m, 2h, 1d or D-HH:MM:SS)",
+        ),
+        (
+            {"memory": "lots"},
+            "g.toml: sites.a.defaults.memory: 'lots' is not a memory size"
+            " (use 512M, 4G, 1T or an integer of MiB)",
+        ),
+        (
+            {"memory": "1G", "memory_per_cpu": "1G"},
+            "g.toml: sites.a.defaults.memory_per_cpu: give memory (per node) or"
+            " memory_per_cpu, not both",
+        ),
+        ({"gpus": 1}, "g.toml: sites.a.defaults.gpus: a local site has no GPUs"),
+        ("1h", "g.toml: sites.a.defaults: must be a table, got '1h'"),
+    ],
+)
+def test_each_mistake_in_a_sites_defaults_is_named(defaults: object, message: str) -> None:
+    raw = {"version": 1, "sites": {"a": {"kind": "local", "processors": 4, "defaults": defaults}}}
+    with pytest.raises(ConfigError) as err:
+        parse_grid(raw, source="g.toml")
+    assert str(err.value) == message
+
+
+def test_the_documented_format_parses(tmp_path: Path) -> None:
+    doc = config.__doc__ or ""
+    example = doc.split("Format (version 1)::")[1].split("\nResources are parsed")[0]
+    grid = parse_grid(tomllib.loads(textwrap.dedent(example)), source="doc")
+    assert grid.site("alpha").defaults.time_limit_s == 3600
+    assert grid.site("laptop").defaults == JobResources(time_limit_s=1800)
