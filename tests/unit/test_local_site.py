@@ -16,8 +16,9 @@ from sqlalchemy import func, select
 from gridcore.config import default_grid
 from gridcore.engine import ledger
 from gridcore.engine.runtime import GridRuntime, JobRecord
+from gridcore.engine.submission import submit_once
 from gridcore.errors import ConfigError, RequestError, SiteRejected
-from gridcore.model import JobRequest, JobSubmission
+from gridcore.model import JobRequest, JobResources, JobState, JobSubmission, SiteKind, SiteSpec
 from gridcore.sites import local as local_site
 from gridcore.sites.local import LocalSite
 from gridcore.state.schema import local_jobs, selections
@@ -297,3 +298,88 @@ def test_a_job_cancelled_while_its_spawn_is_under_way_never_runs(
     time.sleep(0.5)
     assert _runs(counter) == 0 and _row(rt)["state"] == "cancelled"
     in_flight_zero(rt)
+
+
+# -- resources: the time limit is enforced, GPUs refused, the rest ignored ------------------
+
+
+def _processes_in(workdir: Path) -> list[str]:
+    """Command lines of the live processes whose working directory is ``workdir``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if Path(os.readlink(proc / "cwd")) == workdir.resolve():
+                state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state != "Z":
+                    found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+    return found
+
+
+def test_a_job_past_its_time_limit_is_killed_and_failed(tmp_path: Path) -> None:
+    rt = runtime(tmp_path)
+    marker = tmp_path / "survived"
+    rec = rt.select(JobRequest("slow", 1, 1.0), site="local-a")
+    limited = JobResources(time_limit_s=2, memory_mib=1024, account="ignored", qos="any")
+    started = time.time()
+    rt.submit(rec.selection_id, JobSubmission("slow", f"sleep 30; touch {marker}", 1,
+                                              resources=limited))  # fmt: skip
+    done = wait(rt, rec.selection_id, timeout=20)
+    assert (done.state, done.message) == ("failed", "time limit of 2 s exceeded (killed)")
+    assert 2 <= time.time() - started < 15
+    site = rt.adapter("local-a")
+    assert isinstance(site, LocalSite)
+    workdir = site.workdir(str(done.job_id))
+    assert not any("sleep 30" in cmd for cmd in _processes_in(workdir))  # its group is gone
+    assert not marker.exists()
+    assert (workdir / "start.1" / local_site.TIMED_OUT).exists()
+    in_flight_zero(rt)
+    assert_capacity_invariant(rt.store, no_live_holds=True)
+
+
+def test_a_job_within_its_time_limit_completes_and_leaves_no_watchdog(tmp_path: Path) -> None:
+    rt = runtime(tmp_path)
+    rec = rt.select(JobRequest("quick", 1, 1.0), site="local-b")
+    job = JobSubmission("quick", "echo done", 1, resources=JobResources(time_limit_s=600))
+    done = wait(rt, rt.submit(rec.selection_id, job).selection_id)
+    assert (done.state, done.exit_code) == ("completed", 0)
+    site = rt.adapter("local-b")
+    assert isinstance(site, LocalSite)
+    workdir = site.workdir(str(done.job_id))
+    assert (workdir / local_site.TIME_LIMIT_FILE).read_text().strip() == "600"
+    deadline = time.time() + 5
+    while _processes_in(workdir) and time.time() < deadline:  # the watchdog stops at once
+        time.sleep(0.05)
+    assert _processes_in(workdir) == []
+
+
+def test_the_sites_default_time_limit_applies_to_a_job_asking_none(tmp_path: Path) -> None:
+    store = open_store(f"sqlite:///{tmp_path}/s.db", upgrade=True)
+    spec = SiteSpec("laptop", SiteKind.LOCAL, 2, storage_dir=str(tmp_path / "laptop"),
+                    defaults=JobResources(time_limit_s=1))  # fmt: skip
+    site = LocalSite(spec, store)
+    job_id, adopted = submit_once(site, JobSubmission("dflt", "sleep 30", 1))
+    assert not adopted
+    deadline = time.time() + 20
+    while not (status := site.status(job_id)).state.finished and time.time() < deadline:
+        time.sleep(0.1)
+    assert (status.state, status.reason) == (
+        JobState.FAILED,
+        "time limit of 1 s exceeded (killed)",
+    )
+    store.dispose()
+
+
+def test_a_job_asking_for_gpus_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    rt = runtime(tmp_path)
+    rec = rt.select(JobRequest("cuda", 1, 1.0), site="local-a")
+    with pytest.raises(RequestError, match=r"asks for 2 GPU\(s\); a local site has no GPUs"):
+        rt.submit(rec.selection_id, JobSubmission("cuda", "true", 1,
+                                                  resources=JobResources(gpus=2)))  # fmt: skip
+    assert rt.record(rec.selection_id).state == "failed"
+    with rt.store.begin() as conn:
+        assert conn.execute(select(func.count()).select_from(local_jobs)).scalar_one() == 0
+    assert not (tmp_path / "sites" / "local-a" / "jobs").exists()
+    in_flight_zero(rt)
+    assert_capacity_invariant(rt.store, no_live_holds=True)
