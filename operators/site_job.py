@@ -21,6 +21,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from gridcore.api.dashboard import task_job_name
 from gridcore.engine.runtime import GridRuntime, JobRecord
+from gridcore.engine.submission import refuse_gpus_on_local
 from gridcore.errors import ConfigError, GridError, RequestError, StateError
 from gridcore.model import JobRequest, JobState, JobSubmission
 from gridcore.policies.selection import DEFAULT_PROTOCOL, InsufficientMode, SelectionProtocol
@@ -184,6 +185,13 @@ class SiteJobOperator(GridcoreJobOperator):
 
     def _select_and_submit(self, runtime: GridRuntime, state: Any, job: JobPlan) -> JobRecord:
         pinned = _pinned_site(runtime, self.site)
+        grid = runtime.grid
+        refuse_gpus_on_local(
+            job.submission.resources,
+            [grid.site(pinned)] if pinned is not None else grid.sites,
+            every=pinned is None,
+            field="gpus",
+        )
         record = runtime.select(job.request, job.protocol, job.mode, job.stream, site=pinned)
         return self._submit(runtime, state, job, record.selection_id)
 

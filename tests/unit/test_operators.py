@@ -15,8 +15,11 @@ from sqlalchemy import func, inspect, select
 
 from gridcore.engine.ledger import ledger_totals
 from gridcore.engine.runtime import GridRuntime, JobRecord
+from gridcore.model import JobResources
+from gridcore.sites.local import TIME_LIMIT_FILE, LocalSite
 from gridcore.state.schema import selections
 from gridcore.state.store import open_store
+from gridcore.validation import RESOURCE_KEYS
 from gridcore_airflow.operators.site_job import (
     INPUTS_ENV,
     SELECTION_KEY,
@@ -36,6 +39,7 @@ RESULT_KEYS = {
     "queued_s",
     "selection_id",
     "output_files",
+    "resources",
 }
 WAIT_S = 30.0
 
@@ -211,6 +215,13 @@ def test_execute_complete_rejects_events_that_break_the_contract(event: Any) -> 
         ),
         ({"insufficient_mode": "wait"}, r"insufficient_mode: must be random \| best \| earliest"),
         ({"command": "  "}, r"job\.command: must not be blank"),
+        ({"time_limit": "10x"}, r"time_limit: '10x' is not a duration \(use 90s, 10m, 2h"),
+        ({"time_limit": 0}, r"time_limit: must be from 1 second"),
+        ({"memory": "1G", "memory_per_cpu": "1G"}, "memory_per_cpu: give memory .* not both"),
+        ({"gpus": -1}, r"gpus: must be an integer of GPUs >= 0"),
+        ({"gpus": 1}, r"gpus: asks for 1 GPU\(s\), but site\(s\) local-a, local-b, local-c"),
+        ({"gpus": 1, "site": "local-b"}, r"gpus: .* site\(s\) local-b are local and have none"),
+        ({"qos": ""}, "qos: must not be empty"),
     ],
     ids=[
         "unknown-site",
@@ -222,6 +233,13 @@ def test_execute_complete_rejects_events_that_break_the_contract(event: Any) -> 
         "bad-protocol",
         "bad-mode",
         "blank-command",
+        "bad-time-limit",
+        "zero-time-limit",
+        "two-memories",
+        "negative-gpus",
+        "gpus-on-local-sites",
+        "gpus-on-a-pinned-local-site",
+        "empty-qos",
     ],
 )
 def test_bad_input_fails_before_anything_is_recorded(
@@ -339,3 +357,46 @@ def test_a_selection_that_cannot_be_persisted_is_released(runtime: GridRuntime) 
         states = list(conn.execute(select(selections.c.state)).scalars())
     assert states == ["cancelled"]
     assert {site: t for site, t in totals.items() if any(t)} == {}
+
+
+# -- resources: asked, merged over the site's defaults, shown in XCom ----------------------
+
+
+def test_the_xcom_shows_the_resources_sent_over_the_sites_defaults(
+    grid_with_defaults: Path, runtime: GridRuntime
+) -> None:
+    op = operator(site="local-a", time_limit="10m", memory_per_cpu="512M", constraint="x86")
+    trigger = deferred(op)
+    result = op.execute_complete({}, event_of(trigger))
+
+    # asked: time limit, per-cpu memory, constraint; local-a's defaults: account, memory
+    # (per node, replaced by the per-cpu memory asked), time limit (replaced)
+    assert result["resources"] == {
+        "time_limit_s": 600,
+        "account": "proj42",
+        "constraint": "x86",
+        "memory_mib": 512,
+        "memory_per": "cpu",
+    }
+    site = runtime.adapter("local-a")
+    assert isinstance(site, LocalSite)
+    workdir = site.workdir(str(result["job_id"]))
+    assert (workdir / TIME_LIMIT_FILE).read_text().strip() == "600"  # what the site enforces
+
+
+def test_a_job_asking_nothing_gets_its_sites_defaults_or_nothing(
+    grid_with_defaults: Path,
+) -> None:
+    op = operator(site="local-b")
+    assert op.execute_complete({}, event_of(deferred(op)))["resources"] == {"qos": "short"}
+    op = operator(site="local-c", time_limit=90)  # an integer: seconds
+    assert op.execute_complete({}, event_of(deferred(op)))["resources"] == {"time_limit_s": 90}
+
+
+def test_resources_are_templated_and_a_rendered_gpu_count_is_a_number(db_url: str) -> None:
+    assert set(RESOURCE_KEYS) <= set(SiteJobOperator.template_fields)
+    assert operator(gpus="2", time_limit="90").plan_resources() == JobResources(
+        time_limit_s=5400, gpus=2  # "90" rendered: Slurm's 90 minutes
+    )
+    result = operator(deferrable=False).execute(context={})
+    assert result["resources"] == {}  # the embedded default's sites have no defaults
