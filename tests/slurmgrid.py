@@ -44,11 +44,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import fcntl
 import ipaddress
 import json
 import os
 import random
+import re
 import secrets
 import shutil
 import signal
@@ -56,9 +58,10 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +69,8 @@ from typing import Any
 import requests
 
 from gridcore.errors import GridError
+from tests import slurm_releases
+from tests.slurm_releases import CHROOT_PATH, HOST_RELEASE, ChrootError, Mount, Release
 
 APT_PACKAGES = (
     "slurmctld",
@@ -75,8 +80,11 @@ APT_PACKAGES = (
     "slurmrestd",
     "slurm-wlm-jwt-plugin",
 )
+# The REST version of the host's Slurm 22.05; a cluster's own is SlurmCluster.api_version.
 API_VERSION = "v0.0.38"
 MANIFEST = "daemons.json"
+# Every mount the grid made into a chroot, recorded before it is made (like MANIFEST).
+MOUNTS_FILE = "mounts.json"
 ENV_FILE = "grid.env"
 TOML_FILE = "grid.toml"
 PARTITION = "debug"
@@ -98,6 +106,10 @@ NETNS_RUN_DIR = Path("/run/gridcore-slurmgrid")
 # Each cluster gets 10.213.X.0/24 (X = 1..254, the first not in use on this host).
 SUBNET_BASE = "10.213"
 LOOPBACK = "127.0.0.1"
+_FINAL_STATES = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
+    | {"DEADLINE", "PREEMPTED"}
+)
 
 
 class SlurmGridError(GridError):
@@ -115,6 +127,9 @@ class ClusterLayout:
     slowness: float = 1.0
     # None: the fast default; N: jobs start only on N-second scheduler ticks.
     sched_interval_s: int | None = None
+    # The Slurm release it runs (tests.slurm_releases.RELEASES): the host's own, or a
+    # newer one from a Debian chroot.
+    release: str = HOST_RELEASE
 
     @property
     def node_names(self) -> tuple[str, ...]:
@@ -122,9 +137,9 @@ class ClusterLayout:
 
 
 DEFAULT_LAYOUT = (
-    ClusterLayout("alpha", (16,), 1000, 200.0),
-    ClusterLayout("beta", (8, 8), 2000, 100.0),
-    ClusterLayout("gamma", (4,), 3000, 50.0),
+    ClusterLayout("alpha", (16,), 1000, 200.0, release="26.05"),
+    ClusterLayout("beta", (8, 8), 2000, 100.0, release="22.05"),
+    ClusterLayout("gamma", (4,), 3000, 50.0, release="24.11"),
 )
 
 
@@ -148,14 +163,108 @@ class SlurmCluster:
     host_address: str = LOOPBACK
     # Its network namespace (None in the loopback layout).
     netns: str | None = None
+    # The Slurm release it runs ("22.05", "24.11", "26.05") and the newest REST version
+    # its slurmrestd serves (from GET /openapi/v3), e.g. "v0.0.45".
+    release: str = HOST_RELEASE
+    api_version: str = API_VERSION
+    # The Debian chroot its daemons, tools and jobs run in (None: the host's Slurm).
+    chroot: Path | None = None
+
+    def cli_argv(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
+        """``argv`` (a Slurm tool by name, e.g. ``["squeue", "-h"]``, and its arguments) as
+        a command line that runs THIS cluster's release of the tool against it, from the
+        host, with ``SLURM_CONF`` and a PATH set (plus ``env``); nothing else inherited."""
+        return _cli_argv(self.conf, self.chroot, argv, env)
+
+    def cli(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        check: bool = False,
+        timeout: float = 30,
+        input: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm tool of the cluster's own release (see ``cli_argv``); text output
+        captured. ``check=True`` raises SlurmGridError with its stderr if it fails."""
+        done = subprocess.run(
+            self.cli_argv(argv, env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            input=input,
+            stdin=None if input is not None else subprocess.DEVNULL,
+            check=False,
+        )
+        if check and done.returncode != 0:
+            raise SlurmGridError(
+                f"`{' '.join(argv)}` on {self.name} (Slurm {self.release}) failed with "
+                f"{done.returncode}: {done.stderr.strip() or done.stdout.strip()}"
+            )
+        return done
+
+    def rest(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        """A raw REST call as root: ``/slurm/<api_version>/<path>`` (e.g. "jobs",
+        "job/1000", "job/submit"); ``kwargs`` go to ``requests.request``."""
+        headers = {"X-SLURM-USER-NAME": "root", "X-SLURM-USER-TOKEN": self.token}
+        kwargs.setdefault("timeout", 15)
+        url = f"{self.rest_url}/slurm/{self.api_version}/{path.lstrip('/')}"
+        return requests.request(method, url, headers=headers, **kwargs)
+
+    def sbatch(
+        self,
+        command: str,
+        *,
+        cwd: Path,
+        name: str = "grid-test",
+        output: Path | None = None,
+        options: Sequence[str] = (),
+    ) -> str:
+        """Submit ``command`` (a shell line) with the cluster's own ``sbatch``; its job
+        id. The job runs in ``cwd`` (a path the same on the host and in a chroot, e.g.
+        under /tmp) and writes to ``output`` (default ``cwd/slurm-%j.out``)."""
+        argv = ["sbatch", "--parsable", f"--job-name={name}", f"--chdir={cwd}"]
+        if output is not None:
+            argv.append(f"--output={output}")
+        done = self.cli([*argv, *options, "--wrap", command], check=True)
+        return done.stdout.strip().split(";", 1)[0]
+
+    def show_job(self, job_id: str) -> dict[str, str]:
+        """``scontrol show job -o`` as a dict (JobState, ExitCode, NodeList, ...); {} if
+        the controller does not know the job."""
+        done = self.cli(["scontrol", "show", "job", "-o", str(job_id)])
+        if done.returncode != 0:
+            return {}
+        return dict(re.findall(r"(\w+)=(\S*)", done.stdout))
+
+    def wait_job(self, job_id: str, timeout_s: float = 60.0) -> dict[str, str]:
+        """``show_job`` once the job has ended (any final state); SlurmGridError after
+        ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            job = self.show_job(job_id)
+            if job.get("JobState") in _FINAL_STATES:
+                return job
+            if time.monotonic() > deadline:
+                raise SlurmGridError(f"job {job_id} of {self.name} still {job} after {timeout_s} s")
+            time.sleep(0.2)
 
     def cli_env(self) -> dict[str, str]:
-        """Environment for Slurm CLI tools (squeue, scontrol) aimed at this cluster.
-        They run on the host and reach slurmctld at ``address`` (the conf names it)."""
+        """Environment for the HOST's Slurm tools aimed at this cluster; only for a cluster
+        of the host's release (the tools of another release cannot talk to it): use
+        ``cli``/``cli_argv``, which work for every cluster."""
+        if self.chroot is not None:
+            raise SlurmGridError(
+                f"{self.name} runs Slurm {self.release} in {self.chroot}: the host's tools "
+                "cannot talk to it; use cluster.cli(argv) or cluster.cli_argv(argv)"
+            )
         return {**os.environ, "SLURM_CONF": str(self.conf), "PATH": _SEARCH_PATH}
 
     def exec_argv(self, argv: Sequence[str]) -> list[str]:
-        """``argv`` wrapped to run inside the cluster's network namespace (as its jobs do)."""
+        """``argv`` wrapped to run where the cluster's jobs run: inside its network
+        namespace and, for a newer release, its chroot (environment inherited)."""
+        if self.chroot is not None:
+            argv = [_chroot_bin(), str(self.chroot), *argv]
         return _in_netns(self.netns, argv)
 
 
@@ -171,6 +280,13 @@ class SlurmGrid:
     children: list[subprocess.Popen[bytes]] = field(default_factory=list, repr=False)
     # "netns" or "loopback": the layout actually started.
     network: str = "loopback"
+
+    def by_release(self, release: str) -> SlurmCluster:
+        """The (first) cluster that runs Slurm ``release``, e.g. "24.11"."""
+        for cluster in self.clusters:
+            if cluster.release == release:
+                return cluster
+        raise SlurmGridError(f"no cluster of Slurm {release} in grid {self.dir}")
 
     def cluster(self, key: str | int) -> SlurmCluster:
         """A cluster by name, or by its position in the layout (0, 1, 2)."""
@@ -273,15 +389,176 @@ def _free_ports(count: int) -> list[int]:
     raise SlurmGridError(f"could not find {count} free TCP ports in {low}-{high}")
 
 
+# --------------------------------------------------------------------------- releases
+
+
+def _chroot_bin() -> str:
+    found = shutil.which("chroot", path=_SEARCH_PATH)
+    if found is None:
+        raise SlurmGridError("`chroot` (coreutils) not found")
+    return found
+
+
+def _cli_argv(
+    conf: Path, chroot: Path | None, argv: Sequence[str], env: Mapping[str, str] | None = None
+) -> list[str]:
+    """A Slurm tool of the release at ``chroot`` (None: the host's) run against ``conf``'s
+    cluster, with a clean environment: ``env -i PATH=... SLURM_CONF=... TOOL ARGS``."""
+    variables = {
+        "PATH": CHROOT_PATH if chroot is not None else _SEARCH_PATH,
+        "SLURM_CONF": str(conf),
+        **(env or {}),
+    }
+    prefix = ["/usr/bin/env", "-i", *(f"{k}={v}" for k, v in variables.items())]
+    if chroot is None:
+        return [*prefix, *argv]
+    return [_chroot_bin(), str(chroot), *prefix, *argv]
+
+
+def _daemon_argv(
+    netns: str | None,
+    chroot: Path | None,
+    argv: Sequence[str],
+    env: Mapping[str, str] | None = None,
+) -> list[str]:
+    """A Slurm daemon (by name) of the release at ``chroot`` (None: the host's), in the
+    cluster's namespace: ``nsenter --net=NS chroot DIR env -i ... DAEMON ARGS``. Every
+    step execs the next, so the process started is the daemon itself."""
+    if chroot is None:
+        return _in_netns(netns, [_binary(argv[0]), *argv[1:]])
+    conf = Path(argv[argv.index("-f") + 1])
+    return _in_netns(netns, _cli_argv(conf, chroot, argv, env))
+
+
+def _layout_release(layout: ClusterLayout) -> Release:
+    try:
+        return slurm_releases.release(layout.release)
+    except ChrootError as exc:
+        raise SlurmGridError(f"cluster {layout.name}: {exc}") from None
+
+
+def _ensure_releases(layouts: Sequence[ClusterLayout]) -> dict[str, Path | None]:
+    """release -> its chroot (None: the host's Slurm), each chroot built first if missing
+    (or waited for while another process builds it)."""
+    roots: dict[str, Path | None] = {}
+    for layout in layouts:
+        rel = _layout_release(layout)
+        if rel.version in roots:
+            continue
+        if not rel.in_chroot:
+            ensure_slurm_installed()
+            roots[rel.version] = None
+            continue
+        try:
+            roots[rel.version] = slurm_releases.ensure_chroot(rel)
+        except (ChrootError, OSError, subprocess.SubprocessError) as exc:
+            raise SlurmGridError(f"no chroot for Slurm {rel.version}: {exc}") from exc
+    return roots
+
+
+def _release_of(output: str) -> str | None:
+    """ "22.05" from ``scontrol --version`` output such as "slurm-wlm 22.05.8"."""
+    found = re.search(r"\b(\d+\.\d+)\.\d+", output)
+    return found.group(1) if found else None
+
+
+def _check_release(conf: Path, chroot: Path | None, layout: ClusterLayout) -> None:
+    done = subprocess.run(
+        _cli_argv(conf, chroot, ["scontrol", "--version"]),
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
+    )
+    found = _release_of(done.stdout)
+    if found != layout.release:
+        raise SlurmGridError(
+            f"cluster {layout.name} should run Slurm {layout.release}, but its scontrol "
+            f"says {done.stdout.strip() or done.stderr.strip()!r}"
+        )
+
+
+# --------------------------------------------------------------------------- mounts
+
+
+def _job_paths() -> tuple[list[Path], list[Path]]:
+    """Host directories a chroot's daemons and jobs need at the same path: read-write the
+    temp dirs (the grid's scratch dir, tests' tmp_path, state dirs), read-only the
+    repository (gridcore, installed editable), the venv and the base interpreter."""
+    shared = [Path("/tmp"), Path(tempfile.gettempdir())]
+    repos = {Path(__file__).resolve().parents[1]}
+    with contextlib.suppress(ImportError):
+        import gridcore
+
+        repos.add(Path(gridcore.__file__).resolve().parents[1])
+    read_only = [*sorted(repos), Path(sys.prefix), Path(sys.base_prefix)]
+    return shared, read_only
+
+
+def _record_mount(base_dir: Path, spec: Mount, created: Sequence[str]) -> None:
+    entries = _read_mounts(base_dir)
+    entries.append({**spec.as_record(), "created": list(created)})
+    (base_dir / MOUNTS_FILE).write_text(json.dumps(entries, indent=1))
+
+
+def _read_mounts(base_dir: Path) -> list[dict[str, Any]]:
+    try:
+        loaded: list[dict[str, Any]] = json.loads((base_dir / MOUNTS_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+    return loaded
+
+
+def _mount_chroot(base_dir: Path, root: Path) -> None:
+    """proc, sys, dev, the temp dirs (with the grid's own scratch dir), the repository,
+    the venv and the interpreter into ``root``, each recorded in MOUNTS_FILE before it
+    is made (so stop, even of a killed run's grid, unmounts it)."""
+    shared, read_only = _job_paths()
+    specs = slurm_releases.system_mounts(root)
+    specs += slurm_releases.bind_mounts(root, [*shared, base_dir], read_only)
+    real_root = root.resolve()
+    for spec in specs:
+        target = Path(spec.target)
+        created = slurm_releases.missing_dirs(target)
+        _record_mount(base_dir, spec, created)
+        target.mkdir(parents=True, exist_ok=True)
+        # A symlink inside the chroot must never lead a mount out of it.
+        if real_root not in target.resolve().parents:
+            raise SlurmGridError(f"mount point {target} leaves the chroot {root}")
+        try:
+            slurm_releases.do_mount(spec)
+        except ChrootError as exc:
+            raise SlurmGridError(str(exc)) from exc
+
+
+def _unmount_all(base_dir: Path) -> None:
+    """Undo every recorded mount (latest first) and remove the mount points it made."""
+    entries = _read_mounts(base_dir)
+    for entry in reversed(entries):
+        slurm_releases.undo_mount(entry["target"], entry.get("kind") == "rbind")
+        for directory in reversed(entry.get("created", [])):
+            with contextlib.suppress(OSError):  # not empty, or another grid mounts there
+                Path(directory).rmdir()
+    (base_dir / MOUNTS_FILE).unlink(missing_ok=True)
+
+
 # --------------------------------------------------------------------------- manifest
 
 
-def _record_daemon(base_dir: Path, pid_file: Path, program: str, conf: Path | None = None) -> None:
+def _record_daemon(
+    base_dir: Path,
+    pid_file: Path,
+    program: str,
+    conf: Path | None = None,
+    chroot: Path | None = None,
+) -> None:
     """Append a daemon to the manifest before it starts (so stop can find it)."""
     entries = _read_manifest(base_dir)
     entry = {"pid_file": str(pid_file), "program": program}
     if conf is not None:
         entry["conf"] = str(conf)
+    if chroot is not None:
+        entry["chroot"] = str(chroot)
     entries.append(entry)
     (base_dir / MANIFEST).write_text(json.dumps(entries, indent=1))
 
@@ -573,32 +850,33 @@ def _signal_all(pids: Iterable[int], sig: signal.Signals) -> None:
             continue
 
 
-def _squeue_ids(env: dict[str, str]) -> list[str]:
-    argv = [_binary("squeue"), "--noheader", "--format=%i"]
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=20)
+def _squeue_ids(conf: Path, chroot: Path | None) -> list[str]:
+    argv = _cli_argv(conf, chroot, ["squeue", "--noheader", "--format=%i"])
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
     return done.stdout.split() if done.returncode == 0 else []
 
 
 def _cancel_all_jobs(entries: Sequence[dict[str, str]]) -> None:
     """Cancel every live job: a job's slurmstepd outlives slurmd and slurmctld."""
-    envs = [
-        {**os.environ, "SLURM_CONF": e["conf"]}
+    ctlds = [
+        (Path(e["conf"]), Path(e["chroot"]) if e.get("chroot") else None)
         for e in entries
         if "conf" in e and _pid_of(Path(e["pid_file"]), e["program"]) is not None
     ]
-    for env in envs:
-        ids = _squeue_ids(env)
+    for conf, chroot in ctlds:
+        ids = _squeue_ids(conf, chroot)
         if ids:
-            subprocess.run([_binary("scancel"), *ids], env=env, capture_output=True, timeout=20)
+            argv = _cli_argv(conf, chroot, ["scancel", *ids])
+            subprocess.run(argv, capture_output=True, timeout=20, check=False)
     deadline = time.monotonic() + _STOP_TIMEOUT_S
-    while envs and time.monotonic() < deadline:
-        envs = [env for env in envs if _squeue_ids(env)]
+    while ctlds and time.monotonic() < deadline:
+        ctlds = [(conf, chroot) for conf, chroot in ctlds if _squeue_ids(conf, chroot)]
         time.sleep(0.1)
 
 
 def stop_grid_dir(base_dir: Path, *, remove_netns: bool = True) -> None:
-    """Stop every daemon listed in ``base_dir``'s manifest, by PID file, then remove the
-    grid's network namespaces. Idempotent."""
+    """Stop every daemon listed in ``base_dir``'s manifest, by PID file, undo the mounts
+    it made into chroots, then remove the grid's network namespaces. Idempotent."""
     entries = _read_manifest(base_dir)
     _cancel_all_jobs(entries)
     # Slurm daemons first (reverse start order), munged last: they talk through it.
@@ -613,6 +891,7 @@ def stop_grid_dir(base_dir: Path, *, remove_netns: bool = True) -> None:
         _wait_gone(stuck, _STOP_TIMEOUT_S)
         for _, entry in found:
             Path(entry["pid_file"]).unlink(missing_ok=True)
+    _unmount_all(base_dir)
     if remove_netns:
         _remove_grid_networks(base_dir)
 
@@ -748,7 +1027,12 @@ def _slurm_conf(
 
 
 def _start_controller_and_nodes(
-    base_dir: Path, layout: ClusterLayout, munge_socket: Path, ports: _Ports, net: _Net
+    base_dir: Path,
+    layout: ClusterLayout,
+    munge_socket: Path,
+    ports: _Ports,
+    net: _Net,
+    chroot: Path | None,
 ) -> Path:
     cdir = base_dir / layout.name
     for sub in ("state", "spool", "log", "storage"):
@@ -758,10 +1042,15 @@ def _start_controller_and_nodes(
     jwt_key.chmod(0o600)
     conf = cdir / "slurm.conf"
     conf.write_text(_slurm_conf(layout, cdir, munge_socket, ports, net))
+    if chroot is not None:
+        # slurmd >= 23.02 dies without a cgroup filesystem ("No filesystem mounted on
+        # /sys/fs/cgroup") unless its cgroup plugin is off; read from beside slurm.conf.
+        (cdir / "cgroup.conf").write_text("CgroupPlugin=disabled\n")
+    _check_release(conf, chroot, layout)
     env = {**os.environ, "SLURM_CONF": str(conf)}
-    _record_daemon(base_dir, cdir / "slurmctld.pid", "slurmctld", conf)
+    _record_daemon(base_dir, cdir / "slurmctld.pid", "slurmctld", conf, chroot)
     _run_daemon(
-        _in_netns(net.netns, [_binary("slurmctld"), "-f", str(conf), "-i"]),
+        _daemon_argv(net.netns, chroot, ["slurmctld", "-f", str(conf), "-i"]),
         cdir / "log" / "launch-slurmctld.log",
         f"slurmctld of {layout.name}",
         env,
@@ -769,7 +1058,7 @@ def _start_controller_and_nodes(
     for node in layout.node_names:
         _record_daemon(base_dir, cdir / f"slurmd-{node}.pid", "slurmd")
         _run_daemon(
-            _in_netns(net.netns, [_binary("slurmd"), "-f", str(conf), "-N", node]),
+            _daemon_argv(net.netns, chroot, ["slurmd", "-f", str(conf), "-N", node]),
             cdir / "log" / f"launch-slurmd-{node}.log",
             f"slurmd {node} of {layout.name}",
             env,
@@ -777,14 +1066,13 @@ def _start_controller_and_nodes(
     return conf
 
 
-def _fetch_token(conf: Path, name: str) -> str:
+def _fetch_token(conf: Path, name: str, chroot: Path | None) -> str:
     """A 24 h JWT for root, retried while slurmctld is still coming up."""
-    env = {**os.environ, "SLURM_CONF": str(conf)}
-    argv = [_binary("scontrol"), "token", "username=root", "lifespan=86400"]
+    argv = _cli_argv(conf, chroot, ["scontrol", "token", "username=root", "lifespan=86400"])
     deadline = time.monotonic() + _START_TIMEOUT_S
     last = ""
     while time.monotonic() < deadline:
-        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=20)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
         out = done.stdout.strip()
         if done.returncode == 0 and out.startswith("SLURM_JWT="):
             return out.split("=", 1)[1]
@@ -794,30 +1082,28 @@ def _fetch_token(conf: Path, name: str) -> str:
     raise SlurmGridError(f"no JWT from slurmctld of {name}: {last}\n{_tail(log)}")
 
 
-def _start_rest(grid: SlurmGrid, conf: Path, net: _Net, port: int) -> None:
+def _rest_options(chroot: Path | None) -> list[str]:
+    """slurmrestd's user and plugins: 22.05 serves v0.0.36-38 and refuses to run as root;
+    newer releases load only the slurmctld plugin (the slurmdbd one refuses to load
+    without slurmdbd) and from 25.11 on take the user only as a number."""
+    if chroot is None:
+        plugins = "openapi/v0.0.38,openapi/v0.0.37,openapi/v0.0.36"
+        return ["-u", "nobody", "-g", "nogroup", "-a", "rest_auth/jwt", "-s", plugins]
+    return ["-u", "65534", "-g", "65534", "-a", "rest_auth/jwt", "-s", "openapi/slurmctld"]
+
+
+def _start_rest(grid: SlurmGrid, conf: Path, net: _Net, port: int, chroot: Path | None) -> None:
     cdir = conf.parent
     pid_file = cdir / "slurmrestd.pid"
     log = cdir / "log" / "slurmrestd.log"
     _record_daemon(grid.dir, pid_file, "slurmrestd")
-    argv = [
-        _binary("slurmrestd"),
-        "-f",
-        str(conf),
-        "-u",
-        "nobody",
-        "-g",
-        "nogroup",
-        "-a",
-        "rest_auth/jwt",
-        "-s",
-        "openapi/v0.0.38,openapi/v0.0.37,openapi/v0.0.36",
-        f"{net.address}:{port}",
-    ]
+    argv = ["slurmrestd", "-f", str(conf), *_rest_options(chroot), f"{net.address}:{port}"]
     # Without SLURM_JWT=daemon slurmrestd rejects every client token.
-    env = {**os.environ, "SLURM_CONF": str(conf), "SLURM_JWT": "daemon"}
+    jwt = {"SLURM_JWT": "daemon"}
+    env = {**os.environ, "SLURM_CONF": str(conf), **jwt}
     with log.open("ab") as out:
         child = subprocess.Popen(
-            _in_netns(net.netns, argv),
+            _daemon_argv(net.netns, chroot, argv, jwt),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=out,
@@ -830,8 +1116,9 @@ def _start_rest(grid: SlurmGrid, conf: Path, net: _Net, port: int) -> None:
 
 
 def _rest_get(session: requests.Session, cluster: SlurmCluster, path: str) -> dict[str, Any]:
+    """GET ``/slurm/<the cluster's api_version>/<path>`` as root; {} on any failure."""
     headers = {"X-SLURM-USER-NAME": "root", "X-SLURM-USER-TOKEN": cluster.token}
-    url = f"{cluster.rest_url}/slurm/{API_VERSION}/{path}"
+    url = f"{cluster.rest_url}/slurm/{cluster.api_version}/{path}"
     try:
         resp = session.get(url, headers=headers, timeout=5)
         body: dict[str, Any] = resp.json() if resp.status_code == 200 else {}
@@ -840,18 +1127,68 @@ def _rest_get(session: requests.Session, cluster: SlurmCluster, path: str) -> di
     return body
 
 
+def served_api_versions(session: requests.Session, cluster: SlurmCluster) -> list[str]:
+    """The REST versions (``v0.0.N``) the cluster's slurmrestd serves, oldest first, from
+    its OpenAPI document (``GET /openapi/v3``); [] if it does not answer (yet)."""
+    headers = {"X-SLURM-USER-NAME": "root", "X-SLURM-USER-TOKEN": cluster.token}
+    try:
+        resp = session.get(f"{cluster.rest_url}/openapi/v3", headers=headers, timeout=5)
+        paths = resp.json().get("paths", {}) if resp.status_code == 200 else {}
+    except (requests.RequestException, ValueError, AttributeError):
+        return []
+    found = {m.group(1) for p in paths if (m := re.match(r"/slurm/(v\d+\.\d+\.\d+)/", p))}
+    return sorted(found, key=lambda v: tuple(int(x) for x in v[1:].split(".")))
+
+
+def _ping_up(ping: dict[str, Any]) -> bool:
+    """A controller's ping entry says it answers: v0.0.38 ``ping == "UP"``, v0.0.40/41
+    ``pinged == "UP"``, v0.0.42+ ``responding: true``."""
+    if "responding" in ping:
+        return ping["responding"] is True
+    return (ping.get("pinged") or ping.get("ping")) == "UP"
+
+
+def _controller_up(session: requests.Session, cluster: SlurmCluster) -> bool:
+    pings = _rest_get(session, cluster, "ping").get("pings") or []
+    return bool(pings) and all(_ping_up(p) for p in pings)
+
+
+def node_states(node: dict[str, Any]) -> set[str]:
+    """A node's state and flags as one upper-case set: v0.0.38 ``state: "idle"`` plus
+    ``state_flags``; v0.0.40+ ``state: ["IDLE", "NOT_RESPONDING", ...]``."""
+    state = node.get("state")
+    states = set(state) if isinstance(state, list) else {str(state)}
+    states |= set(node.get("state_flags") or [])
+    return {s.upper() for s in states}
+
+
 def _nodes_idle(session: requests.Session, cluster: SlurmCluster) -> bool:
     nodes = _rest_get(session, cluster, "nodes").get("nodes", [])
     # A node that just registered can read "idle" with flags such as NOT_RESPONDING.
-    ready = {n.get("name") for n in nodes if n.get("state") == "idle" and not n.get("state_flags")}
+    ready = {n.get("name") for n in nodes if node_states(n) == {"IDLE"}}
     return all(node in ready for node in cluster.nodes)
 
 
-def _wait_cluster_ready(session: requests.Session, cluster: SlurmCluster) -> None:
+def _wait_cluster_ready(session: requests.Session, cluster: SlurmCluster) -> SlurmCluster:
+    """Waits for slurmrestd, the controller and every node; returns the cluster with the
+    newest REST version its slurmrestd serves."""
     logs = cluster.conf.parent / "log"
+    served: list[str] = []
+
+    def answers() -> bool:
+        served[:] = served_api_versions(session, cluster)
+        return bool(served)
+
     _wait_for(
-        lambda: bool(_rest_get(session, cluster, "ping").get("pings")),
-        f"slurmrestd of {cluster.name} to answer /ping at {cluster.rest_url}",
+        answers,
+        f"slurmrestd of {cluster.name} to answer /openapi/v3 at {cluster.rest_url}",
+        [logs / "slurmrestd.log", logs / "slurmctld.log"],
+        _START_TIMEOUT_S,
+    )
+    cluster = dataclasses.replace(cluster, api_version=served[-1])
+    _wait_for(
+        lambda: _controller_up(session, cluster),
+        f"slurmctld of {cluster.name} to answer /slurm/{cluster.api_version}/ping",
         [logs / "slurmrestd.log", logs / "slurmctld.log"],
         _START_TIMEOUT_S,
     )
@@ -861,6 +1198,7 @@ def _wait_cluster_ready(session: requests.Session, cluster: SlurmCluster) -> Non
         [logs / "slurmctld.log", *(logs / f"slurmd-{n}.log" for n in cluster.nodes)],
         _START_TIMEOUT_S,
     )
+    return cluster
 
 
 def _toml_str(value: str) -> str:
@@ -896,13 +1234,25 @@ def _write_outputs(grid: SlurmGrid, layouts: Sequence[ClusterLayout]) -> None:
     env_file.write_text("".join(f"export {k}={v}\n" for k, v in grid.env.items()))
 
 
+@dataclass(frozen=True)
+class _Plan:
+    layout: ClusterLayout
+    conf: Path
+    ports: _Ports
+    net: _Net
+    chroot: Path | None
+
+
 def _launch(grid: SlurmGrid, layouts: Sequence[ClusterLayout], persistent: bool) -> None:
+    roots = _ensure_releases(layouts)
+    for root in sorted({r for r in roots.values() if r is not None}):
+        _mount_chroot(grid.dir, root)
     munge_socket = _start_munge(grid.dir)
     nets = [_LOOPBACK_NET] * len(layouts)
     if grid.network == "netns":
         nets = _make_networks(grid.dir, [lay.name for lay in layouts], persistent)
     all_ports = iter(_free_ports(sum(len(lay.node_cpus) + 2 for lay in layouts)))
-    plans: list[tuple[ClusterLayout, Path, _Ports, _Net]] = []
+    plans: list[_Plan] = []
     # Start every controller before waiting on any: their start-up delays overlap.
     for lay, net in zip(layouts, nets, strict=True):
         ports = _Ports(
@@ -910,32 +1260,35 @@ def _launch(grid: SlurmGrid, layouts: Sequence[ClusterLayout], persistent: bool)
             slurmd=tuple(next(all_ports) for _ in lay.node_cpus),
             rest=next(all_ports),
         )
-        conf = _start_controller_and_nodes(grid.dir, lay, munge_socket, ports, net)
-        plans.append((lay, conf, ports, net))
+        chroot = roots[lay.release]
+        conf = _start_controller_and_nodes(grid.dir, lay, munge_socket, ports, net, chroot)
+        plans.append(_Plan(lay, conf, ports, net, chroot))
     clusters = []
-    for lay, conf, ports, net in plans:
-        token = _fetch_token(conf, lay.name)
-        _start_rest(grid, conf, net, ports.rest)
+    for plan in plans:
+        lay, net = plan.layout, plan.net
+        token = _fetch_token(plan.conf, lay.name, plan.chroot)
+        _start_rest(grid, plan.conf, net, plan.ports.rest, plan.chroot)
         cluster = SlurmCluster(
             name=lay.name,
-            rest_url=f"http://{net.address}:{ports.rest}",
+            rest_url=f"http://{net.address}:{plan.ports.rest}",
             token=token,
             token_env=f"GRIDCORE_SLURM_TOKEN_{lay.name.upper()}",
-            conf=conf,
+            conf=plan.conf,
             cpus=sum(lay.node_cpus),
             nodes=lay.node_names,
-            storage_dir=conf.parent / "storage",
+            storage_dir=plan.conf.parent / "storage",
             first_job_id=lay.first_job_id,
             address=net.address,
             host_address=net.host_address,
             netns=net.netns,
+            release=lay.release,
+            chroot=plan.chroot,
         )
         clusters.append(cluster)
         grid.env[cluster.token_env] = token
     grid.clusters = tuple(clusters)
     with requests.Session() as session:
-        for cluster in grid.clusters:
-            _wait_cluster_ready(session, cluster)
+        grid.clusters = tuple(_wait_cluster_ready(session, c) for c in clusters)
     _write_outputs(grid, layouts)
 
 
@@ -1027,7 +1380,7 @@ def restart_controller(cluster: SlurmCluster) -> None:
             raise SlurmGridError(f"slurmctld of {cluster.name} (pid {pid}) did not stop")
     env = {**os.environ, "SLURM_CONF": str(cluster.conf)}
     _run_daemon(
-        _in_netns(cluster.netns, [_binary("slurmctld"), "-f", str(cluster.conf), "-i"]),
+        _daemon_argv(cluster.netns, cluster.chroot, ["slurmctld", "-f", str(cluster.conf), "-i"]),
         cdir / "log" / "launch-slurmctld.log",
         f"slurmctld of {cluster.name}",
         env,
@@ -1044,31 +1397,20 @@ def restart_controller(cluster: SlurmCluster) -> None:
 
 
 def _nodes_responding(session: requests.Session, cluster: SlurmCluster) -> bool:
-    if not _rest_get(session, cluster, "ping").get("pings"):
+    if not _controller_up(session, cluster):
         return False
     nodes = _rest_get(session, cluster, "nodes").get("nodes", [])
     ok = {
         n.get("name")
         for n in nodes
-        if n.get("state") in ("idle", "mixed", "allocated")
-        and "NOT_RESPONDING" not in (n.get("state_flags") or [])
+        if node_states(n) & {"IDLE", "MIXED", "ALLOCATED"}
+        and "NOT_RESPONDING" not in node_states(n)
     }
     return all(node in ok for node in cluster.nodes)
 
 
 def _scontrol(cluster: SlurmCluster, *args: str) -> str:
-    done = subprocess.run(
-        [_binary("scontrol"), *args],
-        capture_output=True,
-        text=True,
-        env=cluster.cli_env(),
-        timeout=30,
-    )
-    if done.returncode != 0:
-        raise SlurmGridError(
-            f"scontrol {' '.join(args)} on {cluster.name} failed: {done.stderr.strip()}"
-        )
-    return done.stdout
+    return cluster.cli(["scontrol", *args], check=True).stdout
 
 
 # --------------------------------------------------------------------------- CLI

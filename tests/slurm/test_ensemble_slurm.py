@@ -27,7 +27,7 @@ from tests.integration.airflow_services import (
     wait_for_run,
     xcom_values,
 )
-from tests.slurmgrid import API_VERSION, SlurmCluster, SlurmGrid
+from tests.slurmgrid import SlurmCluster, SlurmGrid
 
 pytestmark = [pytest.mark.slurm, pytest.mark.airflow]
 DAG_ID = "ensemble_surge"
@@ -92,7 +92,7 @@ def test_burst_of_members_runs_on_several_clusters_as_slurm_records_it(
 def slurm_job(cluster: SlurmCluster, job_id: str) -> dict[str, Any]:
     """The job as the cluster's own slurmrestd reports it."""
     response = requests.get(
-        f"{cluster.rest_url}/slurm/{API_VERSION}/job/{job_id}",
+        f"{cluster.rest_url}/slurm/{cluster.api_version}/job/{job_id}",
         headers={"X-SLURM-USER-NAME": "root", "X-SLURM-USER-TOKEN": cluster.token},
         timeout=15,
     )

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import subprocess
 import tempfile
 import time
 import tomllib
@@ -250,7 +249,7 @@ def test_drained_node_leaves_the_total(
     site = slurm_sites["beta"]
 
     def scontrol(*args: str) -> None:
-        subprocess.run(["scontrol", *args], env=cluster.cli_env(), check=True, timeout=20)
+        cluster.cli(["scontrol", *args], check=True, timeout=20)
 
     scontrol("update", "nodename=beta-n2", "state=drain", "reason=gridcore-test")
     try:

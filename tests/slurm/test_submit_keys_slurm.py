@@ -23,7 +23,7 @@ from gridcore.sites.keys import selection_key
 from gridcore.sites.slurm import SlurmSite
 from gridcore.state.store import open_store
 from tests.capacity_checks import assert_capacity_invariant
-from tests.slurmgrid import API_VERSION, SlurmCluster, SlurmGrid
+from tests.slurmgrid import SlurmCluster, SlurmGrid
 
 pytestmark = pytest.mark.slurm
 
@@ -39,7 +39,7 @@ def runtime(slurm_grid: SlurmGrid, tmp_path: Path, monkeypatch: pytest.MonkeyPat
 def slurm_jobs_with(cluster: SlurmCluster, key: str) -> list[dict[str, Any]]:
     """slurmrestd's own listing, filtered by the job comment (no gridcore code)."""
     headers = {"X-SLURM-USER-NAME": "root", "X-SLURM-USER-TOKEN": cluster.token}
-    url = f"{cluster.rest_url}/slurm/{API_VERSION}/jobs"
+    url = f"{cluster.rest_url}/slurm/{cluster.api_version}/jobs"
     body = requests.get(url, headers=headers, timeout=15).json()
     return [j for j in body["jobs"] if j.get("comment") == key]
 
