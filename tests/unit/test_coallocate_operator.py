@@ -21,6 +21,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskD
 from sqlalchemy import func, inspect, select
 
 from gridcore.engine.koala import KoalaEngine
+from gridcore.sites.local import TIME_LIMIT_FILE, LocalSite
 from gridcore.state.schema import coalloc_components, coalloc_jobs
 from gridcore.state.store import open_store
 from gridcore_airflow.operators.coallocate import JOB_KEY, CoAllocateOperator
@@ -127,6 +128,10 @@ def test_execute_submits_a_queued_job_and_defers(db_url: str) -> None:
         ({"kind": "flexible", "components": None, "total": -1}, "total"),
         ({"total": 4}, "total"),
         ({"input_file": " "}, "input_file"),
+        ({"time_limit": "10x"}, "time_limit: '10x' is not a duration"),
+        ({"memory": -1}, "memory: must be from 1 MiB"),
+        ({"gpus": 1}, r"request\.resources\.gpus: .* local-a, local-b, local-c are local"),
+        ({"kind": "fixed", "sites": ["local-a", "local-b"], "gpus": 2}, "local-a, local-b"),
         # The engine's own checks, still before any row is written:
         ({"kind": "fixed", "sites": ["local-a", "nowhere"]}, "nowhere"),
         ({"components": [9]}, "idle grid"),
@@ -158,9 +163,9 @@ def test_execute_complete_maps_a_record_to_the_xcom_shape() -> None:
         "placement": {"policy": "WF", "clusters_combined": 2},
         "components": [
             {"index": 0, "size": 4, "site": "a", "file_site": None, "site_job_id": "1",
-             "released_at": 11.95},
+             "released_at": 11.95, "resources": {"time_limit_s": 60, "account": "x"}},
             {"index": 1, "size": 2, "site": "b", "file_site": "a", "site_job_id": "2",
-             "released_at": 12.0},
+             "released_at": 12.0, "resources": {"time_limit_s": 60}},
         ],
     }  # fmt: skip
     event = {"status": "success", "message": "ok", "subject": "co-allocated job", "id": 7,
@@ -185,6 +190,7 @@ def test_execute_complete_maps_a_record_to_the_xcom_shape() -> None:
         "file_sites": [None, "a"],
         "site_job_ids": ["1", "2"],
         "start_times": [11.95, 12.0],
+        "resources": [{"time_limit_s": 60, "account": "x"}, {"time_limit_s": 60}],
         "output_files": [None, None],  # the event names no files
     }
 
@@ -472,3 +478,26 @@ async def test_a_finished_trigger_leaves_the_scan_lease_free(db_url: str) -> Non
     finally:
         await asyncio.to_thread(close_koala, other)
         await trigger.cleanup()
+
+
+def test_each_components_xcom_shows_what_its_site_job_asked_of_its_site(
+    db_url: str, grid_with_defaults: Path
+) -> None:
+    # WF on local-a 8, local-b 4, local-c 4: the 8 fills local-a, the 4 goes elsewhere.
+    result = operator(
+        deferrable=False, components=[8, 4], command="true", time_limit="10m", account="mine"
+    ).execute(context={})
+
+    assert result["state"] == "completed"
+    asked = {"time_limit_s": 600, "account": "mine"}  # over each site's own defaults
+    expected = {
+        "local-a": {**asked, "memory_mib": 1024, "memory_per": "node"},
+        "local-b": {**asked, "qos": "short"},
+        "local-c": asked,
+    }
+    assert result["resources"] == [expected[site] for site in result["sites"]]
+    with engine_of(db_url) as engine:
+        for site, job_id in zip(result["sites"], result["site_job_ids"], strict=True):
+            local = engine.runtime.adapter(site)
+            assert isinstance(local, LocalSite)
+            assert (local.workdir(job_id) / TIME_LIMIT_FILE).read_text().strip() == "600"

@@ -9,9 +9,11 @@ import asyncio
 import importlib
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +26,8 @@ from gridcore.engine.coreservation import CoReserveEngine, ReservationRecord
 from gridcore.engine.phases import PilotState, ReservationPhase
 from gridcore.engine.runtime import GridRuntime
 from gridcore.model import HolderKind
+from gridcore.policies.coreservation import pilot_time_limit
+from gridcore.sites.local import TIME_LIMIT_FILE, LocalSite
 from gridcore.state.schema import local_jobs, reservations
 from gridcore.state.store import open_store
 from gridcore_airflow.operators.coreserve import JOB_KEY, CoReserveOperator
@@ -48,6 +52,7 @@ DOCUMENTED_KEYS = {
     "reorganizations",
     "site_job_ids",
     "sites",
+    "resources",
 }
 
 
@@ -185,6 +190,8 @@ def wait_local_jobs_ended(engine: CoReserveEngine) -> None:
         ({"machine_file": {"local-z": 3}}, r"machine_file\.local-z: unknown site"),
         # the engine's own check, still before any row is written
         ({"processors": 64}, "cannot be held even by the idle grid"),
+        ({"time_limit": "soon"}, "time_limit: 'soon' is not a duration"),
+        ({"gpus": 1}, r"resources\.gpus: asks for 1 GPU\(s\), but site\(s\) local-a"),
     ],
 )
 def test_bad_input_fails_naming_the_field_before_anything_is_written(
@@ -394,8 +401,10 @@ def test_execute_complete_maps_a_success_record_to_the_xcom_in_rank_order() -> N
         "dispatch_skew_s": 0.01, "shifts_received": 1, "shifts_given": 0, "substitutes": 2,
         "reorganizations": 1,
         "pilots": [
-            {"id": 9, "site": "b", "site_job_id": "19", "component": 1},
-            {"id": 8, "site": "a", "site_job_id": "18", "component": 0},
+            {"id": 9, "site": "b", "site_job_id": "19", "component": 1,
+             "resources": {"time_limit_s": 1020}},
+            {"id": 8, "site": "a", "site_job_id": "18", "component": 0,
+             "resources": {"time_limit_s": 960, "qos": "q"}},
             {"id": 3, "site": "a", "site_job_id": "13", "component": None},  # lost
         ],
     }  # fmt: skip
@@ -406,6 +415,34 @@ def test_execute_complete_maps_a_success_record_to_the_xcom_in_rank_order() -> N
 
     assert set(result) >= DOCUMENTED_KEYS
     assert (result["sites"], result["site_job_ids"]) == (["a", "b"], ["18", "19"])
-    assert {k: result[k] for k in DOCUMENTED_KEYS - {"sites", "site_job_ids"}} == {
-        k: record[k] for k in DOCUMENTED_KEYS - {"sites", "site_job_ids"}
+    assert result["resources"] == [{"time_limit_s": 960, "qos": "q"}, {"time_limit_s": 1020}]
+    per_rank = {"sites", "site_job_ids", "resources"}
+    assert {k: result[k] for k in DOCUMENTED_KEYS - per_rank} == {
+        k: record[k] for k in DOCUMENTED_KEYS - per_rank
     }
+
+
+def test_each_pilot_asks_for_its_lifetime_plus_the_commands_time_limit(
+    db_url: str, grid_with_defaults: Path
+) -> None:
+    result = operator(
+        command="true", processors=2, max_clusters=2, time_limit="10m", lifetime_floor_s=120.0
+    ).execute(context={})
+
+    assert result["state"] == ReservationPhase.COMPLETED and result["lifetime_s"] >= 120.0
+    # the lifetime (Eq. 2, at least the floor) + 600 s + max(300 s, 10 %)
+    limit = pilot_time_limit(result["lifetime_s"], 600)
+    assert limit == math.ceil(result["lifetime_s"] + 600 + 300)
+    by_site = {"local-a": {"account": "proj42", "memory_mib": 1024, "memory_per": "node"},
+               "local-b": {"qos": "short"}, "local-c": {}}  # fmt: skip
+    assert result["resources"] == [
+        {"time_limit_s": limit, **by_site[site]} for site in result["sites"]
+    ]
+    runtime = GridRuntime.open(db_url=db_url, upgrade=False)
+    try:
+        for site, job_id in zip(result["sites"], result["site_job_ids"], strict=True):
+            local = runtime.adapter(site)
+            assert isinstance(local, LocalSite)
+            assert (local.workdir(job_id) / TIME_LIMIT_FILE).read_text().strip() == str(limit)
+    finally:
+        runtime.store.dispose()
