@@ -16,6 +16,7 @@ from gridcore.policies.coreservation import (
     GLOBAL_ORDER,
     LIFETIME_CEILING_S,
     PAPER_RULE,
+    PILOT_TIME_MARGIN_S,
     ClusterReservation,
     ClusterView,
     PendingJob,
@@ -26,6 +27,7 @@ from gridcore.policies.coreservation import (
     expected_wait,
     expected_wait_printed,
     indirect_deadlock,
+    pilot_time_limit,
     relation,
     release_slower_half,
     reorganize,
@@ -287,6 +289,43 @@ def test_eq2_ceiling(
 def test_eq2_refuses_a_bad_ceiling(ceiling: float) -> None:
     with pytest.raises(ConfigError, match="ceiling"):
         reservation_lifetime([1.0], 0.0, ceiling)
+
+
+# -- a pilot's time limit: its hold (at most the lifetime) + its command + a margin --------
+
+
+@pytest.mark.parametrize(
+    ("scenario", "lifetime", "command", "limit"),
+    [
+        ("an idle grid: the floor, a 10-minute command, 5 min margin", 60.0, 600.0, 960),
+        ("a fractional lifetime rounds up", 120.5, 600.0, 1021),
+        ("10 % once above 5 min: 1 h lifetime + 1 h command", 3600.0, 3600.0, 7920),
+        ("the 10 % of a day's command", 3600.0, 86400.0, 99000),
+        ("a lifetime of 0 still gets the margin", 0.0, 1.0, 301),
+    ],
+)
+def test_a_pilots_time_limit_covers_its_lifetime_and_its_command(
+    scenario: str, lifetime: float, command: float, limit: int
+) -> None:
+    assert pilot_time_limit(lifetime, command) == limit, scenario
+    assert limit >= lifetime + command + PILOT_TIME_MARGIN_S, scenario
+
+
+def test_a_pilot_time_limit_follows_eq2() -> None:
+    lifetime = reservation_lifetime([100.0, 400.0], 60.0, LIFETIME_CEILING_S)
+    assert pilot_time_limit(lifetime, 3600.0) == math.ceil(800.0 + 3600.0 + 440.0)
+
+
+@pytest.mark.parametrize(
+    ("lifetime", "command", "field"),
+    [(-1.0, 60.0, "lifetime"), (math.inf, 60.0, "lifetime"), (60.0, 0.0, "command"),
+     (60.0, math.nan, "command")],
+)  # fmt: skip
+def test_a_pilot_time_limit_refuses_impossible_values(
+    lifetime: float, command: float, field: str
+) -> None:
+    with pytest.raises(ConfigError, match=field):
+        pilot_time_limit(lifetime, command)
 
 
 # -- Definitions 1 and 2 ----------------------------------------------------------------------
