@@ -17,11 +17,14 @@ from sqlalchemy import select, update
 
 from gridcore.api.server import RunningCenter, start_in_thread
 from gridcore.config import default_grid
+from gridcore.engine import coreservation
 from gridcore.engine.coreservation import CoReserveEngine, CoReserveParams, ReservationRecord
 from gridcore.engine.phases import PilotState, ReservationPhase
 from gridcore.engine.runtime import GridRuntime
 from gridcore.errors import RequestError
-from gridcore.model import CoReservationRequest, JobSubmission
+from gridcore.model import CoReservationRequest, JobResources, JobSubmission
+from gridcore.policies.coreservation import pilot_time_limit
+from gridcore.sites.local import TIME_LIMIT_FILE, LocalSite
 from gridcore.state.schema import local_jobs, pilots, reservation_shifts, reservations
 from gridcore.state.store import open_store
 from tests.capacity_checks import assert_capacity_invariant
@@ -416,3 +419,59 @@ def test_a_pilot_that_reported_its_result_is_left_to_exit_before_it_counts_as_or
     _wait_local_jobs_ended(engine)
     engine.scan()
     assert_capacity_invariant(engine.store, no_live_holds=True)
+
+
+class _Died(BaseException):
+    """The submitter dies here (nothing catches a BaseException on the way out)."""
+
+
+def test_a_pilot_resubmitted_after_its_submitter_died_asks_what_it_was_first_sent(
+    grid: tuple[GridRuntime, RunningCenter], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = engine_of(grid)
+    request = CoReservationRequest(
+        "again", "true", 1, sites=("local-b",), lifetime_floor_s=30.0,
+        resources=JobResources(time_limit_s=600, account="proj"),
+    )  # fmt: skip
+
+    def dies(adapter: Any, job: JobSubmission) -> tuple[str, bool]:
+        raise _Died
+
+    with monkeypatch.context() as patched:
+        patched.setattr(coreservation.submission, "submit_once", dies)
+        with pytest.raises(_Died):
+            engine.submit(request)
+    with engine.store.begin() as conn:
+        job_id = conn.execute(select(reservations.c.id)).scalar_one()
+    record = engine.status(job_id)
+    (pilot,) = record.pilots
+    assert pilot.state is PilotState.SUBMITTING and record.lifetime_s is not None
+    # Eq. 2's lifetime + the command's 600 s + the margin, kept with the pilot
+    limit = pilot_time_limit(record.lifetime_s, 600)
+    assert pilot.resources == {"time_limit_s": limit, "account": "proj"}
+
+    monkeypatch.setattr(coreservation, "SUBMIT_DEADLINE_S", -1.0)  # stale at once
+    record = scan_until(engine, job_id, ReservationPhase.COMPLETED)
+    (pilot,) = record.pilots
+    assert pilot.resources == {"time_limit_s": limit, "account": "proj"}
+    site = engine.runtime.adapter("local-b")
+    assert isinstance(site, LocalSite) and pilot.site_job_id is not None
+    assert (site.workdir(pilot.site_job_id) / TIME_LIMIT_FILE).read_text().strip() == str(limit)
+    _wait_local_jobs_ended(engine)
+    engine.scan()
+    assert_capacity_invariant(engine.store, no_live_holds=True)
+
+
+def test_a_request_for_gpus_on_local_sites_only_is_refused_before_anything_is_written(
+    grid: tuple[GridRuntime, RunningCenter],
+) -> None:
+    engine = engine_of(grid)
+    gpus = JobResources(gpus=1)
+    with pytest.raises(RequestError, match=r"resources\.gpus: .* local-a, local-b, local-c"):
+        engine.submit(CoReservationRequest("cuda", "true", 2, resources=gpus))
+    with pytest.raises(RequestError, match=r"resources\.gpus: .* site\(s\) local-c are local"):
+        engine.submit(
+            CoReservationRequest("cuda", "true", 2, machine_file=(("local-c", 2),), resources=gpus)
+        )
+    with engine.store.begin() as conn:
+        assert conn.execute(select(reservations.c.id)).first() is None
