@@ -38,7 +38,7 @@ from gridcore.dataplan_format import (
     to_canonical,
 )
 from gridcore.errors import ConfigError
-from gridcore.model import MB, Replica
+from gridcore.model import MB, NO_RESOURCES, JobResources, MemoryScope, Replica
 from gridcore.policies.dataplan import (
     Environment,
     Strategy,
@@ -142,6 +142,24 @@ def test_a_spec_round_trips_through_its_file(tmp_path: Path) -> None:
     assert loaded == spec and loaded.source == str(path)
     assert loaded.depths[2].command == odd and loaded.depths[2].batch == BatchVolume("b/c")
     assert loaded.unsized_logical_names() == ("b/c",)
+
+
+def test_resources_are_per_file_and_per_depth_and_round_trip(tmp_path: Path) -> None:
+    text = _sub('name = "w"', 'name = "w"\n\n[resources]\ntime_limit = "30m"\naccount = "proj"')
+    text = _sub("output_bytes = 4", 'output_bytes = 4\nresources = { time_limit = "2h",'
+                ' memory_per_cpu = "2G", gpus = 1 }', text)  # fmt: skip
+    spec = parse_pipeline(tomllib.loads(text), source="w.toml")
+
+    assert spec.resources == JobResources(time_limit_s=1800, account="proj")
+    assert spec.depths[0].resources == NO_RESOURCES
+    assert spec.job_resources(0) == JobResources(time_limit_s=1800, account="proj")
+    # a depth's keys over the file's, key by key
+    assert spec.job_resources(1) == JobResources(
+        time_limit_s=7200, account="proj", memory_mib=2048, memory_per=MemoryScope.CPU, gpus=1
+    )
+    path = tmp_path / "w.toml"
+    path.write_text(dump_pipeline(spec), encoding="utf-8")
+    assert load_pipeline(path) == spec
 
 
 def test_the_example_round_trips_with_its_range_written_out(tmp_path: Path) -> None:
@@ -426,6 +444,36 @@ BAD = [
         r"pipelines\[0\]: must be a table, got 1$",
     ),
     Bad("not TOML", "version = \n", r"not valid TOML: "),
+    Bad(
+        "a bad time limit",
+        _sub('name = "w"', 'name = "w"\nresources = { time_limit = "10x" }'),
+        r"resources\.time_limit: '10x' is not a duration \(use 90s, 10m, 2h, 1d or D-HH:MM:SS\)$",
+    ),
+    Bad(
+        "an unknown resource",
+        _sub('name = "w"', 'name = "w"\nresources = { walltime = "1h" }'),
+        r"resources\.walltime: unknown key \(known: time_limit, account, qos, partition,",
+    ),
+    Bad(
+        "resources not a table",
+        _sub('name = "w"', 'name = "w"\nresources = "1h"'),
+        r"resources: must be a table, got '1h'$",
+    ),
+    Bad(
+        "a depth's bad memory",
+        _sub("output_bytes = 4", 'output_bytes = 4\nresources = { memory = "lots" }'),
+        r"depths\[1\]\.resources\.memory: 'lots' is not a memory size \(use 512M, 4G, 1T",
+    ),
+    Bad(
+        "a depth's two memories",
+        _sub("output_bytes = 4", "output_bytes = 4\nresources = { memory = 1, memory_per_cpu = 2}"),
+        r"depths\[1\]\.resources\.memory_per_cpu: give memory \(per node\) or memory_per_cpu",
+    ),
+    Bad(
+        "a depth's negative gpus",
+        _sub("output_bytes = 6", "output_bytes = 6\nresources = { gpus = -1 }"),
+        r"depths\[0\]\.resources\.gpus: must be an integer of GPUs >= 0",
+    ),
 ]
 
 
@@ -492,6 +540,14 @@ def test_files_that_are_not_pipeline_files(
             lambda: _spec(pipelines=[PipelineInput("p", 1, path="/x")] * 2),
             r"^<python>: pipelines\[1\]\.name: duplicate name 'p'",
         ),
+        (
+            lambda: DepthSpec("a", "x", 1.0, 1, resources=JobResources(time_limit_s=0)),
+            r"^DepthSpec: resources\.time_limit: must be from 1 second",
+        ),
+        (
+            lambda: _spec(resources={"time_limit": "1h"}),
+            r"^<python>: resources: must be a JobResources, got a table$",
+        ),
     ],
     ids=[
         "negative output",
@@ -504,6 +560,8 @@ def test_files_that_are_not_pipeline_files(
         "empty name",
         "name with a newline",
         "duplicate pipeline",
+        "zero time limit",
+        "resources a dict",
     ],
 )
 def test_the_python_api_refuses_with_the_class_and_field(
