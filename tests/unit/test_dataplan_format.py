@@ -37,8 +37,19 @@ from gridcore.dataplan_format import (
     plan_for_site,
     to_canonical,
 )
+from gridcore.engine.dataplan import DataPlanRunner, build_run
+from gridcore.engine.runtime import GridRuntime
 from gridcore.errors import ConfigError
-from gridcore.model import MB, NO_RESOURCES, JobResources, MemoryScope, Replica
+from gridcore.model import (
+    MB,
+    NO_RESOURCES,
+    GridSpec,
+    JobResources,
+    MemoryScope,
+    Replica,
+    SiteKind,
+    SiteSpec,
+)
 from gridcore.policies.dataplan import (
     Environment,
     Strategy,
@@ -160,6 +171,37 @@ def test_resources_are_per_file_and_per_depth_and_round_trip(tmp_path: Path) -> 
     path = tmp_path / "w.toml"
     path.write_text(dump_pipeline(spec), encoding="utf-8")
     assert load_pipeline(path) == spec
+
+
+def test_a_runs_jobs_ask_the_callers_resources_over_the_files_over_the_sites(
+    tmp_path: Path,
+) -> None:
+    spec = _spec(
+        resources=JobResources(time_limit_s=1800, qos="normal"),
+        depths=(
+            replace(_spec().depths[0], resources=JobResources(memory_mib=4096)),
+            replace(_spec().depths[1], resources=JobResources(time_limit_s=7200)),
+        ),
+    )
+    site = SiteSpec("lab", SiteKind.LOCAL, 4, storage_dir=str(tmp_path), storage_bytes=10**9,
+                    defaults=JobResources(account="proj", time_limit_s=60))  # fmt: skip
+    grid = GridSpec((site,))
+    plan = plan_for_site(to_canonical(spec), grid, "lab").plans["bent2009"]
+    run = build_run(spec, grid, "lab", plan, run_id="r1", home_dir=str(tmp_path / "home"),
+                    resources=JobResources(qos="high"))  # fmt: skip
+
+    def unused() -> GridRuntime:
+        raise AssertionError("no job runs here")
+
+    runner = DataPlanRunner(grid, unused, run)
+    # the caller's qos, then the depth's, then the file's, then the site's defaults
+    assert runner.job_resources(0) == JobResources(1800, "proj", "high", memory_mib=4096)
+    assert runner.job_resources(1) == JobResources(7200, "proj", "high")
+    assert runner.sent_resources(0, (0, 1)) == {
+        "p1/a": {"time_limit_s": 1800, "account": "proj", "qos": "high", "memory_mib": 4096,
+                 "memory_per": "node"},
+        "p1/b": {"time_limit_s": 7200, "account": "proj", "qos": "high"},
+    }  # fmt: skip
 
 
 def test_the_example_round_trips_with_its_range_written_out(tmp_path: Path) -> None:
