@@ -50,6 +50,7 @@ RESULT_KEYS = {
     "queued_s",
     "selection_id",
     "output_files",
+    "resources",
 }
 
 
