@@ -9,6 +9,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 
@@ -29,13 +30,16 @@ from gridcore.engine.pilot_pool import token_hash
 from gridcore.engine.runtime import GridRuntime
 from gridcore.errors import RequestError
 from gridcore.model import (
+    NO_RESOURCES,
     CoAllocationRequest,
     Component,
     FileDelivery,
     FlexibleOptions,
     GridSpec,
     InputFile,
+    JobResources,
     JobSubmission,
+    MemoryScope,
     Priority,
     RequestKind,
 )
@@ -194,6 +198,15 @@ def test_bad_requests_are_refused_before_any_row_exists(tmp_path: Path, center: 
             "x", RequestKind.NON_FIXED, (Component(1),), input_file=InputFile("in/missing.dat")
         ),
         "even on the idle grid": CoAllocationRequest("x", RequestKind.NON_FIXED, (Component(9),)),
+        r"request\.resources\.time_limit: must be from 1 second": CoAllocationRequest(
+            "x", RequestKind.NON_FIXED, (Component(1),), resources=JobResources(time_limit_s=0)
+        ),
+        r"request\.resources\.gpus: .* local-a, local-b, local-c are local": CoAllocationRequest(
+            "x", RequestKind.NON_FIXED, (Component(1),), resources=JobResources(gpus=1)
+        ),
+        r"request\.resources\.gpus: .* site\(s\) local-b are local": CoAllocationRequest(
+            "x", RequestKind.FIXED, (Component(1, "local-b"),), resources=JobResources(gpus=1)
+        ),
     }
     for expected, request in bad.items():
         with pytest.raises(RequestError, match=expected):
@@ -217,6 +230,15 @@ def test_request_json_round_trip() -> None:
     )
     assert request_from_json(request_to_json(request)) == request
     assert request_from_json(request_to_json(SPREAD)) == SPREAD
+    asked = JobResources(600, "proj", memory_mib=512, memory_per=MemoryScope.CPU, gpus=1)
+    with_resources = replace(SPREAD, resources=asked)
+    stored = request_to_json(with_resources)
+    assert json.loads(stored)["resources"] == asked.as_json()
+    assert request_from_json(stored) == with_resources
+    # a job stored before requests carried resources asks for none
+    old = json.loads(request_to_json(SPREAD))
+    del old["resources"]
+    assert request_from_json(json.dumps(old)).resources == NO_RESOURCES
 
 
 def test_input_file_is_staged_to_every_execution_site_before_claiming(
