@@ -9,15 +9,16 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 SLURM_PACKAGES := slurmctld slurmd slurm-client munge slurmrestd slurm-wlm-jwt-plugin
 # the SFTP staging tests start their own sshd on a free loopback port; the browser tier
-# drives Debian's Chromium (headless)
-SYSTEM_PACKAGES := $(SLURM_PACKAGES) openssh-server chromium
+# drives Debian's Chromium (headless); debootstrap builds the chroots of the newer Slurm
+# releases (tests/slurm_releases.py)
+SYSTEM_PACKAGES := $(SLURM_PACKAGES) openssh-server chromium debootstrap
 # make demo and make airflow keep everything here (Airflow's home and metadata DB,
 # gridcore's state DB and sites' storage), so the demo's runs show in the UI
 DEMO_HOME ?= $(CURDIR)/.gridcore-demo
 DEMO := AIRFLOW_HOME=$(DEMO_HOME)/airflow $(BIN)/python -m gridcore_airflow.operators.demo \
 	--home $(DEMO_HOME)
 
-.PHONY: demo airflow test lint typecheck system-packages experiment bench clean
+.PHONY: demo airflow test lint typecheck system-packages slurm-chroots experiment bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,11 +50,20 @@ airflow: $(VENV)/.airflow
 system-packages:
 	@if ! command -v slurmctld >/dev/null || ! command -v slurmrestd >/dev/null \
 	    || ! ls /usr/lib/x86_64-linux-gnu/slurm-wlm/auth_jwt.so >/dev/null 2>&1 \
-	    || ! test -x /usr/sbin/sshd || ! command -v chromium >/dev/null; then \
+	    || ! test -x /usr/sbin/sshd || ! command -v chromium >/dev/null \
+	    || ! test -x /usr/sbin/debootstrap; then \
 	  echo "installing system packages: $(SYSTEM_PACKAGES)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	    --no-install-recommends $(SYSTEM_PACKAGES) >/dev/null; \
 	fi
+
+# The slurm tier's grid runs Slurm 24.11 and 26.05 from Debian chroots kept outside the
+# clone ($GRIDCORE_SLURM_CHROOTS, default /var/cache/gridcore-slurm). When they are
+# missing (a fresh machine) this starts building them in the background (~2 min) and
+# returns at once: they build while lint and typecheck run; the slurm tier waits for the
+# build on its lock. See docs/slurm-test-grid.md.
+slurm-chroots: $(VENV)/.core system-packages
+	$(BIN)/python -m tests.slurm_releases build --background
 
 lint: $(VENV)/.dev
 	$(BIN)/ruff check .
@@ -61,7 +71,7 @@ lint: $(VENV)/.dev
 typecheck: $(VENV)/.dev
 	$(BIN)/mypy
 
-test: $(VENV)/.dev system-packages lint typecheck
+test: $(VENV)/.dev system-packages slurm-chroots lint typecheck
 	$(BIN)/pytest
 
 experiment: $(VENV)/.core

@@ -25,6 +25,7 @@ Packages come only from the Debian mirror the host's apt already uses
 Command line (from the repository root)::
 
     python -m tests.slurm_releases build [RELEASE ...]   # default: every chroot release
+    python -m tests.slurm_releases build --background    # detached; `make test` does this
     python -m tests.slurm_releases status
 """
 
@@ -260,10 +261,12 @@ class Mount:
 
 
 def system_mounts(root: Path) -> list[Mount]:
-    """proc, sys, dev (with pts, shm, mqueue) of the host, as the daemons and jobs need."""
+    """proc, sys, dev (with pts, shm, mqueue) of the host, as the daemons and jobs need.
+    Bind mounts, not new proc/sysfs ones: binds stack, so two grids can use one chroot at
+    once (mount refuses a second sysfs on a mount point that has one)."""
     return [
-        Mount(str(root / "proc"), "proc"),
-        Mount(str(root / "sys"), "sysfs"),
+        Mount(str(root / "proc"), "bind", "/proc"),
+        Mount(str(root / "sys"), "bind", "/sys"),
         Mount(str(root / "dev"), "rbind", "/dev"),
     ]
 
@@ -621,10 +624,37 @@ def _build_all(releases: Sequence[Release]) -> int:
     return 1 if failures else 0
 
 
+def _build_in_background(releases: Sequence[Release]) -> int:
+    """Start ``build`` as a detached process unless every chroot is ready; returns at
+    once. Whoever needs a chroot later waits for that build on its lock."""
+    missing = [rel for rel in releases if not is_ready(rel)]
+    if not missing:
+        print(f"Slurm chroots ready in {cache_root()}")
+        return 0
+    cache_root().mkdir(parents=True, exist_ok=True)
+    log = cache_root() / "background-build.log"
+    argv = [sys.executable, "-m", "tests.slurm_releases", "build", *(r.version for r in missing)]
+    with log.open("w") as out:
+        subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=Path(__file__).resolve().parents[1],
+            start_new_session=True,
+        )
+    names = ", ".join(f"{r.version} ({r.suite})" for r in missing)
+    print(f"building Slurm chroots {names} in the background (log: {log})")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.slurm_releases", description=__doc__)
     parser.add_argument("action", choices=("build", "status"))
     parser.add_argument("releases", nargs="*", help="e.g. 24.11 26.05 (default: all)")
+    parser.add_argument(
+        "--background", action="store_true", help="build: start it detached, return at once"
+    )
     args = parser.parse_args(argv)
     try:
         releases = [release(v) for v in args.releases] or chroot_releases()
@@ -632,7 +662,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     releases = [rel for rel in releases if rel.in_chroot]
     if args.action == "build":
-        return _build_all(releases)
+        return _build_in_background(releases) if args.background else _build_all(releases)
     for rel in releases:
         state = "ready" if is_ready(rel) else "missing"
         print(f"Slurm {rel.version} ({rel.suite}): {chroot_dir(rel)} {state}")
