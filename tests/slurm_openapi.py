@@ -187,15 +187,21 @@ def _where(error: ValidationError) -> str:
     return out or "(body)"
 
 
-def request_body_schema(spec: Mapping[str, Any], method: str, path: str) -> dict[str, Any]:
-    """The JSON ``requestBody`` schema of an operation (usually a ``$ref``)."""
+def _request_body(spec: Mapping[str, Any], method: str, path: str) -> tuple[str, str, str]:
+    """The path key, method and media type of an operation's JSON request body."""
     key, verb = find_operation(spec, method, path)
     body = spec["paths"][key][verb].get("requestBody")
     if not body:
         raise KeyError(f"{method.upper()} {path} takes no request body in this spec")
     content = body["content"]
     media = "application/json" if "application/json" in content else next(iter(content))
-    schema: dict[str, Any] = content[media]["schema"]
+    return key, verb, media
+
+
+def request_body_schema(spec: Mapping[str, Any], method: str, path: str) -> dict[str, Any]:
+    """The JSON ``requestBody`` schema of an operation (usually a ``$ref``)."""
+    key, verb, media = _request_body(spec, method, path)
+    schema: dict[str, Any] = spec["paths"][key][verb]["requestBody"]["content"][media]["schema"]
     return schema
 
 
@@ -213,10 +219,7 @@ def request_body_errors(
     spec does not define is an error; so is a deprecated one when ``allow_deprecated`` is
     false. ``spec`` is ``load_spec(version)`` or a live server's ``GET /openapi/v3``.
     """
-    key, verb = find_operation(spec, method, path_template)
-    request_body_schema(spec, method, path_template)  # raises if the operation takes none
-    media = spec["paths"][key][verb]["requestBody"]["content"]
-    media_type = "application/json" if "application/json" in media else next(iter(media))
+    key, verb, media_type = _request_body(spec, method, path_template)
     pointer = "/".join(
         p.replace("~", "~0").replace("/", "~1")
         for p in ("", "paths", key, verb, "requestBody", "content", media_type, "schema")
