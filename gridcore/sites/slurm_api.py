@@ -407,7 +407,7 @@ def read_partition(raw: Json) -> SlurmPartition:
     if isinstance(maximums, dict):  # v0.0.40+
         limit: Any = maximums.get("time")
     else:
-        limit = raw.get("maximum_time", raw.get("max_time"))
+        limit = raw.get("max_time_limit")  # v0.0.38: minutes, INFINITE as 2**32 - 1
     minutes = None if is_infinite(limit) else number(limit)
     state = raw.get("partition")
     state_words = words(state.get("state")) if isinstance(state, dict) else words(raw.get("state"))

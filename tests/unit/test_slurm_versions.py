@@ -11,7 +11,7 @@ import io
 import json
 import logging
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -30,6 +30,7 @@ from gridcore.model import (
 )
 from gridcore.sites import slurm_api as api
 from gridcore.sites.slurm import SlurmSite, forget_shared
+from tests.slurm_openapi import load_spec, request_body_errors
 
 ROOT = "http://slurm.test:6820"
 TOKEN = "eyJhbGciOiJIUzI1NiJ9.eyJleHAiOjF9.old-signature-0123456789"
@@ -130,7 +131,7 @@ def cluster(
                 "state": ["IDLE"], "partitions": ["debug"], "real_memory": 4000,
                 "gres": f"gpu:a100:{gpus}(S:0)" if gpus else ""}  # fmt: skip
     else:
-        partition = {"name": "debug", "maximum_time": max_minutes or api_infinite()}
+        partition = {"name": "debug", "max_time_limit": max_minutes or api_infinite()}
         node = {"name": "n1", "cpus": 16, "alloc_cpus": 0, "idle_cpus": 16, "state": "idle",
                 "partitions": ["debug"], "real_memory": 4000,
                 "gres": f"gpu:{gpus}" if gpus else ""}  # fmt: skip
@@ -516,3 +517,36 @@ def test_a_job_the_listing_lacks_is_asked_for_by_id(session: requests.Session) -
     assert site.status("13").state is JobState.RUNNING
     with pytest.raises(UnknownJob):
         site.status("14")
+
+
+# --------------------------------------------------------------------------- specs
+
+EVERY_RESOURCE = JobResources(
+    time_limit_s=3600,
+    account="proj",
+    qos="normal",
+    partition="debug",
+    memory_mib=1024,
+    gpus=1,
+    constraint="avx2",
+)
+
+
+@pytest.mark.parametrize("version", api.VERSIONS)
+@pytest.mark.parametrize("memory_per", list(MemoryScope))
+def test_every_body_is_valid_against_slurms_own_spec(version: str, memory_per: MemoryScope) -> None:
+    """Each version's body against SchedMD's spec of that version: a field the server does
+    not know (it would drop it with a warning) or a deprecated one fails."""
+    resources = replace(EVERY_RESOURCE, memory_per=memory_per)
+    job = JobSubmission(name="m1", command="true", processors=2, env={"A": "1"}, key="gc-k",
+                        resources=resources)  # fmt: skip
+    body = api.submission_body(
+        version, job, partition="debug", workdir="/data", resources=resources
+    )
+    spec = load_spec(version)
+    assert (
+        request_body_errors(
+            spec, "POST", f"/slurm/{version}/job/submit", body, allow_deprecated=False
+        )
+        == []
+    )
