@@ -52,7 +52,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import requests
@@ -71,6 +71,7 @@ from gridcore.model import (
     JobState,
     JobStatus,
     JobSubmission,
+    JobUsage,
     ObservedJob,
     SiteKind,
     SiteObservation,
@@ -93,6 +94,7 @@ LIMITS_MAX_AGE_S = 300.0
 _ESLURM_INVALID_JOB_ID = 2017
 _ESLURM_ALREADY_DONE = 2021
 _UNSPECIFIED = -1
+_USAGE_KEPT = 10_000
 _AUTH_ERROR = 1007  # SLURM_PROTOCOL_AUTHENTICATION_ERROR
 _AUTH_STATUS = frozenset({401, 403, 511})
 # SLURM_COMMUNICATIONS_* (1001-1005) and SLURMCTLD_COMMUNICATIONS_* (1800-1803): slurmrestd
@@ -245,6 +247,9 @@ class _Shared:
     nodes: tuple[api.SlurmNode, ...] = ()
     limits_at: float = float("-inf")
     calls: int = 0
+    # slurmdbd's API beside slurmctld's (None: not known yet), and usage already read
+    accounting: bool | None = None
+    usage: dict[str, JobUsage] = field(default_factory=dict)
 
 
 _SHARED: dict[tuple[str, str], _Shared] = {}
@@ -434,10 +439,87 @@ class SlurmSite:
             for job_id, raw in self._listing(max_age_s=0).items()
             if raw.get("comment") == key and job_id.isdigit()
         ]
-        return str(min(found)) if found else None
+        if found:
+            return str(min(found))
+        # Forgotten by slurmctld (MinJobAge after its end)? slurmdbd still has it.
+        return self._find_accounted(key)
 
     def status(self, job_id: str) -> JobStatus:
-        return self._job_status(job_id, api.read_job(self._job(job_id)))
+        """The job's state; a finished job's usage from accounting where the site has it.
+        A job slurmctld forgot (MinJobAge after its end) is read from slurmdbd's records
+        where the site has accounting, else UnknownJob."""
+        try:
+            raw = self._job(job_id)
+        except UnknownJob:
+            accounted = self._accounted(job_id)
+            if accounted is None:
+                raise
+            return _accounted_status(job_id, accounted)
+        status = self._job_status(job_id, api.read_job(raw))
+        if status.state.finished:
+            status = replace(status, usage=self._usage(job_id))
+        return status
+
+    def _usage(self, job_id: str) -> JobUsage | None:
+        """What a finished job used, once slurmdbd has it (kept once read)."""
+        known = self._shared.usage.get(job_id)
+        if known is not None:
+            return known
+        accounted = self._accounted(job_id)
+        if accounted is None or accounted.usage is None:
+            return None
+        with self._shared.lock:
+            if len(self._shared.usage) >= _USAGE_KEPT:
+                self._shared.usage.clear()
+            self._shared.usage[job_id] = accounted.usage
+        return accounted.usage
+
+    def _accounted(self, job_id: str) -> api.AccountedJob | None:
+        """slurmdbd's record of the job (``/slurmdb/vX/job/{id}``), None where the site has
+        no accounting or no record of it."""
+        if not self._has_accounting():
+            return None
+        body = self._accounting_call(self._job_path(job_id))
+        found = [
+            api.read_accounted_job(j)
+            for j in api.dicts(body or {}, "jobs")
+            if str(j.get("job_id")) == job_id
+        ]
+        # A requeued job has a record per run: the last one is the job's end.
+        return found[-1] if found else None
+
+    def _find_accounted(self, key: str) -> str | None:
+        """The job submitted with ``key`` among slurmdbd's records of this user's jobs."""
+        if not self._has_accounting():
+            return None
+        query = "" if api.minor(self._version()) == 38 else f"?users={self._user}"
+        body = self._accounting_call(f"/jobs{query}")
+        found = [
+            int(job.job_id)
+            for job in map(api.read_accounted_job, api.dicts(body or {}, "jobs"))
+            if job.key == key and job.job_id.isdigit()
+        ]
+        return str(min(found)) if found else None
+
+    def _has_accounting(self) -> bool:
+        if self._shared.accounting is None and self.spec.api_version == api.AUTO:
+            self._discover()
+        return self._shared.accounting is not False
+
+    def _accounting_call(self, path: str) -> Json | None:
+        version = self._version()
+        url = f"{self._root}/slurmdb/{version}{path}"
+        status, text = self._authorized("GET", url, None)
+        if status == 404 and not _is_json(text):
+            with self._shared.lock:
+                self._shared.accounting = False
+            return None
+        body = self._parse("GET", f"/slurmdb/{version}{path}", status, text)
+        if _ESLURM_INVALID_JOB_ID in {api.error_number(e) for e in api.errors(body)}:
+            return None
+        with self._shared.lock:
+            self._shared.accounting = True
+        return self._check(status, body)
 
     def output_files(self, job_id: str) -> OutputFiles:
         """The job's ``standard_output`` and ``standard_error`` as slurmrestd reports
@@ -589,6 +671,7 @@ class SlurmSite:
             )
         with self._shared.lock:
             self._shared.version = chosen
+            self._shared.accounting = api.serves_accounting(body, chosen)
         log.info("site %s: slurmrestd serves %s; using %s", self.spec.name, served, chosen)
         return chosen
 
@@ -728,6 +811,20 @@ class SlurmSite:
         if status >= 400 and not errors:
             raise SiteRejected(self.spec.name, f"HTTP {status} without an error message")
         return body
+
+
+def _accounted_status(job_id: str, job: api.AccountedJob) -> JobStatus:
+    state = map_job_state(job.state)
+    return JobStatus(
+        job_id=job_id,
+        state=state,
+        exit_code=job.exit_code if state.finished else None,
+        submitted_at=job.submit_time,
+        started_at=job.start_time if state is not JobState.PENDING else None,
+        finished_at=job.end_time if state.finished else None,
+        reason=job.reason if job.reason != "None" else "",
+        usage=job.usage,
+    )
 
 
 def _is_json(text: str) -> bool:

@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gridcore.model import JobResources, JobSubmission, MemoryScope
+from gridcore.model import JobResources, JobSubmission, JobUsage, MemoryScope
 
 Json = dict[str, Any]
 
@@ -528,3 +528,98 @@ def error_text(error: Json) -> str:
     if text and detail and detail != text:
         return f"{text}: {detail}"
     return text or detail or f"error {error_number(error)}"
+
+
+# --------------------------------------------------------------------------- accounting
+
+
+def serves_accounting(openapi: Json, version: str) -> bool:
+    """Whether a server's ``GET /openapi/v3`` lists slurmdbd's API at ``version``
+    (slurmrestd started with ``-s openapi/slurmdbd``, or ``dbv0.0.38`` on 22.05)."""
+    paths = openapi.get("paths")
+    prefix = f"/slurmdb/{version}/"
+    return isinstance(paths, dict) and any(str(p).startswith(prefix) for p in paths)
+
+
+@dataclass(frozen=True)
+class AccountedJob:
+    """One job as slurmdbd keeps it (``/slurmdb/vX/job/{id}``), after slurmctld forgot it."""
+
+    job_id: str
+    key: str | None
+    state: str
+    exit_code: int | None
+    submit_time: float | None
+    start_time: float | None
+    end_time: float | None
+    reason: str
+    usage: JobUsage | None
+
+
+def read_accounted_job(raw: Json) -> AccountedJob:
+    state, times = _obj(raw.get("state")), _obj(raw.get("time"))
+    comment = raw.get("comment")
+    # the submission's comment is comment.job in slurmdbd's records (a string in /jobs)
+    key = comment.get("job") if isinstance(comment, dict) else comment
+    return AccountedJob(
+        job_id=str(raw.get("job_id")),
+        key=key if isinstance(key, str) and key else None,
+        state=_base_state(state.get("current")),
+        exit_code=decode_exit_code(raw.get("exit_code")),
+        submit_time=_epoch(times.get("submission")),
+        start_time=_epoch(times.get("start")),
+        end_time=_epoch(times.get("end")),
+        reason=_text(state.get("reason")),
+        usage=_usage(raw, times),
+    )
+
+
+def _usage(raw: Json, times: Json) -> JobUsage | None:
+    """Elapsed, CPU time (user + system, as ``seff``), CPUs and max RSS of a job that ran."""
+    elapsed = number(times.get("elapsed"))
+    if not elapsed:
+        return None
+    return JobUsage(
+        elapsed_s=float(elapsed),
+        cpu_time_s=_seconds(times.get("total")),
+        cpus=_allocated_cpus(raw),
+        max_rss_bytes=_max_rss(raw),
+    )
+
+
+def _obj(value: Any) -> Json:
+    return value if isinstance(value, dict) else {}
+
+
+def _seconds(value: Any) -> float:
+    if not isinstance(value, dict):
+        return 0.0
+    return (number(value.get("seconds")) or 0) + (number(value.get("microseconds")) or 0) / 1e6
+
+
+def _allocated_cpus(raw: Json) -> int:
+    required = raw.get("required")
+    cpus = number(required.get("CPUs")) if isinstance(required, dict) else None
+    if cpus:
+        return cpus
+    tres = raw.get("tres")
+    allocated = tres.get("allocated") if isinstance(tres, dict) else None
+    for item in allocated if isinstance(allocated, list) else ():
+        if isinstance(item, dict) and item.get("type") == "cpu":
+            return number(item.get("count")) or 0
+    return 0
+
+
+def _max_rss(raw: Json) -> int | None:
+    """The largest ``mem`` of any step's ``tres.requested.max`` (sacct's MaxRSS, bytes)."""
+    peaks = []
+    for step in dicts(raw, "steps"):
+        tres = step.get("tres")
+        requested = tres.get("requested") if isinstance(tres, dict) else None
+        peak = requested.get("max") if isinstance(requested, dict) else None
+        for item in peak if isinstance(peak, list) else ():
+            if isinstance(item, dict) and item.get("type") == "mem":
+                found = number(item.get("count"))
+                if found is not None:
+                    peaks.append(found)
+    return max(peaks) if peaks else None

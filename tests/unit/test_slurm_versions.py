@@ -47,9 +47,11 @@ def ok(**fields: Any) -> dict[str, Any]:
     return {"meta": meta(), "errors": [], "warnings": [], **fields}
 
 
-def openapi(*versions: str) -> dict[str, Any]:
+def openapi(*versions: str, accounting: bool = False) -> dict[str, Any]:
     paths = {f"/slurm/{v}/{p}": {} for v in versions for p in ("ping", "jobs", "job/submit")}
-    return {"openapi": "3.0.2", "paths": {**paths, "/slurmdb/v0.0.45/jobs": {}}}
+    if accounting:  # slurmrestd with -s openapi/slurmdbd beside slurmctld's
+        paths |= {f"/slurmdb/{v}/{p}": {} for v in versions for p in ("jobs", "job/{job_id}")}
+    return {"openapi": "3.0.2", "paths": paths}
 
 
 class FakeSlurm(BaseAdapter):
@@ -550,3 +552,95 @@ def test_every_body_is_valid_against_slurms_own_spec(version: str, memory_per: M
         )
         == []
     )
+
+
+# --------------------------------------------------------------------------- accounting
+
+
+def accounted_v45(job_id: int, key: str, **extra: Any) -> dict[str, Any]:
+    """A slurmdbd record in v0.0.45's shape (a finished 2-CPU job, 40 s, 30 s of CPU)."""
+    return {
+        "job_id": job_id,
+        "comment": {"administrator": "", "job": key, "system": ""},
+        "state": {"current": ["COMPLETED"], "reason": "None"},
+        "exit_code": {"status": ["SUCCESS"], "return_code": {"set": True, "number": 0}},
+        "time": {
+            "elapsed": 40,
+            "submission": 100,
+            "start": 110,
+            "end": 150,
+            "total": {"seconds": 30, "microseconds": 500000},
+        },
+        "required": {"CPUs": 2},
+        "steps": [
+            {
+                "step": {"name": "batch"},
+                "tres": {
+                    "requested": {
+                        "max": [{"type": "cpu", "count": 2}, {"type": "mem", "count": 52428800}]
+                    }
+                },
+            },
+            {
+                "step": {"name": "extern"},
+                "tres": {"requested": {"max": [{"type": "mem", "count": 1048576}]}},
+            },
+        ],
+        **extra,
+    }
+
+
+def with_accounting(*jobs: dict[str, Any], records: Any = ()) -> dict[tuple[str, str], Reply]:
+    return {
+        **listing(*jobs),
+        ("GET", "/openapi/v3"): (200, openapi("v0.0.45", accounting=True)),
+        ("GET", "/slurmdb/v0.0.45/jobs?users=root"): (200, ok(jobs=list(records))),
+    }
+
+
+def test_a_finished_job_carries_its_usage_from_accounting(session: requests.Session) -> None:
+    replies = {
+        **with_accounting(job_v45(20, ["COMPLETED"])),
+        ("GET", "/slurmdb/v0.0.45/job/20"): (200, ok(jobs=[accounted_v45(20, "gc-k1")])),
+    }
+    site, fake = make_site(session, replies)
+    usage = site.status("20").usage
+    assert usage is not None
+    assert usage.as_json() == {
+        "elapsed_s": 40.0,
+        "cpu_time_s": 30.5,
+        "cpus": 2,
+        "max_rss_bytes": 52428800,
+        "cpu_efficiency": 30.5 / 80,  # as seff: CPU time / (elapsed x CPUs)
+    }
+    site.status("20")
+    assert fake.paths().count("GET /slurmdb/v0.0.45/job/20") == 1  # kept once read
+
+
+def test_a_job_slurmctld_forgot_is_found_and_read_in_accounting(
+    session: requests.Session,
+) -> None:
+    unknown = {"error_number": 2017, "error": "Invalid job id specified"}
+    record = accounted_v45(
+        21,
+        "gc-k9",
+        state={"current": ["FAILED"], "reason": "NonZeroExitCode"},
+        exit_code={"status": ["ERROR"], "return_code": {"number": 3}},
+    )
+    replies = {
+        **with_accounting(records=[accounted_v45(5, "gc-other"), record]),
+        ("GET", "/slurm/v0.0.45/job/21"): (500, ok(errors=[unknown], jobs=[])),
+        ("GET", "/slurmdb/v0.0.45/job/21"): (200, ok(jobs=[record])),
+    }
+    site, _ = make_site(session, replies)
+    assert site.find("gc-k9") == "21"  # past MinJobAge: gone from /jobs, kept in slurmdbd
+    status = site.status("21")
+    assert (status.state, status.exit_code, status.finished_at) == (JobState.FAILED, 3, 150.0)
+    assert status.reason == "NonZeroExitCode"
+
+
+def test_a_site_without_accounting_is_not_asked(session: requests.Session) -> None:
+    site, fake = make_site(session, listing(job_v45(22, ["COMPLETED"])))
+    assert site.status("22").usage is None
+    assert site.find("gc-nothing") is None
+    assert not [p for p in fake.paths() if "/slurmdb/" in p]
