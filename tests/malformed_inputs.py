@@ -34,6 +34,7 @@ from gridcore.model import (
     FlexibleOptions,
     InputFile,
     JobRequest,
+    JobResources,
     JobSubmission,
     RequestKind,
 )
@@ -208,6 +209,21 @@ GRID_CASES = [
         r"sites\.a\.token: must be a reference .* never the token itself$",
     ),
     GridCase("unknown key", _site("cpus = 4"), r"sites\.a\.cpus: unknown key$"),
+    GridCase(
+        "a site's default time limit not a duration",
+        _site('defaults = { time_limit = "forever" }'),
+        r"sites\.a\.defaults\.time_limit: 'forever' is not a duration \(use 90s, 10m, 2h,",
+    ),
+    GridCase(
+        "an unknown key in a site's defaults",
+        _site("[sites.a.defaults]\nwalltime = 60"),
+        r"sites\.a\.defaults\.walltime: unknown key \(known: time_limit, account, qos,",
+    ),
+    GridCase(
+        "GPUs by default on a local site",
+        _site("defaults = { gpus = 1 }"),
+        r"sites\.a\.defaults\.gpus: a local site has no GPUs$",
+    ),
 ]
 
 
@@ -533,6 +549,16 @@ JOB_CASES = [
         "workdir with a NUL byte",
         JobSubmission("j", "true", 1, workdir="/tmp/a\x00b"),
         r"^job\.workdir: must not contain a NUL byte",
+    ),
+    JobCase(
+        "a zero time limit",
+        JobSubmission("j", "true", 1, resources=JobResources(time_limit_s=0)),
+        r"^job\.resources\.time_limit: must be from 1 second to 2147483647 seconds, got 0$",
+    ),
+    JobCase(
+        "GPUs at a local site",
+        JobSubmission("j", "true", 1, resources=JobResources(gpus=1)),
+        r"asks for 1 GPU\(s\); a local site has no GPUs$",
     ),
 ]
 
