@@ -35,7 +35,7 @@ from gridcore.engine import capacity
 from gridcore.engine.capacity import HolderKind
 from gridcore.engine.submission import submit_once
 from gridcore.errors import GridError
-from gridcore.model import JobState, JobSubmission
+from gridcore.model import JobResources, JobState, JobSubmission
 from gridcore.policies.claiming import KoalaParams, SiteHealth
 from gridcore.sites.keys import probe_key
 from gridcore.state.schema import holds, sites
@@ -47,6 +47,9 @@ if TYPE_CHECKING:
 UNUSABLE_AFTER_ERRORS = 3
 """Consecutive errors (contacts, jobs, components, probes) that make a site unusable."""
 PROBE_COMMAND = "true"
+PROBE_TIME_LIMIT_S = 300
+"""A probe asks for 5 minutes (its site's other defaults, account or QOS, still apply):
+a short job the cluster can backfill, not the site's default limit for real work."""
 PROBE_RETRY_S = 60.0
 """An unusable site gets a new probe at most this often (after a failed or lost one)."""
 
@@ -183,7 +186,11 @@ def _start_probe(
         _set_probe(conn, site, None, now)
     try:
         probe = JobSubmission(
-            "gridcore-probe", command, 1, key=probe_key(runtime.install_id, site, token)
+            "gridcore-probe",
+            command,
+            1,
+            key=probe_key(runtime.install_id, site, token),
+            resources=JobResources(time_limit_s=PROBE_TIME_LIMIT_S),
         )
         job_id, _ = submit_once(runtime.adapter(site), probe)
     except GridError as exc:
