@@ -58,8 +58,8 @@ Resources are parsed once, by :func:`gridcore.validation.check_resources`: an un
 key in a ``defaults`` table is refused naming it
 (``grid.toml: sites.alpha.defaults.time: unknown key (known: time_limit, ...)``), a bad
 value naming its field (``grid.toml: sites.alpha.defaults.time_limit: '10x' is not a
-duration (use 90s, 10m, 2h, 1d or D-HH:MM:SS)``). A job's own resources go over its site's defaults where it is submitted
-(:func:`gridcore.engine.submission.resources_at`).
+duration (use 90s, 10m, 2h, 1d or D-HH:MM:SS)``). A job's own resources go over its
+site's defaults where it is submitted (:func:`gridcore.engine.submission.resources_at`).
 
 Numbers are finite (no inf or nan) and, unless said otherwise, > 0. The file must be a
 regular file of UTF-8 text. Every problem raises :class:`ConfigError` in one line naming

@@ -392,7 +392,24 @@ def completed_record(event: Any, subject: str, trigger: str, log: Any = None) ->
         raise AirflowException(
             f"{subject} {checked['id']}: {checked['status']}: {checked['message']}"
         )
-    return checked["record"]
+    record = checked["record"]
+    usage = record.get("usage") if isinstance(record, dict) else None
+    if log is not None and isinstance(usage, dict):
+        log.info("%s", usage_line(usage))
+    return record
+
+
+def usage_line(usage: dict[str, Any]) -> str:
+    """What a finished job used, from the site's accounting, as ``seff`` would say it."""
+    parts = [f"elapsed {usage.get('elapsed_s', 0):g} s"]
+    parts.append(f"CPU time {usage.get('cpu_time_s', 0):g} s on {usage.get('cpus', 0)} CPU(s)")
+    efficiency = usage.get("cpu_efficiency")
+    if isinstance(efficiency, int | float):
+        parts.append(f"CPU efficiency {efficiency:.1%}")
+    rss = usage.get("max_rss_bytes")
+    if isinstance(rss, int):
+        parts.append(f"max RSS {rss / 2**20:.1f} MiB")
+    return "job used (site accounting): " + ", ".join(parts)
 
 
 def output_files_of(event: GridcoreEvent) -> list[dict[str, Any]]:

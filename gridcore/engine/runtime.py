@@ -19,7 +19,7 @@ import os
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -35,6 +35,7 @@ from gridcore.model import (
     JobState,
     JobStatus,
     JobSubmission,
+    JobUsage,
     ObservedJob,
     SiteKind,
     SiteSpec,
@@ -77,6 +78,8 @@ class JobRecord:
     submitted_at: float | None
     started_at: float | None
     finished_at: float | None
+    # what the finished job used (JobUsage.as_json), where the site has accounting
+    usage: dict[str, Any] | None = None
 
     @property
     def finished(self) -> bool:
@@ -264,13 +267,18 @@ class GridRuntime:
         stream: str = "default",
         site: str | None = None,
         max_age_s: float = DEFAULT_MAX_AGE_S,
+        *,
+        among: Collection[str] | None = None,
     ) -> JobRecord:
         """Choose a site (or record the pinned ``site``) and commit the decision.
         A malformed request (gridcore.validation) is refused before anything is written.
         ``mode`` decides only for the paper's protocols when no site fits (the default
-        protocol ranks every site by its completion estimate and ignores it)."""
+        protocol ranks every site by its completion estimate and ignores it).
+        ``among``: the policy chooses only among these sites of the grid (an unknown
+        name is refused before anything is written)."""
         request = check_job_request(request, self.grid.site_names)
         stream = check_selection_stream(stream)
+        snapshots = self.snapshots if among is None else self._snapshots_among(among, site)
         if site is not None:
             self.grid.site(site)
             with self.store.begin() as conn:
@@ -278,9 +286,20 @@ class GridRuntime:
             return self.record(rec.id)
         self.refresh(max_age_s)
         rec = ledger.select_and_record(
-            self.store, self.snapshots, request, protocol, mode, stream, self.clock(), self.rng
+            self.store, snapshots, request, protocol, mode, stream, self.clock(), self.rng
         )
         return self.record(rec.id)
+
+    def _snapshots_among(self, names: Collection[str], site: str | None) -> ledger.SnapshotReader:
+        """A snapshot reader that sees only ``names`` (the same decision, fewer
+        candidates); a pinned ``site`` must be one of them."""
+        chosen = {self.grid.site(name).name for name in names}
+        if not chosen:
+            raise RequestError("among: give at least one site to choose from")
+        if site is not None and site not in chosen:
+            raise RequestError(f"site {site!r} is pinned, but not among {sorted(chosen)}")
+        grid = replace(self.grid, sites=tuple(s for s in self.grid.sites if s.name in chosen))
+        return ledger.SnapshotReader(grid)
 
     def select_batch(
         self,
@@ -353,6 +372,7 @@ class GridRuntime:
                 status.reason,
                 status.finished_at,
                 started,
+                status.usage,
             )
         elif status.state is JobState.RUNNING and current.state != JobState.RUNNING.value:
             with self.store.begin() as conn:
@@ -410,6 +430,7 @@ class GridRuntime:
         message: str,
         finished_at: float | None = None,
         started_at: float | None = None,
+        usage: JobUsage | None = None,
     ) -> None:
         with self.store.begin() as conn:
             row = (
@@ -429,6 +450,7 @@ class GridRuntime:
                     message=message,
                     finished_at=done,
                     started_at=started_at or row["started_at"],
+                    usage=None if usage is None else json.dumps(usage.as_json()),
                 )
             )
             ledger.release(conn, selection_id)
@@ -489,6 +511,7 @@ def _job_record(row: Any) -> JobRecord:
         row["submitted_at"],
         row["started_at"],
         row["finished_at"],
+        json.loads(row["usage"]) if row["usage"] else None,
     )
 
 

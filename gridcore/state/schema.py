@@ -83,6 +83,8 @@ selections = Table(
     Column("submitted_at", Float, nullable=True),
     Column("started_at", Float, nullable=True),
     Column("finished_at", Float, nullable=True),
+    # what the finished job used, from the site's accounting (JSON of JobUsage.as_json)
+    Column("usage", Text, nullable=True),
     Index("ix_gc_selections_state", "state"),
 )
 

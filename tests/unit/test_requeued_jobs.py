@@ -15,7 +15,7 @@ import pytest
 
 from gridcore.config import default_grid
 from gridcore.engine.runtime import GridRuntime
-from gridcore.model import JobRequest, JobState, JobStatus, JobSubmission
+from gridcore.model import JobRequest, JobState, JobStatus, JobSubmission, JobUsage
 from gridcore.sites.base import SiteAdapter
 from gridcore.state.store import open_store
 
@@ -83,3 +83,34 @@ def test_a_job_held_before_it_ever_ran_says_held(
     # released, waiting for its turn: nothing more to say
     released = rt.poll(record.selection_id)
     assert (released.state, released.message) == ("pending", "")
+
+
+def test_what_a_finished_job_used_goes_into_its_record_and_the_task_logs_last_line(
+    runtime: tuple[GridRuntime, ScriptedStatus],
+) -> None:
+    from gridcore_airflow.sensors.triggers import SiteJobTrigger
+
+    rt, scripted = runtime
+    record = rt.select(JobRequest("j", 2), site="local-a")
+    record = rt.submit(record.selection_id, JobSubmission("j", "true", 2))
+    usage = JobUsage(elapsed_s=40.0, cpu_time_s=30.5, cpus=2, max_rss_bytes=50 * 2**20)
+    scripted.script = [
+        JobStatus(
+            str(record.job_id), JobState.COMPLETED, exit_code=0, finished_at=9.0, usage=usage
+        )
+    ]
+    done = rt.poll(record.selection_id)
+    assert done.usage == usage.as_json()
+    assert rt.record(record.selection_id).as_json()["usage"]["cpu_efficiency"] == 30.5 / 80
+    event = SiteJobTrigger.event_for(done)
+    lines: list[str] = []
+
+    class TaskLog:
+        def info(self, fmt: str, *args: object) -> None:
+            lines.append(fmt % args)
+
+    SiteJobTrigger.completed_record(dict(event), TaskLog())
+    assert lines[-1] == (
+        "job used (site accounting): elapsed 40 s, CPU time 30.5 s on 2 CPU(s), "
+        "CPU efficiency 38.1%, max RSS 50.0 MiB"
+    )
