@@ -62,7 +62,7 @@ system-packages:
 # missing (a fresh machine) this starts building them in the background (~2 min) and
 # returns at once: they build while lint and typecheck run; the slurm tier waits for the
 # build on its lock. See docs/slurm-test-grid.md.
-slurm-chroots: $(VENV)/.core system-packages
+slurm-chroots: system-packages | $(BIN)/python
 	$(BIN)/python -m tests.slurm_releases build --background
 
 lint: $(VENV)/.dev

@@ -2,7 +2,20 @@
 
 Layout (see ``DEFAULT_LAYOUT``): ``alpha`` = one 16-CPU node, ``beta`` = two 8-CPU nodes
 (two slurmd processes), ``gamma`` = one 4-CPU node. Each cluster has its own slurm.conf,
-ports, JWT key, slurmrestd and job id range; one munged serves all three.
+ports, JWT key, slurmrestd and job id range; one munged (the host's) serves all three.
+
+Releases (``ClusterLayout.release``): alpha runs Slurm 26.05 (Debian forky), beta the
+host's Slurm 22.05 (Debian 12), gamma Slurm 24.11 (Debian trixie). A newer release runs
+from a Debian chroot that ``tests/slurm_releases.py`` builds and caches outside the clone
+(``start_grid`` waits for a build in progress, or builds a missing chroot itself). Its
+daemons start as ``nsenter --net=NS chroot DIR env -i PATH=.. SLURM_CONF=.. DAEMON``, its
+jobs run in the chroot, and every Slurm tool the suite runs against it is its own
+(``SlurmCluster.cli``). The grid bind-mounts proc, sys, dev, /tmp (the grid's scratch
+dir and the tests' temp dirs, at the same paths) and, read-only, the repository, the venv
+and the base interpreter into each chroot it uses; every mount is recorded in
+``<dir>/mounts.json`` BEFORE it is made and undone by ``stop`` (also a killed run's).
+``SlurmCluster.api_version`` is the newest REST version its slurmrestd serves (from
+``GET /openapi/v3``); readiness checks speak each version's fields.
 
 Network (``network=``, default from ``$GRIDCORE_SLURM_NETWORK``, else ``"loopback"``):
 

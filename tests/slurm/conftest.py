@@ -1,5 +1,13 @@
 """The real three-cluster Slurm grid, started once per test session.
 
+Each cluster runs another Slurm release (``tests/slurmgrid.py`` ``DEFAULT_LAYOUT``):
+alpha 26.05 and gamma 24.11 from Debian chroots built by ``tests/slurm_releases.py``
+outside the clone (``make test`` starts that build in the background; starting the grid
+waits for it on its lock, or builds a missing chroot itself), beta the host's 22.05.
+Until the adapter speaks every REST version, tests that use ``SlurmSite`` against alpha
+or gamma fail for that reason; the grid itself is checked with each cluster's own CLI
+(``cluster.cli``) and raw REST (``cluster.rest``) in ``test_slurm_releases.py``.
+
 If the grid cannot start, the tests skip -- except on CI (``CI=true``), where a missing
 grid is a broken environment and must fail loudly instead of passing vacuously.
 
