@@ -527,9 +527,15 @@ def _mount_chroot(base_dir: Path, root: Path) -> None:
     the venv and the interpreter into ``root``, each recorded in MOUNTS_FILE before it
     is made (so stop, even of a killed run's grid, unmounts it)."""
     shared, read_only = _job_paths()
+    real_root = root.resolve()
+    for path in (*shared, base_dir):
+        if path.resolve() in (real_root, *real_root.parents):
+            raise SlurmGridError(
+                f"the chroot {root} is inside {path}, which is bound into it: keep "
+                f"${slurm_releases.CACHE_ENV} out of the temp dirs and the grid's dir"
+            )
     specs = slurm_releases.system_mounts(root)
     specs += slurm_releases.bind_mounts(root, [*shared, base_dir], read_only)
-    real_root = root.resolve()
     for spec in specs:
         target = Path(spec.target)
         created = slurm_releases.missing_dirs(target)
