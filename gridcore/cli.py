@@ -4,6 +4,7 @@ tables go to stderr in that case so the output can be piped."""
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import sys
@@ -13,12 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from gridcore.errors import ConfigError, GridError
+from gridcore.errors import ConfigError, GridError, RequestError
 from gridcore.progress import progress_mode
 from gridcore.sim import registry
 
 if TYPE_CHECKING:
     from gridcore.dataplan_format import CanonicalWorkload, PipelineSpec, SitePlan
+    from gridcore.engine.runtime import GridRuntime, JobRecord
     from gridcore.model import GridSpec
 
 log = logging.getLogger("gridcore")
@@ -69,6 +71,8 @@ def _parser() -> argparse.ArgumentParser:
         help="make a site usable again (after repeated errors); may be repeated",
     )
     p.set_defaults(handler=_sites)
+
+    _submit_parser(sub, common)
 
     p = sub.add_parser("demo", help="an ensemble burst on the embedded local sites")
     common(p)
@@ -200,6 +204,69 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+_SUBMIT_DESCRIPTION = """\
+Run COMMAND (its words, quoted for the site's shell: write sh -c '...' for shell syntax)
+on one site, as sbatch -M a,b,c does: the default selection policy (earliest estimated
+completion) chooses among every site of the grid, among the --site sites given, or takes
+the one --site given; the job is submitted under its selection's key (exactly once) and
+what was done is printed. Unset resources come from the site's [sites.NAME.defaults],
+else the cluster's own defaults apply (a local site enforces --time-limit, refuses
+--gpus and ignores the rest).
+
+--wait follows the job (polls every 0.25 s, doubling to 2 s), prints its new stdout and
+stderr lines as [stdout] ... / [stderr] ... as they appear, and exits with its exit code
+(a job failed or cancelled without one: 1); Ctrl-C while waiting cancels the job (exit
+130). --json prints ONE JSON object on stdout: site, job_id, selection_id, state,
+exit_code, message, release and api_version (Slurm sites; null for local ones), stdout
+and stderr (the output files), resources (what was sent, over the site's defaults),
+reasons (the selection's) and usage (the site's accounting of a finished job, else
+null); every other line then goes to stderr.
+
+Exit status: 0 once submitted (without --wait); the job's (with --wait); 2 for bad input
+(no command, processors < 1, an unknown site, a malformed time limit or memory, a
+request the site refuses), refused in one line naming the field before anything is
+submitted; 1 for any other error (a site unreachable, a credential rejected)."""
+
+
+def _submit_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
+    p = sub.add_parser(
+        "submit",
+        help="run one job on a site chosen by the default policy (sbatch -M a,b,c's twin)",
+        description=_SUBMIT_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="gridcore submit [options] --processors N -- COMMAND [ARG ...]",
+    )
+    common(p)
+    p.add_argument(
+        "--site",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="once: run there; several times: choose only among these (default: every site)",
+    )
+    p.add_argument("--processors", required=True, metavar="N", help="processors (>= 1)")
+    resources = (
+        ("--time-limit", "T", "90s, 10m, 2h, 1d, Slurm's MM, MM:SS, HH:MM:SS, D-HH:MM:SS"),
+        ("--account", "A", "the account charged"),
+        ("--qos", "Q", "the quality of service"),
+        ("--partition", "P", "the partition (over the site's own)"),
+        ("--memory", "SIZE", "per node: 512M, 4G, 1T or MiB"),
+        ("--memory-per-cpu", "SIZE", "per processor, same units; not with --memory"),
+        ("--gpus", "N", "GPUs for the job (a local site has none)"),
+        ("--constraint", "C", "a Slurm feature expression (intel&ib)"),
+    )
+    for option, metavar, text in resources:
+        p.add_argument(option, metavar=metavar, help=text)
+    p.add_argument("--name", help="the job's name (default: the command's first word)")
+    p.add_argument("--workdir", metavar="DIR", help="where the job runs (relative: to here)")
+    p.add_argument(
+        "--env", action="append", default=[], metavar="K=V", help="set in the job; repeatable"
+    )
+    p.add_argument("--wait", action="store_true", help="follow the job; exit with its code")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG ...]")
+    p.set_defaults(handler=_submit)
+
+
 def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
     if args.json:
         print(json.dumps(data, sort_keys=True))
@@ -264,6 +331,66 @@ def _bytes(n: int) -> str:
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{n} B"
+
+
+def _submit(args: argparse.Namespace) -> int:
+    """Bad input raises (main: exit status 2) before the state database is opened; a
+    request the site refuses does too. Any other gridcore error: one line, status 1."""
+    from gridcore import submit as job
+    from gridcore.engine.runtime import GridRuntime
+    from gridcore.state.store import open_store
+    from gridcore.validation import RESOURCE_KEYS
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    grid = _grid(args)
+    plan = job.plan_submit(
+        grid,
+        command,
+        args.processors,
+        sites=args.site,
+        name=args.name,
+        workdir=args.workdir,
+        env=args.env,
+        resources={key: getattr(args, key) for key in RESOURCE_KEYS},
+    )
+    say = functools.partial(print, file=sys.stderr if args.json else sys.stdout, flush=True)
+    runtime, submitted = None, None
+    try:
+        runtime = GridRuntime(grid, open_store(args.db, upgrade=True))
+        record = submitted = job.submit_planned(runtime, plan)
+        say(f"submitted {job.outcome(record)}", *record.reasons, sep="\n  ")
+        status = 0
+        if args.wait:
+            record, status = _wait(runtime, record, say)
+        data = job.describe(runtime, record, plan.submission.resources)
+    except (ConfigError, RequestError):
+        raise  # refused by the site before it was submitted: exit status 2, as bad input
+    except GridError as exc:
+        where = "" if submitted is None else f"selection {submitted.selection_id}: "
+        print(f"gridcore: error: {where}" + " | ".join(str(exc).splitlines()), file=sys.stderr)
+        return 1
+    finally:
+        if runtime is not None:
+            runtime.store.dispose()
+    if args.json:
+        print(json.dumps(data, sort_keys=True))
+    return status
+
+
+def _wait(
+    runtime: GridRuntime, record: JobRecord, say: Callable[..., None]
+) -> tuple[JobRecord, int]:
+    """Follow the job to its end: (its last record, the exit status to return)."""
+    from gridcore import submit as job
+
+    try:
+        record = job.follow(runtime, record, say)
+    except KeyboardInterrupt:
+        record = runtime.cancel(record.selection_id)
+        print(f"gridcore: interrupted: cancelled {job.outcome(record)}", file=sys.stderr)
+        return record, job.INTERRUPTED
+    say(job.outcome(record))
+    return record, job.exit_status(record)
 
 
 def _demo(args: argparse.Namespace) -> int:
