@@ -32,8 +32,8 @@ lists the jobs and picks the key. Slurm itself does not refuse a second job with
 same comment: exactly-once rests on the caller looking the key up first and recording
 the id conditionally.
 
-Polling: every :class:`SlurmSite` of one process aimed at the same slurmrestd and user
-shares one listing of the cluster's jobs (``GET /jobs``), fetched at most once per
+Polling: every :class:`SlurmSite` of one process aimed at the same slurmrestd, user and
+credential shares one listing of the cluster's jobs (``GET /jobs``), fetched at most once per
 ``listing_max_age_s``; :meth:`SlurmSite.status` reads a job from it, so watching N jobs
 costs one call per poll cycle, not N. A job the listing lacks is asked for by id.
 
@@ -234,7 +234,8 @@ def _local_part(location: str) -> str:
 
 @dataclass
 class _Shared:
-    """What every SlurmSite of this process aimed at one slurmrestd (and user) shares:
+    """What every SlurmSite of this process aimed at one slurmrestd with one user and one
+    credential (``gridcore.credentials.token_source`` gives one per site) shares:
     the API version found, the cluster's release, the job listing, the partitions and
     nodes that requests are checked against, and the count of REST calls made."""
 
@@ -252,13 +253,14 @@ class _Shared:
     usage: dict[str, JobUsage] = field(default_factory=dict)
 
 
-_SHARED: dict[tuple[str, str], _Shared] = {}
+_SHARED: dict[tuple[str, str, TokenProvider], _Shared] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-def _shared(url: str, user: str) -> _Shared:
+def _shared(url: str, user: str, tokens: TokenProvider) -> _Shared:
+    # Per credential too: what one token may read is never served to another.
     with _SHARED_LOCK:
-        return _SHARED.setdefault((url, user), _Shared())
+        return _SHARED.setdefault((url, user, tokens), _Shared())
 
 
 def forget_shared() -> None:
@@ -306,7 +308,7 @@ class SlurmSite:
         self._token = self._checked(token.token())
         self._root = spec.url.rstrip("/")
         self._user = spec.user or DEFAULT_USER
-        self._shared = _shared(self._root, self._user)
+        self._shared = _shared(self._root, self._user, token)
         self._clock = clock
         self._listing_max_age_s = listing_max_age_s
         self._share_listing = share_listing

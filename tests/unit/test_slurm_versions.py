@@ -88,7 +88,7 @@ class FakeSlurm(BaseAdapter):
         return [json.loads(r.body or b"") for r in self.sent if r.method == "POST"]
 
 
-@dataclass
+@dataclass(eq=False)  # one object, one credential (adapters share state per credential)
 class Tokens:
     """A token reference that renews to NEW_TOKEN (a file rewritten, a command re-run)."""
 
@@ -196,10 +196,12 @@ def test_the_newest_common_version_is_chosen(served: tuple[str, ...], chosen: st
 
 
 def test_auto_asks_the_server_once_per_process(session: requests.Session) -> None:
-    site, fake = make_site(session, {**cluster("v0.0.45"), ("GET", "/slurm/v0.0.45/ping"): (
-        200, ok(pings=[{"hostname": "c", "responding": True, "latency": 10}]))})  # fmt: skip
+    tokens = Tokens()
+    pong = ok(pings=[{"hostname": "c", "responding": True, "latency": 10}])
+    replies = {**cluster("v0.0.45"), ("GET", "/slurm/v0.0.45/ping"): (200, pong)}
+    site, fake = make_site(session, replies, tokens)
     site.ping()
-    again = SlurmSite(spec(), Tokens(), session=session)
+    again = SlurmSite(spec(), tokens, session=session)
     again.ping()
     assert again.api_version == "v0.0.45"
     assert again.release == "26.05.5"
@@ -499,7 +501,8 @@ def test_one_listing_serves_every_status_read(session: requests.Session) -> None
     now = [0.0]
     fake = FakeSlurm(listing(*jobs))
     session.mount("http://", fake)
-    sites = [SlurmSite(spec(), Tokens(), session=session, clock=lambda: now[0]) for _ in range(3)]
+    tokens = Tokens()  # one credential per site and process (credentials.token_source)
+    sites = [SlurmSite(spec(), tokens, session=session, clock=lambda: now[0]) for _ in range(3)]
     for cycle in range(5):
         now[0] = cycle * 10.0  # one poll cycle every 10 s, the listing trusted for 5 s
         for i in range(200):
