@@ -341,7 +341,7 @@ class SlurmSite:
     def release(self) -> str | None:
         """The cluster's Slurm release (``meta.slurm.release``), once a call returned."""
         if self._shared.release is None:
-            self._version()
+            self._call("GET", "/ping")  # every answer's meta names the release
         return self._shared.release
 
     @property
@@ -853,10 +853,7 @@ def _credential_refused(status: int, text: str) -> bool:
 
 def _requeue_cause(job: api.SlurmJob) -> str:
     """What Slurm says put the job back in the queue: a state flag beside PENDING
-    (NODE_FAIL, PREEMPTED, ...), else its reason, else that it was requeued."""
+    (NODE_FAIL, PREEMPTED, ...), else that it was requeued (``scontrol requeue`` leaves
+    no cause; the job's reason then says why it waits, e.g. BeginTime or a hold)."""
     causes = sorted(job.flags - api.REQUEUE_WORDS - {"PENDING"})
-    if causes:
-        return ", ".join(causes)
-    if job.reason and job.reason not in ("BeginTime", "None"):
-        return job.reason
-    return "REQUEUED" if not job.flags else ", ".join(sorted(job.flags))
+    return ", ".join(causes) if causes else "REQUEUED"

@@ -409,6 +409,8 @@ def read_partition(raw: Json) -> SlurmPartition:
     else:
         limit = raw.get("max_time_limit")  # v0.0.38: minutes, INFINITE as 2**32 - 1
     minutes = None if is_infinite(limit) else number(limit)
+    if minutes is not None and minutes < 0:  # v0.0.38 says -1 for UNLIMITED
+        minutes = None
     state = raw.get("partition")
     state_words = words(state.get("state")) if isinstance(state, dict) else words(raw.get("state"))
     return SlurmPartition(

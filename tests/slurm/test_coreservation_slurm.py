@@ -27,7 +27,7 @@ from gridcore.state.store import open_store
 from tests.capacity_checks import assert_capacity_invariant
 from tests.integration.airflow_services import migrate_metadata_db, task_states, xcom_values
 from tests.slurm.test_coalloc_slurm import wait_idle
-from tests.slurm.test_ensemble_slurm import job_state, slurm_job
+from tests.slurm.test_ensemble_slurm import ended_slurm_job, job_state
 from tests.slurmgrid import SlurmGrid
 
 pytestmark = pytest.mark.slurm
@@ -125,7 +125,7 @@ def test_a_three_cluster_job_through_pilots_starts_together_and_solves_right(
     assert dispatched is not None
     for pilot in ranks:
         cluster = slurm_grid.cluster(pilot.site)
-        job = slurm_job(cluster, str(pilot.site_job_id))
+        job = ended_slurm_job(cluster, str(pilot.site_job_id))
         assert job_state(job) == "COMPLETED", job
         assert str(job["nodes"]).startswith(f"{pilot.site}-n"), job
         start, end = _number(job["start_time"]), _number(job["end_time"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -101,6 +102,20 @@ def slurm_job(cluster: SlurmCluster, job_id: str) -> dict[str, Any]:
     assert not body.get("errors"), body["errors"]
     (job,) = [j for j in body["jobs"] if str(j["job_id"]) == str(job_id)]
     return dict(job)
+
+
+def ended_slurm_job(cluster: SlurmCluster, job_id: str, timeout_s: float = 30.0) -> dict[str, Any]:
+    """``slurm_job`` once the job has left PENDING/RUNNING/COMPLETING: a job's program
+    can report its end to gridcore a moment before its cluster records the end (26.05's
+    slurmstepd takes longer to finish a step than 22.05's)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job = slurm_job(cluster, job_id)
+        if job_state(job) not in ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING"):
+            return job
+        if time.monotonic() > deadline:
+            return job
+        time.sleep(0.2)
 
 
 def job_state(job: dict[str, Any]) -> str:

@@ -455,11 +455,11 @@ def test_a_finished_job_in_the_newest_shapes(session: requests.Session) -> None:
             False,
         ),
         (["PENDING", "NODE_FAIL", "REQUEUED"], {"restart_cnt": 1}, "NODE_FAIL", False),
-        (["PENDING"], {"restart_cnt": 2, "state_reason": "Priority"}, "Priority", False),
+        (["PENDING"], {"restart_cnt": 2, "state_reason": "Priority"}, "REQUEUED", False),
         (
             ["PENDING", "REQUEUE_HOLD"],
             {"restart_cnt": 1, "state_reason": "JobHeldAdmin"},
-            "JobHeldAdmin",
+            "REQUEUED",
             True,
         ),
         (["PENDING"], {"state_reason": "JobHeldUser", "hold": True}, None, True),
@@ -647,3 +647,18 @@ def test_a_site_without_accounting_is_not_asked(session: requests.Session) -> No
     assert site.status("22").usage is None
     assert site.find("gc-nothing") is None
     assert not [p for p in fake.paths() if "/slurmdb/" in p]
+
+
+@pytest.mark.parametrize(
+    ("raw", "max_time_s"),
+    [
+        ({"name": "debug", "max_time_limit": -1, "state": "UP"}, None),  # 22.05 UNLIMITED
+        ({"name": "debug", "max_time_limit": 4294967295}, None),
+        ({"name": "debug", "max_time_limit": 90}, 5400),
+        ({"name": "debug", "maximums": {"time": {"set": True, "infinite": True}}}, None),
+        ({"name": "debug", "maximums": {"time": {"set": True, "number": 60}}}, 3600),
+        ({"name": "debug", "maximums": {"time": {"set": False, "number": 0}}}, None),
+    ],
+)
+def test_partition_time_limits_in_every_shape(raw: dict[str, Any], max_time_s: int | None) -> None:
+    assert api.read_partition(raw).max_time_s == max_time_s
