@@ -25,7 +25,10 @@ Format (version 1)::
                                      #   again when it changes) or { command = "scontrol
                                      #   token lifespan=3600" } (run again before the JWT
                                      #   expires; no shell): see gridcore.credentials
-    api_version = "v0.0.38"          # slurm: slurmrestd OpenAPI version (v0.0.36-38)
+    api_version = "auto"             # slurm: REST version; "auto" (default): the newest
+                                     #   the server lists (GET /openapi/v3) and gridcore
+                                     #   speaks, asked again after a 404 (an upgrade);
+                                     #   or pinned: v0.0.38 (22.05) ... v0.0.45 (26.05)
     timeout_s = 10                   # slurm: HTTP timeout
 
     [sites.alpha.defaults]           # optional: what every job at the site asks for

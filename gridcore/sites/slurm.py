@@ -129,6 +129,11 @@ _RUNNING_STATES = frozenset(
         "UPDATE_DB",
     }
 )
+# Ends of a run after which Slurm may queue the job again (RequeueExit, preemption, a
+# failed node); other flags beside PENDING (COMPLETING while the old run ends) are not.
+_REQUEUE_CAUSES = frozenset(
+    {"NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "FAILED", "TIMEOUT", "DEADLINE", "OUT_OF_MEMORY"}
+)
 _JOB_ID = re.compile(r"\d+(?:_\d+)?")
 # sbatch's filename pattern: %% or %[width]<letter> (man sbatch, "filename pattern").
 _FILENAME_PATTERN = re.compile(r"%(%|(\d*)([AaJjNnstux]))")
@@ -855,5 +860,5 @@ def _requeue_cause(job: api.SlurmJob) -> str:
     """What Slurm says put the job back in the queue: a state flag beside PENDING
     (NODE_FAIL, PREEMPTED, ...), else that it was requeued (``scontrol requeue`` leaves
     no cause; the job's reason then says why it waits, e.g. BeginTime or a hold)."""
-    causes = sorted(job.flags - api.REQUEUE_WORDS - {"PENDING"})
+    causes = sorted(job.flags & _REQUEUE_CAUSES)
     return ", ".join(causes) if causes else "REQUEUED"

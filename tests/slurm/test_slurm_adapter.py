@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gridcore.errors import SiteRejected, SiteUnavailable, UnknownJob
+from gridcore.errors import SiteUnavailable, UnknownJob
 from gridcore.model import JobState, JobStatus, JobSubmission, SiteObservation
 from gridcore.sites.slurm import SlurmSite
 from tests.slurm.conftest import site_spec
@@ -178,36 +178,6 @@ def test_nonzero_exit_is_failed_with_its_code(slurm_sites: dict[str, SlurmSite])
     assert "NonZeroExitCode" in status.reason
 
 
-@pytest.mark.parametrize(
-    ("cluster", "processors", "slurm_text"),
-    [
-        # More than the partition has: HTTP 200 + errors[] + a queued job (cancelled).
-        ("gamma", 8, "Requested partition configuration not available now"),
-        # More than any one node has (ntasks=1): HTTP 500, no job.
-        ("beta", 12, "Requested node configuration is not available"),
-    ],
-)
-def test_too_many_cpus_is_rejected_with_slurms_text(
-    slurm_sites: dict[str, SlurmSite], cluster: str, processors: int, slurm_text: str
-) -> None:
-    site = slurm_sites[cluster]
-    with pytest.raises(SiteRejected) as err:
-        site.submit(JobSubmission(name="huge", command="true", processors=processors))
-    assert slurm_text in str(err.value)
-    assert err.value.site == cluster
-    # Nothing of the rejected submission may stay queued at the site.
-    live = [j for j in site.observe().jobs if not j.state.finished]
-    assert live == []
-
-
-def test_bad_partition_is_rejected_with_slurms_text(
-    slurm_grid: SlurmGrid, other_site: Callable[..., SlurmSite]
-) -> None:
-    site = other_site("alpha", slurm_grid.cluster("alpha").token, partition="nope")
-    with pytest.raises(SiteRejected, match="Invalid partition name specified"):
-        site.submit(JobSubmission(name="lost", command="true", processors=1))
-
-
 def test_cancel_running_job(slurm_sites: dict[str, SlurmSite]) -> None:
     site = slurm_sites["alpha"]
     job_id = site.submit(JobSubmission(name="long", command="sleep 60", processors=4))
@@ -269,19 +239,6 @@ def test_unknown_job(slurm_sites: dict[str, SlurmSite]) -> None:
         site.cancel("999999")
     with pytest.raises(UnknownJob, match="not a Slurm job id"):
         site.status("../nodes")
-
-
-def test_wrong_token_is_rejected(
-    slurm_grid: SlurmGrid, other_site: Callable[..., SlurmSite]
-) -> None:
-    alpha_token = slurm_grid.cluster("alpha").token
-    # A token of another cluster: signed with a different key.
-    site = other_site("beta", alpha_token)
-    for call in (site.ping, site.observe, lambda: site.status("2000")):
-        with pytest.raises(SiteRejected, match="token") as err:
-            call()
-        assert alpha_token not in str(err.value)
-        assert alpha_token not in repr(err.value)
 
 
 def free_port() -> int:

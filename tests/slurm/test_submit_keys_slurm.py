@@ -58,10 +58,12 @@ def _submit_and_die_once_accepted(env: dict[str, str], grid_toml: str, db: str, 
     rt.submit(sid, JobSubmission("adopt-me", "sleep 3", 2))
 
 
+@pytest.mark.parametrize("site", ["alpha", "beta", "gamma"], ids=["26.05", "22.05", "24.11"])
 def test_a_retry_after_the_worker_died_adopts_the_job_slurm_accepted(
-    runtime: GridRuntime, slurm_grid: SlurmGrid
+    runtime: GridRuntime, slurm_grid: SlurmGrid, site: str
 ) -> None:
-    sid = runtime.select(JobRequest("adopt-me", 2, 3.0), site="beta").selection_id
+    """On every release: one Slurm job per key, whatever moment the worker died at."""
+    sid = runtime.select(JobRequest("adopt-me", 2, 3.0), site=site).selection_id
     key = selection_key(runtime.install_id, sid)
     ctx = multiprocessing.get_context("spawn")
     worker = ctx.Process(
@@ -71,21 +73,21 @@ def test_a_retry_after_the_worker_died_adopts_the_job_slurm_accepted(
     worker.start()
     worker.join(60)
     assert worker.exitcode == -signal.SIGKILL
-    beta = slurm_grid.cluster("beta")
-    accepted = slurm_jobs_with(beta, key)
+    cluster = slurm_grid.cluster(site)
+    accepted = slurm_jobs_with(cluster, key)
     assert len(accepted) == 1 and runtime.record(sid).job_id is None
 
     record = runtime.submit(sid, JobSubmission("adopt-me", "sleep 3", 2))  # the retry
 
     assert record.job_id == str(accepted[0]["job_id"])
-    assert [j["job_id"] for j in slurm_jobs_with(beta, key)] == [accepted[0]["job_id"]]
+    assert [j["job_id"] for j in slurm_jobs_with(cluster, key)] == [accepted[0]["job_id"]]
     deadline = time.time() + 60
     while not runtime.poll(sid).finished and time.time() < deadline:
         time.sleep(0.5)
     assert runtime.record(sid).state == "completed"
     runtime.refresh()
     with runtime.store.begin() as conn:
-        assert ledger.ledger_totals(conn)["beta"] == (0, 0, 0, 0)
+        assert ledger.ledger_totals(conn)[site] == (0, 0, 0, 0)
     assert_capacity_invariant(runtime.store, no_live_holds=True)
 
 

@@ -662,3 +662,11 @@ def test_a_site_without_accounting_is_not_asked(session: requests.Session) -> No
 )
 def test_partition_time_limits_in_every_shape(raw: dict[str, Any], max_time_s: int | None) -> None:
     assert api.read_partition(raw).max_time_s == max_time_s
+
+
+def test_a_requeued_job_still_completing_its_old_run_is_requeued_not_completing(
+    session: requests.Session,
+) -> None:
+    # 24.11 and 26.05 right after `scontrol requeue`: ["PENDING", "COMPLETING"], restart 1
+    site, _ = make_site(session, listing(job_v45(15, ["PENDING", "COMPLETING"], restart_cnt=1)))
+    assert site.status("15").requeued_by == "REQUEUED"
