@@ -256,6 +256,13 @@ class _Shared:
     # slurmdbd's API beside slurmctld's (None: not known yet), and usage already read
     accounting: bool | None = None
     usage: dict[str, JobUsage] = field(default_factory=dict)
+    session: requests.Session | None = None
+
+    def http(self) -> requests.Session:
+        with self.lock:
+            if self.session is None:
+                self.session = requests.Session()
+            return self.session
 
 
 _SHARED: dict[tuple[str, str, TokenProvider], _Shared] = {}
@@ -269,8 +276,12 @@ def _shared(url: str, user: str, tokens: TokenProvider) -> _Shared:
 
 
 def forget_shared() -> None:
-    """Drop every cached version, listing and limit (tests; a reconfigured process)."""
+    """Drop every cached version, listing and limit and close the shared connection
+    pools (tests; a reconfigured process)."""
     with _SHARED_LOCK:
+        for shared in _SHARED.values():
+            if shared.session is not None:
+                shared.session.close()
         _SHARED.clear()
 
 
@@ -283,7 +294,8 @@ class SlurmSite:
     ``token`` is a :class:`TokenProvider` (``gridcore.credentials.TokenSource`` renews
     ``file`` and ``command`` references) or a plain string. The token is only put in
     request headers: never logged, and scrubbed from every error message. Pass a
-    ``session`` to share a connection pool (it is then not closed by :meth:`close`).
+    ``session`` to use that connection pool; without one, the adapters of this process
+    share one pool per site and credential.
     ``share_listing=False`` reads every status by id (``GET /job/{id}``), as a per-job
     poller does (``gridcore bench slurm-polling`` compares the two).
     """
@@ -317,8 +329,10 @@ class SlurmSite:
         self._clock = clock
         self._listing_max_age_s = listing_max_age_s
         self._share_listing = share_listing
-        self._owns_session = session is None
-        self._session = session if session is not None else requests.Session()
+        # One connection pool per site and process unless given: every trigger holding
+        # its own keep-alive connection would take all of slurmrestd's connection
+        # threads, and the next caller waits for a free one until its timeout.
+        self._session = session if session is not None else self._shared.http()
 
     def __repr__(self) -> str:
         return f"SlurmSite(site={self.spec.name!r}, url={self.spec.url!r})"
@@ -326,8 +340,7 @@ class SlurmSite:
     __str__ = __repr__
 
     def close(self) -> None:
-        if self._owns_session:
-            self._session.close()
+        """Nothing to release: the connection pool is the process's, shared per site."""
 
     def __enter__(self) -> SlurmSite:
         return self
