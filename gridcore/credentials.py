@@ -104,6 +104,13 @@ def token_source(ref: CredentialRef, site: str) -> TokenSource:
         return source
 
 
+def forget_token_sources() -> None:
+    """Drop every cached token source: the next use resolves its reference anew (tests;
+    a process whose connections or variables were replaced)."""
+    with _shared_lock:
+        _shared.clear()
+
+
 class TokenSource:
     """A site's token, cached and renewed; safe to share between threads.
 

@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+
+@pytest.fixture(autouse=True)
+def _no_cached_credentials() -> Iterator[None]:
+    """Each test resolves its tokens anew: a token source (process-wide, one per site and
+    reference) or a Slurm adapter's shared listing cached by an earlier test with another
+    environment must not answer for this one."""
+    from gridcore.credentials import forget_token_sources
+    from gridcore.sites.slurm import forget_shared
+
+    forget_token_sources()
+    forget_shared()
+    yield
+    forget_token_sources()
+    forget_shared()
 
 
 @pytest.fixture
