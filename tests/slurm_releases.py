@@ -65,6 +65,10 @@ SLURM_PACKAGES = (
 # Test jobs look at their addresses (`ip`) and processes (`ps`).
 JOB_PACKAGES = ("python3", "libstdc++6", "iproute2", "procps")
 PACKAGES = SLURM_PACKAGES + JOB_PACKAGES
+# Slurm accounting, in the chroot of a release whose cluster has it (Release.accounting):
+# slurmdbd (it brings the MariaDB client library its accounting_storage/mysql loads) and
+# sacctmgr/sacct (in slurm-client).
+ACCOUNTING_PACKAGES = ("slurmdbd",)
 # A sane PATH inside a chroot (daemons live in /usr/sbin).
 CHROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _BUILD_TIMEOUT_S = 1200
@@ -90,17 +94,24 @@ class Release:
     script: str | None = None
     # The suite's Release files may be past their Valid-Until date (forky).
     ignore_valid_until: bool = False
+    # Its chroot also holds slurmdbd (ACCOUNTING_PACKAGES), for a cluster with accounting.
+    accounting: bool = False
 
     @property
     def in_chroot(self) -> bool:
         return self.suite is not None
+
+    @property
+    def packages(self) -> tuple[str, ...]:
+        """What its chroot holds (besides the libraries the suite's interpreter needs)."""
+        return PACKAGES + (ACCOUNTING_PACKAGES if self.accounting else ())
 
 
 HOST_RELEASE = "22.05"
 RELEASES = {
     "22.05": Release("22.05", "v0.0.38"),
     "24.11": Release("24.11", "v0.0.42", "trixie", "trixie"),
-    "26.05": Release("26.05", "v0.0.45", "forky", "sid", ignore_valid_until=True),
+    "26.05": Release("26.05", "v0.0.45", "forky", "sid", ignore_valid_until=True, accounting=True),
 }
 
 
@@ -141,10 +152,12 @@ def marker(root: Path) -> dict[str, object] | None:
 def is_ready(rel: Release) -> bool:
     """The chroot exists, is complete (its marker) and holds every package asked for."""
     found = marker(chroot_dir(rel))
-    if not found or found.get("format") != FORMAT:
-        return False
+    return found is not None and found.get("format") == FORMAT and _holds(found, rel.packages)
+
+
+def _holds(found: dict[str, object], wanted: Sequence[str]) -> bool:
     packages = found.get("packages")
-    return isinstance(packages, list) and set(PACKAGES) <= set(packages)
+    return isinstance(packages, list) and set(wanted) <= set(packages)
 
 
 @contextlib.contextmanager
@@ -172,6 +185,11 @@ def ensure_chroot(rel: Release, log: Path | None = None) -> Path:
         if is_ready(rel):
             pass
         elif found and found.get("format") == FORMAT:
+            if _mounts_under(root) and _holds(found, PACKAGES):
+                # A running grid uses it and only the accounting packages are missing: use
+                # it as it is (its cluster runs without accounting); the next start that
+                # finds it unused adds them.
+                return root
             _complete(rel, root, found, log)
         else:
             _build(rel, log)
@@ -431,10 +449,10 @@ def _build(rel: Release, log: Path) -> None:
         _configure(rel, tmp)
         with _build_mounts(tmp):
             _run(["chroot", str(tmp), "apt-get", "update", "-q"], log, _chroot_env())
-            _apt_install(tmp, PACKAGES, log)
+            _apt_install(tmp, rel.packages, log)
             extra = _install_missing_libraries(tmp, log)
             _run(["chroot", str(tmp), "apt-get", "clean"], log, _chroot_env())
-        versions = _installed_versions(tmp, [*PACKAGES, *extra])
+        versions = _installed_versions(tmp, [*rel.packages, *extra])
         (tmp / MARKER).write_text(
             json.dumps(
                 {
@@ -442,7 +460,7 @@ def _build(rel: Release, log: Path) -> None:
                     "release": rel.version,
                     "suite": rel.suite,
                     "mirror": mirror,
-                    "packages": [*PACKAGES, *extra],
+                    "packages": [*rel.packages, *extra],
                     "versions": versions,
                     "debootstrap_s": round(debootstrap_s, 1),
                     "build_s": round(time.monotonic() - began, 1),
@@ -467,8 +485,9 @@ def _build(rel: Release, log: Path) -> None:
 
 
 def _complete(rel: Release, root: Path, found: dict[str, object], log: Path) -> None:
-    """A complete chroot of the same format that lacks packages added to PACKAGES since
-    it was built: install them in place; the marker is rewritten only afterwards."""
+    """A complete chroot of the same format that lacks packages added to PACKAGES (or
+    the release's ``packages``, e.g. slurmdbd) since it was built: install them in place;
+    the marker is rewritten only afterwards."""
     if _mounts_under(root):
         raise ChrootError(f"the Slurm {rel.version} chroot {root} lacks packages but is in use")
     with log.open("a") as out:
@@ -477,10 +496,10 @@ def _complete(rel: Release, root: Path, found: dict[str, object], log: Path) -> 
     with _build_mounts(root):
         _run(["chroot", str(root), "dpkg", "--configure", "-a"], log, _chroot_env())
         _run(["chroot", str(root), "apt-get", "update", "-q"], log, _chroot_env())
-        _apt_install(root, PACKAGES, log)
+        _apt_install(root, rel.packages, log)
         extra = _install_missing_libraries(root, log)
         _run(["chroot", str(root), "apt-get", "clean"], log, _chroot_env())
-    packages = sorted({*PACKAGES, *extra, *(found.get("packages") or [])})  # type: ignore[misc]
+    packages = sorted({*rel.packages, *extra, *(found.get("packages") or [])})  # type: ignore[misc]
     found = {
         **found,
         "packages": packages,

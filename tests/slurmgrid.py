@@ -43,6 +43,22 @@ start within about a second); ``N`` seconds makes the cluster start jobs only on
 ticks (``sched/builtin`` with ``defer,sched_interval=N,batch_sched_delay=N``). See
 ``docs/slurm-test-grid.md`` for what was measured.
 
+Accounting (``ClusterLayout.accounting``; in ``DEFAULT_LAYOUT`` alpha has it): the cluster
+gets a slurmdbd of its own release, storing into a fresh MariaDB database and user made
+for this grid (``gridcore_slurm_<tag>_<cluster>``, random password) on the server at
+``$GRIDCORE_SLURM_MYSQL`` (default ``127.0.0.1:3306``; the grid connects as root with the
+``mariadb`` client, whose own password sources, ``~/.my.cnf`` or ``$MYSQL_PWD``, apply).
+slurmdbd runs chrooted like the cluster's daemons but in the HOST's network namespace
+(MariaDB listens on the host's 127.0.0.1 only, which a namespace cannot reach); it
+listens on all the host's addresses, and the cluster's slurmctld, slurmrestd and tools
+reach it at ``SlurmCluster.host_address``. The cluster is registered with its own
+``sacctmgr`` before its slurmctld starts; slurmrestd serves slurmdbd's API beside
+slurmctld's (``SlurmCluster.accounting``). Each database is recorded in
+``<dir>/accounting.json`` and ``/run/gridcore-slurmgrid/db-<database>.json`` BEFORE it is
+made; ``stop`` drops it with its user, and a later start drops a killed run's (and any
+``gridcore_slurm_*`` database or user no record owns). Other databases are never touched.
+Without a reachable MariaDB the grid starts without accounting, with a warning.
+
 Every daemon's PID file is recorded in ``<dir>/daemons.json`` BEFORE the daemon starts, so
 ``stop`` can always find what a (possibly half-finished) ``start`` launched. Daemons are
 stopped only through those PID files, never by process name.
@@ -114,6 +130,13 @@ NETWORK_ENV = "GRIDCORE_SLURM_NETWORK"
 NETWORKS = ("netns", "loopback", "auto")
 NETNS_FILE = "netns.json"
 NETNS_PREFIX = "gcsg-"
+# Accounting: the MariaDB server (host:port) and what the grid makes there.
+MYSQL_ENV = "GRIDCORE_SLURM_MYSQL"
+DEFAULT_MYSQL = "127.0.0.1:3306"
+DB_PREFIX = "gridcore_slurm_"
+_DB_NAME = re.compile(r"gridcore_slurm_[0-9a-f]{8}_[a-z0-9]{1,20}")
+ACCOUNTING_FILE = "accounting.json"
+_DB_RECORD_PREFIX = "db-"
 # Owner records of every namespace any grid on this host made (stale-leftover cleanup).
 NETNS_RUN_DIR = Path("/run/gridcore-slurmgrid")
 # Each cluster gets 10.213.X.0/24 (X = 1..254, the first not in use on this host).
@@ -143,6 +166,10 @@ class ClusterLayout:
     # The Slurm release it runs (tests.slurm_releases.RELEASES): the host's own, or a
     # newer one from a Debian chroot.
     release: str = HOST_RELEASE
+    # Slurm accounting: a slurmdbd of its release with a MariaDB database of its own.
+    accounting: bool = False
+    # How long slurmctld keeps a finished job (its MinJobAge); see set_min_job_age.
+    min_job_age_s: int = 300
 
     @property
     def node_names(self) -> tuple[str, ...]:
@@ -150,7 +177,7 @@ class ClusterLayout:
 
 
 DEFAULT_LAYOUT = (
-    ClusterLayout("alpha", (16,), 1000, 200.0, release="26.05"),
+    ClusterLayout("alpha", (16,), 1000, 200.0, release="26.05", accounting=True),
     ClusterLayout("beta", (8, 8), 2000, 100.0, release="22.05"),
     ClusterLayout("gamma", (4,), 3000, 50.0, release="24.11"),
 )
@@ -182,6 +209,11 @@ class SlurmCluster:
     api_version: str = API_VERSION
     # The Debian chroot its daemons, tools and jobs run in (None: the host's Slurm).
     chroot: Path | None = None
+    # Slurm accounting: a slurmdbd keeps its jobs after slurmctld forgets them
+    # (MinJobAge), with what they used (jobacct_gather/linux, every second); its
+    # slurmrestd serves slurmdbd's API too (/slurmdb/<api_version>/..., listed by
+    # GET /openapi/v3), and sacct/sacctmgr work through cluster.cli.
+    accounting: bool = False
 
     def cli_argv(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
         """``argv`` (a Slurm tool by name, e.g. ``["squeue", "-h"]``, and its arguments) as
@@ -318,6 +350,8 @@ class _Ports:
     ctld: int
     slurmd: tuple[int, ...]
     rest: int
+    # Its slurmdbd's (None: no accounting).
+    dbd: int | None = None
 
 
 @dataclass(frozen=True)
@@ -799,6 +833,248 @@ def _remove_grid_networks(base_dir: Path) -> None:
     path.unlink(missing_ok=True)
 
 
+# --------------------------------------------------------------------------- accounting
+
+
+@dataclass(frozen=True)
+class _Database:
+    """A MariaDB database and user made for one cluster's slurmdbd (same name)."""
+
+    name: str
+    password: str = field(repr=False)
+
+
+def _mysql_server() -> tuple[str, int]:
+    text = os.environ.get(MYSQL_ENV) or DEFAULT_MYSQL
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise SlurmGridError(f"${MYSQL_ENV} must be HOST:PORT, not {text!r}")
+    return host, int(port)
+
+
+def _mysql_client() -> str | None:
+    return shutil.which("mariadb", path=_SEARCH_PATH) or shutil.which("mysql", path=_SEARCH_PATH)
+
+
+def _mysql(sql: str) -> subprocess.CompletedProcess[str]:
+    """``sql`` run as the server's root over TCP (the client reads root's password, if
+    any, from ~/.my.cnf or $MYSQL_PWD); tab-separated rows, no header."""
+    client = _mysql_client()
+    if client is None:
+        raise SlurmGridError("no MariaDB client: apt-get install -y mariadb-client")
+    host, port = _mysql_server()
+    argv = [client, "--protocol=TCP", "-h", host, "-P", str(port), "-u", "root"]
+    argv += ["--batch", "--skip-column-names", "--connect-timeout=5", "-e", sql]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+
+
+def _mysql_checked(sql: str) -> str:
+    done = _mysql(sql)
+    if done.returncode != 0:
+        raise SlurmGridError(f"MariaDB refused `{sql}`: {done.stderr.strip()}")
+    return done.stdout
+
+
+def accounting_unavailable_reason() -> str | None:
+    """Why no cluster can have accounting here (no MariaDB client, server or root
+    login), or None if it can."""
+    if _mysql_client() is None:
+        return "no MariaDB client (apt-get install -y mariadb-client)"
+    try:
+        done = _mysql("SELECT 1")
+    except (OSError, subprocess.SubprocessError, SlurmGridError) as exc:
+        return f"MariaDB at {os.environ.get(MYSQL_ENV) or DEFAULT_MYSQL}: {exc}"
+    if done.returncode != 0:
+        where = os.environ.get(MYSQL_ENV) or DEFAULT_MYSQL
+        return f"MariaDB at {where} refused root: {done.stderr.strip()}"
+    return None
+
+
+def _db_record_path(name: str) -> Path:
+    return NETNS_RUN_DIR / f"{_DB_RECORD_PREFIX}{name}.json"
+
+
+def _read_accounting(base_dir: Path) -> list[str]:
+    try:
+        names: list[str] = json.loads((base_dir / ACCOUNTING_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+    return names
+
+
+def _create_database(base_dir: Path, cluster: str, tag: str, persistent: bool) -> _Database:
+    """A fresh database and user of that name for ``cluster``'s slurmdbd, recorded (the
+    grid's ``accounting.json`` and an owner record) before it is made."""
+    db = _Database(f"{DB_PREFIX}{tag}_{cluster.lower()}", secrets.token_hex(16))
+    if not _DB_NAME.fullmatch(db.name):
+        raise SlurmGridError(f"cluster name {cluster!r} does not make a database name")
+    owner: dict[str, Any] = {"owner_pid": None, "owner_start": None}
+    if not persistent:
+        owner = {"owner_pid": os.getpid(), "owner_start": _proc_start_time(os.getpid())}
+    with _netns_lock():
+        _db_record_path(db.name).write_text(json.dumps({**owner, "dir": str(base_dir)}))
+        names = _read_accounting(base_dir)
+        (base_dir / ACCOUNTING_FILE).write_text(json.dumps([*names, db.name]))
+        _mysql_checked(
+            f"CREATE DATABASE `{db.name}`; "
+            f"CREATE USER '{db.name}'@'%' IDENTIFIED BY '{db.password}'; "
+            f"GRANT ALL PRIVILEGES ON `{db.name}`.* TO '{db.name}'@'%'"
+        )
+    return db
+
+
+def _drop_database(name: str) -> bool:
+    """Drop one of the grid's databases and its user; False if MariaDB refused."""
+    if not _DB_NAME.fullmatch(name):  # never anything the grid did not make
+        return False
+    try:
+        done = _mysql(f"DROP DATABASE IF EXISTS `{name}`; DROP USER IF EXISTS '{name}'@'%'")
+    except (OSError, subprocess.SubprocessError, SlurmGridError):
+        return False
+    if done.returncode != 0:
+        return False
+    _db_record_path(name).unlink(missing_ok=True)
+    return True
+
+
+def _drop_grid_databases(base_dir: Path) -> None:
+    """Drop the databases the grid in ``base_dir`` made (after its slurmdbd stopped); a
+    database MariaDB would not drop stays recorded for the next start to retry."""
+    names = _read_accounting(base_dir)
+    left = [name for name in names if not _drop_database(name)]
+    if left:
+        (base_dir / ACCOUNTING_FILE).write_text(json.dumps(left))
+    else:
+        (base_dir / ACCOUNTING_FILE).unlink(missing_ok=True)
+
+
+def cleanup_stale_databases() -> list[str]:
+    """Drop the grid databases (and users) whose owner process is gone (a killed run),
+    after stopping that grid's daemons, and any ``gridcore_slurm_*`` database or user no
+    record owns; returns the databases dropped. Others are never touched."""
+    if accounting_unavailable_reason() is not None:
+        return []
+    stale: dict[str, dict[str, Any]] = {}
+    with _netns_lock():
+        records = {
+            p.name[len(_DB_RECORD_PREFIX) : -len(".json")]: p
+            for p in NETNS_RUN_DIR.glob(f"{_DB_RECORD_PREFIX}{DB_PREFIX}*.json")
+        }
+        like = DB_PREFIX.replace("_", "\\_") + "%"
+        found = set(_mysql_checked(f"SHOW DATABASES LIKE '{like}'").split())
+        found |= set(
+            _mysql_checked(f"SELECT User FROM mysql.user WHERE User LIKE '{like}'").split()
+        )
+        for name in sorted(found | set(records)):
+            if not _DB_NAME.fullmatch(name):
+                continue
+            try:
+                record: dict[str, Any] = json.loads(records[name].read_text())
+            except (KeyError, OSError, ValueError):
+                record = {}
+            # No record: made by no live run (each is recorded before it is made).
+            if not (record and _owner_alive(record)):
+                stale[name] = record
+    for name, record in stale.items():
+        grid_dir = record.get("dir")
+        if grid_dir and Path(grid_dir, MANIFEST).exists():
+            stop_grid_dir(Path(grid_dir))  # its slurmdbd first; drops its databases
+        _drop_database(name)
+    return sorted(stale)
+
+
+def _accounting_lines(net: _Net, dbd_port: int, munge_socket: Path) -> list[str]:
+    """slurm.conf of a cluster with accounting: its slurmdbd on the host, the jobs'
+    comments (gridcore's submission keys) stored, usage sampled every second."""
+    return [
+        "AccountingStorageType=accounting_storage/slurmdbd",
+        f"AccountingStorageHost={net.host_address}",
+        f"AccountingStoragePort={dbd_port}",
+        # What authenticates every connection to slurmdbd (AuthInfo does not): the munge
+        # socket, like AuthInfo's.
+        f"AccountingStoragePass=socket={munge_socket}",
+        "AccountingStoreFlags=job_comment",
+        "JobAcctGatherType=jobacct_gather/linux",
+        "JobAcctGatherFrequency=1",
+    ]
+
+
+def _slurmdbd_conf(cdir: Path, munge_socket: Path, port: int, db: _Database) -> str:
+    host, db_port = _mysql_server()
+    lines = [
+        "AuthType=auth/munge",
+        f"AuthInfo=socket={munge_socket}",
+        # slurmrestd passes on its clients' tokens to slurmdbd too.
+        "AuthAltTypes=auth/jwt",
+        f"AuthAltParameters=jwt_key={cdir / 'jwt.key'}",
+        "DbdHost=localhost",
+        f"DbdPort={port}",
+        "SlurmUser=root",
+        f"PidFile={cdir / 'slurmdbd.pid'}",
+        f"LogFile={cdir / 'log' / 'slurmdbd.log'}",
+        "StorageType=accounting_storage/mysql",
+        f"StorageHost={host}",
+        f"StoragePort={db_port}",
+        f"StorageUser={db.name}",
+        f"StoragePass={db.password}",
+        f"StorageLoc={db.name}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _start_slurmdbd(
+    base_dir: Path, conf: Path, munge_socket: Path, port: int, db: _Database, chroot: Path | None
+) -> None:
+    """slurmdbd of the cluster's release (its chroot, or the host's), in the HOST's
+    network namespace; it reads slurmdbd.conf beside ``conf`` (SLURM_CONF's directory)."""
+    cdir = conf.parent
+    dbd_conf = cdir / "slurmdbd.conf"
+    dbd_conf.touch(mode=0o600)
+    dbd_conf.chmod(0o600)  # slurmdbd refuses one others can read (it holds a password)
+    dbd_conf.write_text(_slurmdbd_conf(cdir, munge_socket, port, db))
+    _record_daemon(base_dir, cdir / "slurmdbd.pid", "slurmdbd")
+    _run_daemon(
+        _cli_argv(conf, chroot, ["slurmdbd"]),
+        cdir / "log" / "launch-slurmdbd.log",
+        f"slurmdbd of {cdir.name}",
+        dict(os.environ),
+    )
+
+
+def _register_cluster(conf: Path, chroot: Path | None, name: str, net: _Net, port: int) -> None:
+    """Once its slurmdbd listens (it creates its tables first), add the cluster to it
+    with the release's own sacctmgr, as slurmctld wants it before it starts."""
+    logs = [conf.parent / "log" / "slurmdbd.log"]
+
+    def listening() -> bool:
+        with contextlib.suppress(OSError):
+            socket.create_connection((net.host_address, port), timeout=1).close()
+            return True
+        return False
+
+    _wait_for(listening, f"slurmdbd of {name} on port {port}", logs, _START_TIMEOUT_S)
+    argv = _cli_argv(conf, chroot, ["sacctmgr", "-i", "add", "cluster", name])
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    if done.returncode != 0:
+        raise SlurmGridError(
+            f"`sacctmgr add cluster {name}` failed: {done.stderr.strip() or done.stdout.strip()}"
+            f"\n{_tail(logs[0])}"
+        )
+
+
+def set_min_job_age(cluster: SlurmCluster, seconds: int) -> int:
+    """Make the cluster's slurmctld forget finished jobs after ``seconds`` (its
+    MinJobAge; ``scontrol reconfigure``, which 26.05 does by restarting slurmctld with
+    its jobs); returns the previous value. Below 60 s slurmctld also purges that often
+    (every max(10, MinJobAge) s), so a job is gone within about 2 x ``seconds``."""
+    old = cluster.conf.read_text().splitlines()
+    previous = next(int(line.split("=", 1)[1]) for line in old if line.startswith("MinJobAge="))
+    lines = [f"MinJobAge={seconds}" if line.startswith("MinJobAge=") else line for line in old]
+    cluster.conf.write_text("\n".join(lines) + "\n")
+    _scontrol(cluster, "reconfigure")
+    return previous
+
+
 def _choose_network(network: str | None) -> str:
     """The layout to start for ``network`` (None: ``$GRIDCORE_SLURM_NETWORK``, else
     "loopback")."""
@@ -894,14 +1170,17 @@ def _cancel_all_jobs(entries: Sequence[dict[str, str]]) -> None:
 
 
 def stop_grid_dir(base_dir: Path, *, remove_netns: bool = True) -> None:
-    """Stop every daemon listed in ``base_dir``'s manifest, by PID file, undo the mounts
-    it made into chroots, then remove the grid's network namespaces. Idempotent."""
+    """Stop every daemon listed in ``base_dir``'s manifest, by PID file, drop the
+    databases it made for slurmdbd, undo the mounts it made into chroots, then remove the
+    grid's network namespaces. Idempotent."""
     entries = _read_manifest(base_dir)
     _cancel_all_jobs(entries)
-    # Slurm daemons first (reverse start order), munged last: they talk through it.
+    # Slurm daemons first (reverse start order), then slurmdbd (slurmctld sends it what
+    # it still holds as it stops), munged last: they talk through it.
     munge = [e for e in entries if e["program"] == "munged"]
-    slurm = [e for e in reversed(entries) if e["program"] != "munged"]
-    for group in (slurm, munge):
+    dbd = [e for e in entries if e["program"] == "slurmdbd"]
+    slurm = [e for e in reversed(entries) if e["program"] not in ("munged", "slurmdbd")]
+    for group in (slurm, dbd, munge):
         found = [(_pid_of(Path(e["pid_file"]), e["program"]), e) for e in group]
         pids = [pid for pid, _ in found if pid is not None]
         _signal_all(pids, signal.SIGTERM)
@@ -910,6 +1189,7 @@ def stop_grid_dir(base_dir: Path, *, remove_netns: bool = True) -> None:
         _wait_gone(stuck, _STOP_TIMEOUT_S)
         for _, entry in found:
             Path(entry["pid_file"]).unlink(missing_ok=True)
+    _drop_grid_databases(base_dir)
     _unmount_all(base_dir)
     if remove_netns:
         _remove_grid_networks(base_dir)
@@ -997,6 +1277,10 @@ def _scheduler_lines(interval_s: int | None) -> list[str]:
 def _slurm_conf(
     layout: ClusterLayout, cdir: Path, munge_socket: Path, ports: _Ports, net: _Net
 ) -> str:
+    accounting = ["AccountingStorageType=accounting_storage/none"]
+    accounting += ["JobAcctGatherType=jobacct_gather/none"]
+    if ports.dbd is not None:
+        accounting = _accounting_lines(net, ports.dbd, munge_socket)
     # In a namespace the controller's address is the namespace side of the veth, so the
     # CLI tools on the host (and slurmrestd, slurmd, jobs in the namespace) all reach it.
     ctld_host = "localhost" if net.netns is None else f"localhost({net.address})"
@@ -1024,15 +1308,14 @@ def _slurm_conf(
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core",
         *_scheduler_lines(layout.sched_interval_s),
-        "AccountingStorageType=accounting_storage/none",
-        "JobAcctGatherType=jobacct_gather/none",
+        *accounting,
         "JobCompType=jobcomp/none",
         "MpiDefault=none",
         "MailProg=/bin/true",
         "ReturnToService=2",
         f"FirstJobId={layout.first_job_id}",
-        # Keeps finished jobs visible to the REST API for 5 minutes.
-        "MinJobAge=300",
+        # Keeps finished jobs visible to the REST API for 5 minutes (by default).
+        f"MinJobAge={layout.min_job_age_s}",
         # Lets a node claim more CPUs than this machine has.
         "SlurmdParameters=config_overrides",
     ]
@@ -1045,7 +1328,7 @@ def _slurm_conf(
     return "\n".join(lines) + "\n"
 
 
-def _start_controller_and_nodes(
+def _write_cluster_dir(
     base_dir: Path,
     layout: ClusterLayout,
     munge_socket: Path,
@@ -1053,6 +1336,7 @@ def _start_controller_and_nodes(
     net: _Net,
     chroot: Path | None,
 ) -> Path:
+    """The cluster's directory, JWT key and slurm.conf (checked against its release)."""
     cdir = base_dir / layout.name
     for sub in ("state", "spool", "log", "storage"):
         (cdir / sub).mkdir(parents=True, exist_ok=True)
@@ -1066,6 +1350,13 @@ def _start_controller_and_nodes(
         # /sys/fs/cgroup") unless its cgroup plugin is off; read from beside slurm.conf.
         (cdir / "cgroup.conf").write_text("CgroupPlugin=disabled\n")
     _check_release(conf, chroot, layout)
+    return conf
+
+
+def _start_controller_and_nodes(
+    base_dir: Path, layout: ClusterLayout, conf: Path, net: _Net, chroot: Path | None
+) -> None:
+    cdir = conf.parent
     env = {**os.environ, "SLURM_CONF": str(conf)}
     _record_daemon(base_dir, cdir / "slurmctld.pid", "slurmctld", conf, chroot)
     _run_daemon(
@@ -1082,7 +1373,6 @@ def _start_controller_and_nodes(
             f"slurmd {node} of {layout.name}",
             env,
         )
-    return conf
 
 
 def _fetch_token(conf: Path, name: str, chroot: Path | None) -> str:
@@ -1101,22 +1391,27 @@ def _fetch_token(conf: Path, name: str, chroot: Path | None) -> str:
     raise SlurmGridError(f"no JWT from slurmctld of {name}: {last}\n{_tail(log)}")
 
 
-def _rest_options(chroot: Path | None) -> list[str]:
+def _rest_options(chroot: Path | None, accounting: bool = False) -> list[str]:
     """slurmrestd's user and plugins: 22.05 serves v0.0.36-38 and refuses to run as root;
-    newer releases load only the slurmctld plugin (the slurmdbd one refuses to load
-    without slurmdbd) and from 25.11 on take the user only as a number."""
+    newer releases load the slurmctld plugin and, with accounting, the slurmdbd one (it
+    refuses to load without slurmdbd), and from 25.11 on take the user only as a number."""
     if chroot is None:
         plugins = "openapi/v0.0.38,openapi/v0.0.37,openapi/v0.0.36"
+        plugins += ",openapi/dbv0.0.38" if accounting else ""
         return ["-u", "nobody", "-g", "nogroup", "-a", "rest_auth/jwt", "-s", plugins]
-    return ["-u", "65534", "-g", "65534", "-a", "rest_auth/jwt", "-s", "openapi/slurmctld"]
+    plugins = "openapi/slurmctld,openapi/slurmdbd" if accounting else "openapi/slurmctld"
+    return ["-u", "65534", "-g", "65534", "-a", "rest_auth/jwt", "-s", plugins]
 
 
-def _start_rest(grid: SlurmGrid, conf: Path, net: _Net, port: int, chroot: Path | None) -> None:
+def _start_rest(
+    grid: SlurmGrid, conf: Path, net: _Net, port: int, chroot: Path | None, accounting: bool
+) -> None:
     cdir = conf.parent
     pid_file = cdir / "slurmrestd.pid"
     log = cdir / "log" / "slurmrestd.log"
     _record_daemon(grid.dir, pid_file, "slurmrestd")
-    argv = ["slurmrestd", "-f", str(conf), *_rest_options(chroot), f"{net.address}:{port}"]
+    options = _rest_options(chroot, accounting)
+    argv = ["slurmrestd", "-f", str(conf), *options, f"{net.address}:{port}"]
     # Without SLURM_JWT=daemon slurmrestd rejects every client token.
     jwt = {"SLURM_JWT": "daemon"}
     env = {**os.environ, "SLURM_CONF": str(conf), **jwt}
@@ -1262,6 +1557,33 @@ class _Plan:
     chroot: Path | None
 
 
+def _with_accounting(
+    layouts: Sequence[ClusterLayout], roots: Mapping[str, Path | None]
+) -> set[str]:
+    """The clusters that get accounting: those that ask for it, if MariaDB is there and
+    their release has slurmdbd (a chroot lacks it while a grid that started before it
+    was asked for still uses it: the next start that finds the chroot unused adds it)."""
+    wanted = {lay.name for lay in layouts if lay.accounting}
+    reason = accounting_unavailable_reason() if wanted else None
+    for lay in layouts:
+        root = roots[lay.release]
+        if lay.name not in wanted or reason is not None:
+            continue
+        if root is None and shutil.which("slurmdbd", path=_SEARCH_PATH) is None:
+            reason = "slurmdbd is not installed (apt-get install -y slurmdbd)"
+        elif root is not None and not _layout_release(lay).accounting:
+            reason = f"the Slurm {lay.release} chroot is made without slurmdbd (its Release)"
+        elif root is not None and not (root / "usr/sbin/slurmdbd").exists():
+            reason = f"the Slurm {lay.release} chroot {root} has no slurmdbd yet"
+    if reason is None:
+        return wanted
+    warnings.warn(
+        f"Slurm test grid: {reason}; starting {', '.join(sorted(wanted))} without accounting",
+        stacklevel=4,
+    )
+    return set()
+
+
 def _launch(grid: SlurmGrid, layouts: Sequence[ClusterLayout], persistent: bool) -> None:
     roots = _ensure_releases(layouts)
     for root in sorted({r for r in roots.values() if r is not None}):
@@ -1270,23 +1592,37 @@ def _launch(grid: SlurmGrid, layouts: Sequence[ClusterLayout], persistent: bool)
     nets = [_LOOPBACK_NET] * len(layouts)
     if grid.network == "netns":
         nets = _make_networks(grid.dir, [lay.name for lay in layouts], persistent)
-    all_ports = iter(_free_ports(sum(len(lay.node_cpus) + 2 for lay in layouts)))
+    accounted = _with_accounting(layouts, roots)
+    needed = sum(len(lay.node_cpus) + 2 + (lay.name in accounted) for lay in layouts)
+    all_ports = iter(_free_ports(needed))
+    tag = secrets.token_hex(4)
     plans: list[_Plan] = []
-    # Start every controller before waiting on any: their start-up delays overlap.
     for lay, net in zip(layouts, nets, strict=True):
         ports = _Ports(
             ctld=next(all_ports),
             slurmd=tuple(next(all_ports) for _ in lay.node_cpus),
             rest=next(all_ports),
+            dbd=next(all_ports) if lay.name in accounted else None,
         )
         chroot = roots[lay.release]
-        conf = _start_controller_and_nodes(grid.dir, lay, munge_socket, ports, net, chroot)
+        conf = _write_cluster_dir(grid.dir, lay, munge_socket, ports, net, chroot)
         plans.append(_Plan(lay, conf, ports, net, chroot))
+    # slurmdbd first: it makes its tables while the other controllers start.
+    for plan in plans:
+        if plan.ports.dbd is not None:
+            db = _create_database(grid.dir, plan.layout.name, tag, persistent)
+            _start_slurmdbd(grid.dir, plan.conf, munge_socket, plan.ports.dbd, db, plan.chroot)
+    # Start every controller before waiting on any: their start-up delays overlap.
+    for plan in sorted(plans, key=lambda p: p.ports.dbd is not None):
+        if plan.ports.dbd is not None:
+            _register_cluster(plan.conf, plan.chroot, plan.layout.name, plan.net, plan.ports.dbd)
+        _start_controller_and_nodes(grid.dir, plan.layout, plan.conf, plan.net, plan.chroot)
     clusters = []
     for plan in plans:
         lay, net = plan.layout, plan.net
         token = _fetch_token(plan.conf, lay.name, plan.chroot)
-        _start_rest(grid, plan.conf, net, plan.ports.rest, plan.chroot)
+        accounting = plan.ports.dbd is not None
+        _start_rest(grid, plan.conf, net, plan.ports.rest, plan.chroot, accounting)
         cluster = SlurmCluster(
             name=lay.name,
             rest_url=f"http://{net.address}:{plan.ports.rest}",
@@ -1302,6 +1638,7 @@ def _launch(grid: SlurmGrid, layouts: Sequence[ClusterLayout], persistent: bool)
             netns=net.netns,
             release=lay.release,
             chroot=plan.chroot,
+            accounting=accounting,
         )
         clusters.append(cluster)
         grid.env[cluster.token_env] = token
@@ -1331,6 +1668,8 @@ def start_grid(
     chosen = _choose_network(network)
     if chosen == "netns":
         cleanup_stale_netns()  # a killed run's namespaces, daemons and routes
+    if any(lay.accounting for lay in layouts):
+        cleanup_stale_databases()  # a killed run's slurmdbd, databases and users
     # A previous run's daemons in this directory would hold its ports and PID files.
     stop_grid_dir(base_dir)
     base_dir.mkdir(parents=True, exist_ok=True)

@@ -488,6 +488,8 @@ class SlurmSite:
         accounted = self._accounted(job_id)
         if accounted is None or accounted.usage is None:
             return None
+        if not map_job_state(accounted.state).finished:
+            return None  # slurmdbd has not had the job's end yet: its figures would grow
         with self._shared.lock:
             if len(self._shared.usage) >= _USAGE_KEPT:
                 self._shared.usage.clear()

@@ -583,10 +583,16 @@ def _usage(raw: Json, times: Json) -> JobUsage | None:
         return None
     return JobUsage(
         elapsed_s=float(elapsed),
-        cpu_time_s=_seconds(times.get("total")),
+        cpu_time_s=_seconds(times.get("total")) or _steps_cpu_time(raw),
         cpus=_allocated_cpus(raw),
         max_rss_bytes=_max_rss(raw),
     )
+
+
+def _steps_cpu_time(raw: Json) -> float:
+    """The CPU time of the job's steps added up, as sacct does: slurmdbd's record of the
+    job itself keeps ``time.total`` at 0 (seen on 26.05, v0.0.45)."""
+    return sum(_seconds(_obj(step.get("time")).get("total")) for step in dicts(raw, "steps"))
 
 
 def _obj(value: Any) -> Json:

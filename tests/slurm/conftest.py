@@ -8,6 +8,9 @@ Until the adapter speaks every REST version, tests that use ``SlurmSite`` agains
 or gamma fail for that reason; the grid itself is checked with each cluster's own CLI
 (``cluster.cli``) and raw REST (``cluster.rest``) in ``test_slurm_releases.py``.
 
+alpha also has Slurm accounting (slurmdbd, a MariaDB database per run;
+``SlurmCluster.accounting``), tested in ``test_slurm_accounting.py``.
+
 If the grid cannot start, the tests skip -- except on CI (``CI=true``), where a missing
 grid is a broken environment and must fail loudly instead of passing vacuously.
 

@@ -670,3 +670,119 @@ def test_a_requeued_job_still_completing_its_old_run_is_requeued_not_completing(
     # 24.11 and 26.05 right after `scontrol requeue`: ["PENDING", "COMPLETING"], restart 1
     site, _ = make_site(session, listing(job_v45(15, ["PENDING", "COMPLETING"], restart_cnt=1)))
     assert site.status("15").requeued_by == "REQUEUED"
+
+
+def accounted_v45_live(job_id: int, **extra: Any) -> dict[str, Any]:
+    """What Slurm 26.05.5's slurmdbd answered (trimmed) for a finished 1-CPU job of the
+    test grid (3 s of busy loop holding 50 MiB): the job's own ``time.total`` stays 0
+    (sacct adds up the steps'), each step has its CPU time and its peak memory."""
+    zero = {"seconds": 0, "microseconds": 0}
+    return {
+        "job_id": job_id,
+        "account": "root",
+        "comment": {"administrator": "", "job": "gc-live", "system": ""},
+        "state": {"current": ["COMPLETED"], "reason": "None"},
+        "exit_code": {
+            "status": ["SUCCESS"],
+            "return_code": {"set": True, "infinite": False, "number": 0},
+            "signal": {"id": {"set": False, "infinite": False, "number": 0}, "name": ""},
+        },
+        "time": {
+            "elapsed": 4,
+            "eligible": 1795754719,
+            "end": 1795754723,
+            "start": 1795754719,
+            "submission": 1795754719,
+            "suspended": 0,
+            "system": zero,
+            "total": zero,
+            "user": zero,
+        },
+        "required": {"CPUs": 1, "memory_per_node": {"set": True, "infinite": False, "number": 0}},
+        "tres": {
+            "allocated": [
+                {"type": "cpu", "name": "", "id": 1, "count": 1},
+                {"type": "node", "name": "", "id": 4, "count": 1},
+            ],
+            "requested": [
+                {"type": "cpu", "name": "", "id": 1, "count": 1},
+                {"type": "mem", "name": "", "id": 2, "count": 4000},
+            ],
+        },
+        "steps": [
+            {
+                "step": {"id": f"{job_id}.batch", "name": "batch"},
+                "state": ["COMPLETED"],
+                "time": {
+                    "elapsed": 4,
+                    "system": {"seconds": 0, "microseconds": 46566},
+                    "total": {"seconds": 2, "microseconds": 976272},
+                    "user": {"seconds": 2, "microseconds": 929706},
+                },
+                "tres": {
+                    "requested": {
+                        "max": [
+                            {"type": "cpu", "id": 1, "count": 2910, "task": 0, "node": "n1"},
+                            {"type": "mem", "id": 2, "count": 66744320, "task": 0, "node": "n1"},
+                            {"type": "vmem", "id": 7, "count": 73719808, "task": 0, "node": "n1"},
+                        ],
+                    },
+                    "allocated": [{"type": "cpu", "id": 1, "count": 1}],
+                },
+            }
+        ],
+        **extra,
+    }
+
+
+def test_usage_from_a_live_slurmdbd_record_adds_up_its_steps(session: requests.Session) -> None:
+    replies = {
+        **with_accounting(job_v45(30, ["COMPLETED"])),
+        ("GET", "/slurmdb/v0.0.45/job/30"): (200, ok(jobs=[accounted_v45_live(30)])),
+    }
+    site, _ = make_site(session, replies)
+    usage = site.status("30").usage
+    assert usage is not None
+    assert (usage.elapsed_s, usage.cpus, usage.max_rss_bytes) == (4.0, 1, 66744320)
+    assert usage.cpu_time_s == pytest.approx(2.976272)  # the batch step's, as sacct shows
+
+
+def test_usage_waits_until_slurmdbd_has_the_job_end(session: requests.Session) -> None:
+    """slurmctld says COMPLETED a moment before slurmdbd has it: the record still reads
+    RUNNING, elapsed counting up to now and no step finished; it is not kept."""
+    running = accounted_v45_live(
+        31,
+        state={"current": ["RUNNING"], "reason": "None"},
+        time={"elapsed": 2, "start": 1795754719, "end": 0, "submission": 1795754719},
+        steps=[],
+    )
+    replies = {
+        **with_accounting(job_v45(31, ["COMPLETED"])),
+        ("GET", "/slurmdb/v0.0.45/job/31"): [
+            (200, ok(jobs=[running])),
+            (200, ok(jobs=[accounted_v45_live(31)])),
+        ],
+    }
+    site, fake = make_site(session, replies)
+    assert site.status("31").usage is None
+    usage = site.status("31").usage
+    assert usage is not None and usage.elapsed_s == 4.0 and usage.max_rss_bytes == 66744320
+    assert fake.paths().count("GET /slurmdb/v0.0.45/job/31") == 2
+
+
+def test_an_id_neither_slurmctld_nor_slurmdbd_knows(session: requests.Session) -> None:
+    """26.05 (live): slurmctld answers an unknown id with HTTP 404 and error 2017 in a
+    JSON body, slurmdbd with HTTP 200, no job and a warning."""
+    unknown = {"description": "Unable to query JobId=999999", "error_number": 2017,
+               "error": "Invalid job id specified", "source": "_handle_job_get"}  # fmt: skip
+    nothing = ok(jobs=[], warnings=[{"description": "slurmdb_jobs_get() found nothing",
+                                     "source": "_dump_jobs"}])  # fmt: skip
+    replies = {
+        **with_accounting(),
+        ("GET", "/slurm/v0.0.45/job/999999"): (404, ok(errors=[unknown], jobs=[])),
+        ("GET", "/slurmdb/v0.0.45/job/999999"): (200, nothing),
+    }
+    site, fake = make_site(session, replies)
+    with pytest.raises(UnknownJob):
+        site.status("999999")
+    assert "GET /slurmdb/v0.0.45/job/999999" in fake.paths()
