@@ -186,9 +186,11 @@ def ensure_chroot(rel: Release, log: Path | None = None) -> Path:
             pass
         elif found and found.get("format") == FORMAT:
             if _mounts_under(root) and _holds(found, PACKAGES):
-                # A running grid uses it and only the accounting packages are missing: use
-                # it as it is (its cluster runs without accounting); the next start that
-                # finds it unused adds them.
+                # A grid uses it (or left its mounts) and only packages such as slurmdbd
+                # are missing: add them beside it; failing that, use it as it is (its
+                # cluster runs without accounting) and let an unused start complete it.
+                with contextlib.suppress(ChrootError, OSError, subprocess.SubprocessError):
+                    _add_in_use(rel, root, found, log)
                 return root
             _complete(rel, root, found, log)
         else:
@@ -499,7 +501,36 @@ def _complete(rel: Release, root: Path, found: dict[str, object], log: Path) -> 
         _apt_install(root, rel.packages, log)
         extra = _install_missing_libraries(root, log)
         _run(["chroot", str(root), "apt-get", "clean"], log, _chroot_env())
-    packages = sorted({*rel.packages, *extra, *(found.get("packages") or [])})  # type: ignore[misc]
+    _rewrite_marker(root, found, [*rel.packages, *extra], began)
+
+
+def _add_in_use(rel: Release, root: Path, found: dict[str, object], log: Path) -> None:
+    """Install the packages the marker lacks (e.g. slurmdbd) into a chroot that a grid
+    has mounted, as apt adds a package on a live server: with the grid's proc and dev
+    (mounting and unmounting our own would pull the grid's /dev submounts with them), and
+    Slurm packages pinned to the Slurm version installed, so nothing the grid runs is
+    upgraded. Raises ChrootError if that version is no longer in the mirror."""
+    if not (root / "proc/self").exists() or not (root / "dev/null").exists():
+        raise ChrootError(f"{root} is in use without proc and dev mounted")
+    have = found.get("packages")
+    missing = [p for p in rel.packages if not isinstance(have, list) or p not in have]
+    versions = found.get("versions")
+    slurm = versions.get("slurmctld") if isinstance(versions, dict) else None
+    pinned = [f"{p}={slurm}" if slurm and p.startswith("slurm") else p for p in missing]
+    with log.open("a") as out:
+        out.write(f"adding {' '.join(pinned)} to the Slurm {rel.version} chroot in use\n")
+    began = time.monotonic()
+    _run(["chroot", str(root), "apt-get", "update", "-q"], log, _chroot_env())
+    _apt_install(root, pinned, log)
+    _run(["chroot", str(root), "apt-get", "clean"], log, _chroot_env())
+    _rewrite_marker(root, found, missing, began)
+
+
+def _rewrite_marker(
+    root: Path, found: dict[str, object], added: Sequence[str], began: float
+) -> None:
+    have = found.get("packages")
+    packages = sorted({*added, *(have if isinstance(have, list) else [])})
     found = {
         **found,
         "packages": packages,
