@@ -11,7 +11,8 @@ SLURM_PACKAGES := slurmctld slurmd slurm-client munge slurmrestd slurm-wlm-jwt-p
 # the SFTP staging tests start their own sshd on a free loopback port; the browser tier
 # drives Debian's Chromium (headless); debootstrap builds the chroots of the newer Slurm
 # releases (tests/slurm_releases.py)
-SYSTEM_PACKAGES := $(SLURM_PACKAGES) openssh-server chromium debootstrap
+# mariadb-client: the Slurm tier's accounting cluster makes its slurmdbd database with it
+SYSTEM_PACKAGES := $(SLURM_PACKAGES) openssh-server chromium debootstrap mariadb-client
 # make demo and make airflow keep everything here (Airflow's home and metadata DB,
 # gridcore's state DB and sites' storage), so the demo's runs show in the UI
 DEMO_HOME ?= $(CURDIR)/.gridcore-demo
@@ -51,7 +52,7 @@ system-packages:
 	@if ! command -v slurmctld >/dev/null || ! command -v slurmrestd >/dev/null \
 	    || ! ls /usr/lib/x86_64-linux-gnu/slurm-wlm/auth_jwt.so >/dev/null 2>&1 \
 	    || ! test -x /usr/sbin/sshd || ! command -v chromium >/dev/null \
-	    || ! test -x /usr/sbin/debootstrap; then \
+	    || ! test -x /usr/sbin/debootstrap || ! command -v mariadb >/dev/null; then \
 	  echo "installing system packages: $(SYSTEM_PACKAGES)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	    --no-install-recommends $(SYSTEM_PACKAGES) >/dev/null; \

@@ -88,6 +88,8 @@ DEFAULT_USER = "root"
 LISTING_MAX_AGE_S = 5.0
 """How old a shared job listing may be before a status read fetches it again."""
 LIMITS_MAX_AGE_S = 300.0
+ACCOUNTING_WINDOW_S = 7 * 86400.0
+"""How far back a key is looked for in slurmdbd's records (a retry after an outage)."""
 """How long the cluster's partitions and nodes are trusted for refusing a request."""
 
 # slurm_errno.h values that change how an error is reported.
@@ -511,11 +513,13 @@ class SlurmSite:
         return found[-1] if found else None
 
     def _find_accounted(self, key: str) -> str | None:
-        """The job submitted with ``key`` among slurmdbd's records of this user's jobs."""
+        """The job submitted with ``key`` among slurmdbd's records of this user's jobs of
+        the last ``ACCOUNTING_WINDOW_S`` (slurmdbd's default window is since midnight)."""
         if not self._has_accounting():
             return None
-        query = "" if api.minor(self._version()) == 38 else f"?users={self._user}"
-        body = self._accounting_call(f"/jobs{query}")
+        since = int(time.time() - ACCOUNTING_WINDOW_S)
+        users = "" if api.minor(self._version()) == 38 else f"&users={self._user}"
+        body = self._accounting_call(f"/jobs?start_time={since}{users}")
         found = [
             int(job.job_id)
             for job in map(api.read_accounted_job, api.dicts(body or {}, "jobs"))

@@ -251,14 +251,14 @@ def test_a_wrong_token_is_a_credential_error_not_a_dead_site(
 
 
 def test_a_command_token_that_expires_while_the_job_runs_is_renewed(adapter: Adapter) -> None:
-    """``scontrol token lifespan=15``, run again before each JWT's exp: a job that
+    """``scontrol token lifespan=8``, run again before each JWT's exp: a job that
     outlives two tokens is followed to its end."""
     cluster = adapter.cluster
-    command = shlex.join(cluster.cli_argv(["scontrol", "token", "username=root", "lifespan=15"]))
+    command = shlex.join(cluster.cli_argv(["scontrol", "token", "username=root", "lifespan=8"]))
     ref = CredentialRef(command=command)
     tokens = TokenSource(ref, cluster.name)
     site = adapter.make(tokens, token=ref)
-    job_id = site.submit(JobSubmission(name="outlive", command="sleep 25", processors=1))
+    job_id = site.submit(JobSubmission(name="outlive", command="sleep 12", processors=1))
     status = wait_status(site, job_id, lambda s: s.state.finished, timeout_s=90)
     assert status.state is JobState.COMPLETED, status
     used = {t for *_, t in adapter.sent.requests}

@@ -10,6 +10,8 @@ from __future__ import annotations
 import io
 import json
 import logging
+import re
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -68,6 +70,8 @@ class FakeSlurm(BaseAdapter):
     ) -> requests.Response:
         self.sent.append(request)
         path = (request.url or "").removeprefix(ROOT)
+        # the accounting window moves with the clock: looked up without it
+        path = re.sub(r"start_time=\d+&?", "", path).rstrip("?&")
         queue = self.replies[(request.method or "", path)]
         status, body = queue.pop(0) if len(queue) > 1 else queue[0]
         resp = requests.Response()
@@ -635,8 +639,12 @@ def test_a_job_slurmctld_forgot_is_found_and_read_in_accounting(
         ("GET", "/slurm/v0.0.45/job/21"): (500, ok(errors=[unknown], jobs=[])),
         ("GET", "/slurmdb/v0.0.45/job/21"): (200, ok(jobs=[record])),
     }
-    site, _ = make_site(session, replies)
+    site, fake = make_site(session, replies)
     assert site.find("gc-k9") == "21"  # past MinJobAge: gone from /jobs, kept in slurmdbd
+    # a week back, not slurmdbd's default of since midnight
+    [asked] = [r.url or "" for r in fake.sent if "/slurmdb/v0.0.45/jobs" in (r.url or "")]
+    since = int(re.findall(r"start_time=(\d+)", asked)[0])
+    assert abs(since - (time.time() - 7 * 86400)) < 60
     status = site.status("21")
     assert (status.state, status.exit_code, status.finished_at) == (JobState.FAILED, 3, 150.0)
     assert status.reason == "NonZeroExitCode"
