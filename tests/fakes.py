@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import io
+import json
+import re
 import threading
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
+
+import requests
+from requests.adapters import BaseAdapter
 
 
 class FakeTaskStateStore:
@@ -74,3 +81,60 @@ class FaultySite:
         if self.status_error is not None:
             raise self.status_error
         return self.inner.status(job_id)
+
+
+SlurmReply = tuple[int, Any] | Exception
+"""A canned slurmrestd answer: (HTTP status, JSON body or raw text), or a transport error."""
+
+
+class FakeSlurmrestd(BaseAdapter):
+    """slurmrestd at the ``requests`` edge (httpx's MockTransport, for requests): answers
+    each (method, path) from a table, ``path`` being the URL without ``prefix`` and
+    without the moving ``start_time=`` of accounting look-ups; an entry may be a list of
+    replies given in turn (the last one repeats). ``missing`` answers paths the table
+    lacks (None: a KeyError fails the test). Records every request it saw."""
+
+    def __init__(
+        self,
+        replies: Mapping[tuple[str, str], SlurmReply | list[SlurmReply]],
+        prefix: str,
+        missing: Callable[[str, str], SlurmReply | None] | None = None,
+    ) -> None:
+        super().__init__()
+        self.replies = {k: list(v) if isinstance(v, list) else [v] for k, v in replies.items()}
+        self.prefix = prefix
+        self.missing = missing
+        self.sent: list[requests.PreparedRequest] = []
+
+    def send(  # type: ignore[override]
+        self, request: requests.PreparedRequest, **kwargs: Any
+    ) -> requests.Response:
+        self.sent.append(request)
+        method = request.method or ""
+        path = (request.url or "").removeprefix(self.prefix)
+        path = re.sub(r"start_time=\d+&?", "", path).rstrip("?&")
+        queue = self.replies.get((method, path))
+        fallback = self.missing(method, path) if queue is None and self.missing else None
+        if queue is None and fallback is None:
+            raise KeyError((method, path))
+        reply = fallback if queue is None else queue.pop(0) if len(queue) > 1 else queue[0]
+        if isinstance(reply, Exception):
+            raise reply
+        assert reply is not None
+        status, body = reply
+        resp = requests.Response()
+        resp.status_code = status
+        resp.raw = io.BytesIO((body if isinstance(body, str) else json.dumps(body)).encode())
+        resp.encoding = "utf-8"
+        resp.request = request
+        resp.url = request.url or ""
+        return resp
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+    def paths(self) -> list[str]:
+        return [f"{r.method} {(r.url or '').removeprefix(self.prefix)}" for r in self.sent]
+
+    def bodies(self) -> list[dict[str, Any]]:
+        return [json.loads(r.body or b"") for r in self.sent if r.method == "POST"]

@@ -477,7 +477,7 @@ class SlurmSite:
             if accounted is None:
                 raise
             return _accounted_status(job_id, accounted)
-        status = self._job_status(job_id, api.read_job(raw))
+        status = self._controller_status(job_id, api.read_job(raw))
         if status.state.finished:
             status = replace(status, usage=self._usage(job_id))
         return status
@@ -638,23 +638,16 @@ class SlurmSite:
         )
 
     @staticmethod
-    def _job_status(job_id: str, job: api.SlurmJob) -> JobStatus:
+    def _controller_status(job_id: str, job: api.SlurmJob) -> JobStatus:
         state = map_job_state(job.state)
-        reason = "; ".join(r for r in (job.reason, job.description) if r)
-        requeued_by = None
-        if state is JobState.PENDING and job.requeued:
-            requeued_by = _requeue_cause(job)
-        return JobStatus(
-            job_id=job_id,
-            state=state,
-            # Running jobs report exit_code 0 and a projected end_time: meaningless yet.
-            exit_code=job.exit_code if state.finished else None,
-            submitted_at=job.submit_time,
-            started_at=job.start_time if state is not JobState.PENDING else None,
-            finished_at=job.end_time if state.finished else None,
-            reason=reason,
-            held=state is JobState.PENDING and job.held,
-            requeued_by=requeued_by,
+        pending = state is JobState.PENDING
+        return _job_status(
+            job_id,
+            state,
+            job,
+            reason="; ".join(r for r in (job.reason, job.description) if r),
+            held=pending and job.held,
+            requeued_by=_requeue_cause(job) if pending and job.requeued else None,
             restarts=job.restarts,
         )
 
@@ -841,6 +834,16 @@ class SlurmSite:
 
 def _accounted_status(job_id: str, job: api.AccountedJob) -> JobStatus:
     state = map_job_state(job.state)
+    reason = job.reason if job.reason != "None" else ""
+    return _job_status(job_id, state, job, reason=reason, usage=job.usage)
+
+
+def _job_status(
+    job_id: str, state: JobState, job: api.SlurmJob | api.AccountedJob, **fields: Any
+) -> JobStatus:
+    """A status from what slurmctld or slurmdbd said of the job: a running job's exit
+    code (0) and end time (its projected end) and a pending job's start time (a
+    forecast) mean nothing yet, so they are left out."""
     return JobStatus(
         job_id=job_id,
         state=state,
@@ -848,8 +851,7 @@ def _accounted_status(job_id: str, job: api.AccountedJob) -> JobStatus:
         submitted_at=job.submit_time,
         started_at=job.start_time if state is not JobState.PENDING else None,
         finished_at=job.end_time if state.finished else None,
-        reason=job.reason if job.reason != "None" else "",
-        usage=job.usage,
+        **fields,
     )
 
 

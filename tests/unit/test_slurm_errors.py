@@ -7,14 +7,12 @@ mounted on a real ``requests.Session``.
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
 import requests
-from requests.adapters import BaseAdapter
 
 from gridcore.errors import (
     CredentialError,
@@ -27,44 +25,18 @@ from gridcore.errors import (
 )
 from gridcore.model import CredentialRef, JobState, JobSubmission, SiteKind, SiteSpec
 from gridcore.sites.slurm import SlurmSite, decode_exit_code, forget_shared, map_job_state
+from tests.fakes import FakeSlurmrestd, SlurmReply
 
 TOKEN = "eyJhbGciOiJIUzI1NiJ9.c2VjcmV0LXBheWxvYWQ.s3cr3t-signature"
 BASE = "http://slurm.test:6820/slurm/v0.0.38"
 META = {"plugin": {"type": "openapi/v0.0.38"}, "Slurm": {"release": "22.05.8"}}
 
-Reply = tuple[int, Any] | Exception
+Reply = SlurmReply
 
 
-class FakeTransport(BaseAdapter):
-    """Answers each (method, path) from a table; records every request it saw."""
-
-    def __init__(self, replies: Mapping[tuple[str, str], Reply]) -> None:
-        super().__init__()
-        self.replies = dict(replies)
-        self.sent: list[requests.PreparedRequest] = []
-
-    def send(  # type: ignore[override]
-        self, request: requests.PreparedRequest, **kwargs: Any
-    ) -> requests.Response:
-        self.sent.append(request)
-        path = (request.url or "").removeprefix(BASE)
-        # 22.05's slurmrestd here runs without slurmdbd: its accounting API is not served
-        no_accounting: Reply = (404, "Not Found")
-        reply = no_accounting if "/slurmdb/" in path else self.replies[(request.method or "", path)]
-        if isinstance(reply, Exception):
-            raise reply
-        status, body = reply
-        resp = requests.Response()
-        resp.status_code = status
-        data = body if isinstance(body, str) else json.dumps(body)
-        resp.raw = io.BytesIO(data.encode())
-        resp.encoding = "utf-8"
-        resp.request = request
-        resp.url = request.url or ""
-        return resp
-
-    def close(self) -> None:
-        """Nothing to release."""
+def no_accounting(method: str, path: str) -> Reply | None:
+    """22.05's slurmrestd here runs without slurmdbd: its accounting API is not served."""
+    return (404, "Not Found") if "/slurmdb/" in path else None
 
 
 def body(**fields: Any) -> dict[str, Any]:
@@ -119,8 +91,8 @@ def _fresh_adapter_caches() -> Iterator[None]:
 
 def make_site(
     session: requests.Session, replies: Mapping[tuple[str, str], Reply], **changes: Any
-) -> tuple[SlurmSite, FakeTransport]:
-    transport = FakeTransport({**LIMITS, **replies})
+) -> tuple[SlurmSite, FakeSlurmrestd]:
+    transport = FakeSlurmrestd({**LIMITS, **replies}, BASE, no_accounting)
     session.mount("http://", transport)
     return SlurmSite(spec(**changes), TOKEN, session=session), transport
 

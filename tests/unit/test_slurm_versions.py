@@ -7,8 +7,6 @@ real ``requests.Session`` (no network); the live counterpart is tests/slurm/.
 
 from __future__ import annotations
 
-import io
-import json
 import logging
 import re
 import time
@@ -18,7 +16,6 @@ from typing import Any
 
 import pytest
 import requests
-from requests.adapters import BaseAdapter
 
 from gridcore.errors import CredentialRejected, RequestError, SiteRejected, UnknownJob
 from gridcore.model import (
@@ -32,13 +29,14 @@ from gridcore.model import (
 )
 from gridcore.sites import slurm_api as api
 from gridcore.sites.slurm import SlurmSite, forget_shared
+from tests.fakes import FakeSlurmrestd, SlurmReply
 from tests.slurm_openapi import load_spec, request_body_errors
 
 ROOT = "http://slurm.test:6820"
 TOKEN = "eyJhbGciOiJIUzI1NiJ9.eyJleHAiOjF9.old-signature-0123456789"
 NEW_TOKEN = "eyJhbGciOiJIUzI1NiJ9.eyJleHAiOjJ9.new-signature-0123456789"
 
-Reply = tuple[int, Any]
+Reply = SlurmReply
 
 
 def meta(release: str = "26.05.5") -> dict[str, Any]:
@@ -56,40 +54,8 @@ def openapi(*versions: str, accounting: bool = False) -> dict[str, Any]:
     return {"openapi": "3.0.2", "paths": paths}
 
 
-class FakeSlurm(BaseAdapter):
-    """Answers (method, path after the root) from a table, each entry a reply or a list
-    of replies given in turn; records every request."""
-
-    def __init__(self, replies: Mapping[tuple[str, str], Reply | list[Reply]]) -> None:
-        super().__init__()
-        self.replies = {k: list(v) if isinstance(v, list) else [v] for k, v in replies.items()}
-        self.sent: list[requests.PreparedRequest] = []
-
-    def send(  # type: ignore[override]
-        self, request: requests.PreparedRequest, **kwargs: Any
-    ) -> requests.Response:
-        self.sent.append(request)
-        path = (request.url or "").removeprefix(ROOT)
-        # the accounting window moves with the clock: looked up without it
-        path = re.sub(r"start_time=\d+&?", "", path).rstrip("?&")
-        queue = self.replies[(request.method or "", path)]
-        status, body = queue.pop(0) if len(queue) > 1 else queue[0]
-        resp = requests.Response()
-        resp.status_code = status
-        resp.raw = io.BytesIO((body if isinstance(body, str) else json.dumps(body)).encode())
-        resp.encoding = "utf-8"
-        resp.request = request
-        resp.url = request.url or ""
-        return resp
-
-    def close(self) -> None:
-        """Nothing to release."""
-
-    def paths(self) -> list[str]:
-        return [f"{r.method} {(r.url or '').removeprefix(ROOT)}" for r in self.sent]
-
-    def bodies(self) -> list[dict[str, Any]]:
-        return [json.loads(r.body or b"") for r in self.sent if r.method == "POST"]
+def fake_slurm(replies: Mapping[tuple[str, str], Reply | list[Reply]]) -> FakeSlurmrestd:
+    return FakeSlurmrestd(replies, ROOT)
 
 
 @dataclass(eq=False)  # one object, one credential (adapters share state per credential)
@@ -171,8 +137,8 @@ def make_site(
     replies: Mapping[tuple[str, str], Reply | list[Reply]],
     tokens: Tokens | None = None,
     **changes: Any,
-) -> tuple[SlurmSite, FakeSlurm]:
-    fake = FakeSlurm(replies)
+) -> tuple[SlurmSite, FakeSlurmrestd]:
+    fake = fake_slurm(replies)
     session.mount("http://", fake)
     return SlurmSite(spec(**changes), tokens or Tokens(), session=session), fake
 
@@ -503,7 +469,7 @@ def test_delete_status_list_of_v0_0_42(session: requests.Session) -> None:
 def test_one_listing_serves_every_status_read(session: requests.Session) -> None:
     jobs = [job_v45(100 + i, ["RUNNING"]) for i in range(200)]
     now = [0.0]
-    fake = FakeSlurm(listing(*jobs))
+    fake = fake_slurm(listing(*jobs))
     session.mount("http://", fake)
     tokens = Tokens()  # one credential per site and process (credentials.token_source)
     sites = [SlurmSite(spec(), tokens, session=session, clock=lambda: now[0]) for _ in range(3)]
