@@ -129,6 +129,23 @@ def slurm_job_count(cluster: SlurmCluster) -> int:
     return len(done.stdout.split())
 
 
+def ensure_account(cluster: SlurmCluster, account: str) -> None:
+    """The account and root's association with it, in the cluster's slurmdbd."""
+    for argv in (
+        ["sacctmgr", "-i", "add", "account", account, f"cluster={cluster.name}"],
+        ["sacctmgr", "-i", "add", "user", "root", f"account={account}", f"cluster={cluster.name}"],
+    ):
+        done = cluster.cli(argv, timeout=30)
+        assert done.returncode == 0 or "already exists" in done.stdout + done.stderr, done
+    # slurmctld learns new associations from slurmdbd asynchronously
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        listed = cluster.cli(["sacctmgr", "-n", "-P", "show", "assoc", f"account={account}"])
+        if "root" in listed.stdout:
+            return
+        time.sleep(0.3)
+
+
 def scontrol(cluster: SlurmCluster, *args: str) -> None:
     cluster.cli(["scontrol", *args], check=True, timeout=20)
 
@@ -147,6 +164,10 @@ def test_submit_find_status_output_observe_with_the_resources_clusters_require(
     adapter: Adapter,
 ) -> None:
     site = adapter.make()
+    if adapter.cluster.accounting:
+        # With slurmdbd an account must exist (else Slurm runs the job under the user's
+        # default account); without it, any account name is recorded as given.
+        ensure_account(adapter.cluster, "proj")
     key = f"gc-contract-{uuid.uuid4().hex[:12]}"
     resources = JobResources(time_limit_s=300, memory_mib=64, account="proj", qos="normal")
     job = JobSubmission(
