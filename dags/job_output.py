@@ -4,8 +4,9 @@ One :class:`~operators.site_job.SiteJobOperator` runs a short shell job on a gri
 chosen by gridcore. While it runs, the trigger copies its new stdout and stderr lines
 into the task's log at every poll (``[stdout] ...``, ``[stderr] ...``); a job that fails
 ends the log with the tail of its stderr, and the task fails. The XCom result names the
-job's output files (``output_files``). How much is copied is bounded, with a marker
-where it was cut: see ``gridcore/sites/output.py``.
+job's output files (``output_files``) and what the job asked for (``resources``: a
+five-minute time limit and 256 MiB, over the site's defaults). How much is copied is
+bounded, with a marker where it was cut: see ``gridcore/sites/output.py``.
 
 Params: ``lines`` (how many steps the job prints, a third of a second apart) and
 ``exit_code`` (0 succeeds; anything else makes the job say why on stderr and fail).
@@ -52,7 +53,16 @@ exit "$code"
     doc_md=__doc__,
 )
 def job_output() -> None:
-    SiteJobOperator(task_id="job", command=COMMAND, runtime_s=5, poll_interval=0.5)
+    SiteJobOperator(
+        task_id="job",
+        command=COMMAND,
+        runtime_s=5,
+        poll_interval=0.5,
+        # what production clusters require (over the site's grid-file defaults): Slurm
+        # gets them, a local site enforces the time limit; XCom shows them as resources
+        time_limit="5m",
+        memory="256M",
+    )
 
 
 job_output()

@@ -63,6 +63,8 @@ def test_a_site_jobs_own_lines_are_in_its_task_log(
     assert [x for x in lines if x.startswith("[stderr]")] == [
         f"[stderr] debug: step {i} done" for i in range(1, 5)
     ]
+    # what the job asked for, as sent (the DAG's, over the site's defaults)
+    assert result["resources"] == {"time_limit_s": 300, "memory_mib": 256, "memory_per": "node"}
     files = result["output_files"]
     assert Path(files["stdout"]).read_text().splitlines() == [
         f"step {i} of 4 on site {site}" for i in range(1, 5)

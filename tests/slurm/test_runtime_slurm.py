@@ -146,6 +146,9 @@ def test_sites_command_prints_one_json_object(slurm_grid: SlurmGrid, tmp_path: P
     data = json.loads(out.stdout)
     assert {s["name"]: s["total"] for s in data["sites"]} == {"alpha": 16, "beta": 16, "gamma": 4}
     assert all(s["refresh_error"] is None and s["usable"] for s in data["sites"])
+    # each Slurm site's release and the REST version gridcore found it serves
+    found = {s["name"]: (s["release"][:5], s["api_version"]) for s in data["sites"]}
+    assert found == {c.name: (c.release, c.api_version) for c in slurm_grid.clusters}
 
 
 def _until(check, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
