@@ -73,8 +73,8 @@ class FaultySite:
         self.submitted.append(site_job_id)
         return site_job_id + self.job_id_suffix
 
-    def find(self, key: str) -> str | None:
-        found = self.inner.find(key)
+    def find(self, key: str, since: float | None = None) -> str | None:
+        found = self.inner.find(key, since)
         return None if found is None else str(found) + self.job_id_suffix
 
     def status(self, job_id: str) -> Any:

@@ -28,7 +28,15 @@ from sqlalchemy import and_, select, update
 from gridcore import credentials
 from gridcore.config import GRID_ENV, default_grid, load_grid
 from gridcore.engine import capacity, health, ledger, queue_stats, submission
-from gridcore.errors import GridError, RequestError, SiteError, StateError
+from gridcore.errors import (
+    ConfigError,
+    CredentialError,
+    CredentialRejected,
+    GridError,
+    RequestError,
+    SiteError,
+    StateError,
+)
 from gridcore.model import (
     GridSpec,
     JobRequest,
@@ -339,10 +347,18 @@ class GridRuntime:
         keyed = replace(job, key=selection_key(self.install_id, selection_id))
         try:
             checked = check_job_submission(keyed)  # a malformed field fails the selection
-            job_id, _ = submission.submit_once(self.adapter(current.site), checked)
+            job_id, _ = submission.submit_once(
+                self.adapter(current.site), checked, since=current.selected_at
+            )
         except Exception as exc:  # whatever it is, the claim must not leak
             why = str(exc) if isinstance(exc, GridError) else f"{type(exc).__name__}: {exc}"
-            self._finish(selection_id, JobState.FAILED, None, f"submit failed: {why}")
+            # A request the site refuses, or our credential, says nothing of the site's
+            # health: it is not set aside for them.
+            healthy = isinstance(exc, RequestError | ConfigError | CredentialError)
+            healthy = healthy or isinstance(exc, CredentialRejected)
+            self._finish(
+                selection_id, JobState.FAILED, None, f"submit failed: {why}", count=not healthy
+            )
             raise
         with self.store.begin() as conn:
             recorded = submission.adopt_selection_job(conn, selection_id, job_id, self.clock())
@@ -359,6 +375,8 @@ class GridRuntime:
             return current
         try:
             status = self.adapter(current.site).status(current.job_id)
+        except CredentialRejected:
+            raise  # our credential, not the site's health
         except SiteError as exc:
             with self.store.begin() as conn:
                 health.record_failure(conn, current.site, str(exc))
@@ -431,7 +449,11 @@ class GridRuntime:
         finished_at: float | None = None,
         started_at: float | None = None,
         usage: JobUsage | None = None,
+        *,
+        count: bool = True,
     ) -> None:
+        """Record the job's end and release its processors; ``count``: the end says
+        something of the site's health (gridcore.engine.health)."""
         with self.store.begin() as conn:
             row = (
                 conn.execute(select(selections).where(selections.c.id == selection_id))
@@ -454,7 +476,8 @@ class GridRuntime:
                 )
             )
             ledger.release(conn, selection_id)
-            _count_health(conn, row["site"], state, message)
+            if count:
+                _count_health(conn, row["site"], state, message)
             start = started_at or row["started_at"]
             if (
                 state is JobState.COMPLETED

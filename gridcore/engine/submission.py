@@ -91,11 +91,15 @@ def refuse_gpus_on_local(
         )
 
 
-def submit_once(adapter: SiteAdapter, job: JobSubmission) -> tuple[str, bool]:
+def submit_once(
+    adapter: SiteAdapter, job: JobSubmission, since: float | None = None
+) -> tuple[str, bool]:
     """The site's job for ``job.key``: the one it has already (adopted: True), else a new
-    submission (False) with its resources over the site's defaults (:func:`resources_at`)."""
+    submission (False) with its resources over the site's defaults (:func:`resources_at`).
+    ``since``: when the key's holder was made, so no job with it is older; a site that
+    forgets finished jobs looks in its records back to then (``SiteAdapter.find``)."""
     if job.key is not None:
-        found = adapter.find(job.key)
+        found = adapter.find(job.key, since)
         if found is not None:
             log.info(
                 "site %s: key %s is job %s already: adopted", adapter.spec.name, job.key, found

@@ -25,9 +25,11 @@ class SiteAdapter(Protocol):
         recorded by the site whole or not at all, and carries ``job.key`` if given."""
         ...
 
-    def find(self, key: str) -> str | None:
-        """The id of the site's job submitted with ``key``, or None if the site has none
-        (or, for Slurm, forgot it: see ``gridcore.sites.slurm`` on MinJobAge)."""
+    def find(self, key: str, since: float | None = None) -> str | None:
+        """The id of the site's job submitted with ``key``, or None if the site has none.
+        ``since`` (epoch seconds): no job with this key can be older (its holder's
+        creation); a site that forgets finished jobs may then look it up in its records
+        back to that time (Slurm: slurmdbd, past MinJobAge). None: what the site lists."""
         ...
 
     def status(self, job_id: str) -> JobStatus:

@@ -167,8 +167,9 @@ class LocalSite:
         self.reconcile()
         return str(jid)
 
-    def find(self, key: str) -> str | None:
-        """The id of this site's job submitted with ``key``, if there is one."""
+    def find(self, key: str, since: float | None = None) -> str | None:
+        """The id of this site's job submitted with ``key``, if there is one (this site
+        forgets no job, so ``since`` changes nothing)."""
         with self.store.begin() as conn:
             found = conn.execute(
                 select(local_jobs.c.id).where(

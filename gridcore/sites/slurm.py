@@ -88,8 +88,7 @@ DEFAULT_USER = "root"
 LISTING_MAX_AGE_S = 5.0
 """How old a shared job listing may be before a status read fetches it again."""
 LIMITS_MAX_AGE_S = 300.0
-ACCOUNTING_WINDOW_S = 7 * 86400.0
-"""How far back a key is looked for in slurmdbd's records (a retry after an outage)."""
+_CLOCK_SKEW_S = 60  # between this host's clock and slurmdbd's
 """How long the cluster's partitions and nodes are trusted for refusing a request."""
 
 # slurm_errno.h values that change how an error is reported.
@@ -451,7 +450,7 @@ class SlurmSite:
                 f"site {self.spec.name}: job {name} cannot run there: " + "; ".join(reasons)
             )
 
-    def find(self, key: str) -> str | None:
+    def find(self, key: str, since: float | None = None) -> str | None:
         """The id of the job submitted with ``key`` (its comment), if slurmctld still
         knows it (see the module's note on MinJobAge). Several (a race between two
         submitters): the oldest, which is the one a conditional record keeps. Always a
@@ -463,8 +462,9 @@ class SlurmSite:
         ]
         if found:
             return str(min(found))
-        # Forgotten by slurmctld (MinJobAge after its end)? slurmdbd still has it.
-        return self._find_accounted(key)
+        # Forgotten by slurmctld (MinJobAge after its end)? slurmdbd still has it, and
+        # ``since`` bounds how far back it is asked (None: not asked).
+        return None if since is None else self._find_accounted(key, since)
 
     def status(self, job_id: str) -> JobStatus:
         """The job's state; a finished job's usage from accounting where the site has it.
@@ -512,14 +512,15 @@ class SlurmSite:
         # A requeued job has a record per run: the last one is the job's end.
         return found[-1] if found else None
 
-    def _find_accounted(self, key: str) -> str | None:
-        """The job submitted with ``key`` among slurmdbd's records of this user's jobs of
-        the last ``ACCOUNTING_WINDOW_S`` (slurmdbd's default window is since midnight)."""
+    def _find_accounted(self, key: str, since: float) -> str | None:
+        """The job submitted with ``key`` among slurmdbd's records of this user's jobs
+        since ``since`` (less a minute of clock skew; slurmdbd's own default window is
+        since midnight), without their steps."""
         if not self._has_accounting():
             return None
-        since = int(time.time() - ACCOUNTING_WINDOW_S)
+        start = int(since - _CLOCK_SKEW_S)
         users = "" if api.minor(self._version()) == 38 else f"&users={self._user}"
-        body = self._accounting_call(f"/jobs?start_time={since}{users}")
+        body = self._accounting_call(f"/jobs?start_time={start}&skip_steps=true{users}")
         found = [
             int(job.job_id)
             for job in map(api.read_accounted_job, api.dicts(body or {}, "jobs"))

@@ -2,7 +2,7 @@
 holds is pending, not failed: the selection's record says why, the trigger's task log
 says it once, and the job that runs again and completes ends the task as completed.
 The site's answers are scripted at the adapter edge (the real ones are tested against
-the Slurm clusters in tests/slurm/test_slurm_adapter.py)."""
+the Slurm clusters in tests/slurm/test_slurm_contract.py)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,19 @@ import pytest
 
 from gridcore.config import default_grid
 from gridcore.engine.runtime import GridRuntime
-from gridcore.model import JobRequest, JobState, JobStatus, JobSubmission, JobUsage
+from gridcore.errors import RequestError
+from gridcore.model import (
+    JobRequest,
+    JobResources,
+    JobState,
+    JobStatus,
+    JobSubmission,
+    JobUsage,
+)
 from gridcore.sites.base import SiteAdapter
 from gridcore.state.store import open_store
+
+GPU = JobResources(gpus=1)
 
 
 @dataclass
@@ -95,9 +105,7 @@ def test_what_a_finished_job_used_goes_into_its_record_and_the_task_logs_last_li
     record = rt.submit(record.selection_id, JobSubmission("j", "true", 2))
     usage = JobUsage(elapsed_s=40.0, cpu_time_s=30.5, cpus=2, max_rss_bytes=50 * 2**20)
     scripted.script = [
-        JobStatus(
-            str(record.job_id), JobState.COMPLETED, exit_code=0, finished_at=9.0, usage=usage
-        )
+        JobStatus(str(record.job_id), JobState.COMPLETED, exit_code=0, finished_at=9.0, usage=usage)
     ]
     done = rt.poll(record.selection_id)
     assert done.usage == usage.as_json()
@@ -114,3 +122,18 @@ def test_what_a_finished_job_used_goes_into_its_record_and_the_task_logs_last_li
         "job used (site accounting): elapsed 40 s, CPU time 30.5 s on 2 CPU(s), "
         "CPU efficiency 38.1%, max RSS 50.0 MiB"
     )
+
+
+def test_requests_a_site_refuses_do_not_set_the_site_aside(
+    runtime: tuple[GridRuntime, ScriptedStatus],
+) -> None:
+    """A request no node can run (here: GPUs on a local site) is the request's fault:
+    the selection fails, the site's health is untouched (unusable after 3 counted)."""
+    rt, _ = runtime
+    for i in range(4):
+        record = rt.select(JobRequest(f"gpu{i}", 1), site="local-a")
+        with pytest.raises(RequestError, match="GPU"):
+            rt.submit(record.selection_id, JobSubmission(f"gpu{i}", "true", 1, resources=GPU))
+        assert rt.record(record.selection_id).state == "failed"
+    [site] = [s for s in rt.site_rows() if s.name == "local-a"]
+    assert (site.usable, site.consecutive_errors) == (True, 0)
