@@ -63,11 +63,13 @@ from gridcore.errors import (
     CredentialError,
     CredentialRejected,
     RequestError,
+    SiteError,
     SiteRejected,
     SiteUnavailable,
     UnknownJob,
 )
 from gridcore.model import (
+    JobResources,
     JobState,
     JobStatus,
     JobSubmission,
@@ -87,9 +89,12 @@ Json = dict[str, Any]
 DEFAULT_USER = "root"
 LISTING_MAX_AGE_S = 5.0
 """How old a shared job listing may be before a status read fetches it again."""
+USAGE_WAIT_S = 10.0
+"""How long a finished job's status waits for slurmdbd to record its end (it may still
+read RUNNING there for a moment after slurmctld says the job ended)."""
 LIMITS_MAX_AGE_S = 300.0
-_CLOCK_SKEW_S = 60  # between this host's clock and slurmdbd's
 """How long the cluster's partitions and nodes are trusted for refusing a request."""
+_CLOCK_SKEW_S = 60  # between this host's clock and slurmdbd's
 
 # slurm_errno.h values that change how an error is reported.
 _ESLURM_INVALID_JOB_ID = 2017
@@ -258,6 +263,14 @@ class _Shared:
     accounting: bool | None = None
     usage: dict[str, JobUsage] = field(default_factory=dict)
     session: requests.Session | None = None
+    # One listing fetch at a time (the others wait for it); a submit or cancel bumps the
+    # generation so a fetch begun before it never installs its older listing.
+    fetching: bool = False
+    generation: int = 0
+    listed: threading.Condition = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.listed = threading.Condition(self.lock)
 
     def http(self) -> requests.Session:
         with self.lock:
@@ -310,6 +323,8 @@ class SlurmSite:
         clock: Callable[[], float] = time.monotonic,
         listing_max_age_s: float = LISTING_MAX_AGE_S,
         share_listing: bool = True,
+        usage_wait_s: float = USAGE_WAIT_S,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if spec.kind is not SiteKind.SLURM or not spec.url:
             raise ConfigError(f"site {spec.name}: a Slurm site needs kind 'slurm' and a url")
@@ -330,6 +345,8 @@ class SlurmSite:
         self._clock = clock
         self._listing_max_age_s = listing_max_age_s
         self._share_listing = share_listing
+        self._usage_wait_s = usage_wait_s
+        self._sleep = sleep
         # One connection pool per site and process unless given: every trigger holding
         # its own keep-alive connection would take all of slurmrestd's connection
         # threads, and the next caller waits for a free one until its timeout.
@@ -394,7 +411,7 @@ class SlurmSite:
             self._observed_job(api.read_job(j)) for j in self._listing(max_age_s=0).values()
         )
         nodes = [api.read_node(n) for n in api.dicts(self._call("GET", "/nodes"), "nodes")]
-        partition = self.spec.partition or self.spec.defaults.partition or api.DEFAULT_PARTITION
+        partition = self.partition(self.spec.defaults)
         usable = [n for n in nodes if partition in n.partitions and n.usable]
         return SiteObservation(
             site=self.spec.name,
@@ -415,8 +432,8 @@ class SlurmSite:
         if job.processors < 1:
             raise RequestError(f"job {job.name}: processors must be >= 1, got {job.processors}")
         resources = job.resources.over(self.spec.defaults)
-        partition = resources.partition or self.spec.partition or api.DEFAULT_PARTITION
-        self.check_request(job.name, job.processors, resources, partition)
+        partition = self.partition(resources)
+        self.check_request(job.name, job.processors, resources)
         version = self._version()
         payload = api.submission_body(
             version, job, partition=partition, workdir=workdir, resources=resources
@@ -436,14 +453,17 @@ class SlurmSite:
         log.info("site %s: submitted %s as job %s", self.spec.name, job.name, job_id)
         return str(job_id)
 
-    def check_request(
-        self, name: str, processors: int, resources: Any, partition: str | None = None
-    ) -> None:
-        """Raise RequestError naming each field no node of the partition could satisfy
-        (read from ``/partitions`` and ``/nodes``, cached for ``LIMITS_MAX_AGE_S``)."""
-        partition = partition or resources.partition or self.spec.partition
-        partition = partition or api.DEFAULT_PARTITION
+    def partition(self, resources: JobResources) -> str:
+        """Where a job asking ``resources`` (over the site's defaults) goes: its own
+        partition, else the site's (the grid file's ``partition``), else ``debug``. The
+        one rule for submitting, checking and observing capacity."""
+        return resources.partition or self.spec.partition or api.DEFAULT_PARTITION
+
+    def check_request(self, name: str, processors: int, resources: JobResources) -> None:
+        """Raise RequestError naming each field no node of the job's partition could
+        satisfy (``/partitions`` and ``/nodes``, cached for ``LIMITS_MAX_AGE_S``)."""
         partitions, nodes = self._limits()
+        partition = self.partition(resources)
         reasons = api.refusals(processors, resources, partition, partitions, nodes)
         if reasons:
             raise RequestError(
@@ -478,9 +498,23 @@ class SlurmSite:
                 raise
             return _accounted_status(job_id, accounted)
         status = self._controller_status(job_id, api.read_job(raw))
-        if status.state.finished:
-            status = replace(status, usage=self._usage(job_id))
+        if status.state.finished and self._has_accounting():
+            status = replace(status, usage=self._recorded_usage(job_id))
         return status
+
+    def _recorded_usage(self, job_id: str) -> JobUsage | None:
+        """The finished job's usage, waiting up to ``USAGE_WAIT_S`` for slurmdbd to have
+        its end; best effort: slurmdbd failing never fails the job's status."""
+        deadline = self._clock() + self._usage_wait_s
+        while True:
+            try:
+                usage = self._usage(job_id)
+            except SiteError as exc:
+                log.warning("site %s: no usage of job %s: %s", self.spec.name, job_id, exc)
+                return None
+            if usage is not None or self._clock() >= deadline or not self._has_accounting():
+                return usage
+            self._sleep(0.5)
 
     def _usage(self, job_id: str) -> JobUsage | None:
         """What a finished job used, once slurmdbd has it (kept once read)."""
@@ -591,19 +625,32 @@ class SlurmSite:
         """Every job slurmctld lists, shared by this process's SlurmSites of the site,
         fetched again once older than ``max_age_s``."""
         shared = self._shared
-        with shared.lock:
-            jobs, fetched_at = shared.jobs, shared.jobs_at
-        if jobs is not None and self._clock() - fetched_at <= max_age_s:
-            return jobs
+        oldest = self._clock() - max_age_s  # a listing begun before this is stale
+        with shared.listed:
+            while True:
+                if shared.jobs is not None and shared.jobs_at >= oldest:
+                    return shared.jobs
+                if not shared.fetching:
+                    break
+                # another thread is fetching: its listing may do (1 call per cycle)
+                shared.listed.wait(timeout=self.spec.timeout_s)
+            shared.fetching, generation = True, shared.generation
+        listed: dict[str, Json] | None = None
         started = self._clock()
-        listed = {str(j.get("job_id")): j for j in api.dicts(self._call("GET", "/jobs"), "jobs")}
-        with shared.lock:
-            if started >= shared.jobs_at:
-                shared.jobs, shared.jobs_at = listed, started
+        try:
+            body = self._call("GET", "/jobs")
+            listed = {str(j.get("job_id")): j for j in api.dicts(body, "jobs")}
+        finally:
+            with shared.listed:
+                shared.fetching = False
+                if listed is not None and shared.generation == generation:
+                    shared.jobs, shared.jobs_at = listed, started
+                shared.listed.notify_all()
         return listed
 
     def _forget_listing(self) -> None:
-        with self._shared.lock:
+        with self._shared.listed:
+            self._shared.generation += 1
             self._shared.jobs, self._shared.jobs_at = None, float("-inf")
 
     def _limits(self) -> tuple[tuple[api.SlurmPartition, ...], tuple[api.SlurmNode, ...]]:

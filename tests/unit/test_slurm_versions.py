@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -567,7 +569,7 @@ def with_accounting(*jobs: dict[str, Any], records: Any = ()) -> dict[tuple[str,
     return {
         **listing(*jobs),
         ("GET", "/openapi/v3"): (200, openapi("v0.0.45", accounting=True)),
-        ("GET", "/slurmdb/v0.0.45/jobs?users=root"): (200, ok(jobs=list(records))),
+        ("GET", "/slurmdb/v0.0.45/jobs?skip_steps=true&users=root"): (200, ok(jobs=list(records))),
     }
 
 
@@ -606,11 +608,13 @@ def test_a_job_slurmctld_forgot_is_found_and_read_in_accounting(
         ("GET", "/slurmdb/v0.0.45/job/21"): (200, ok(jobs=[record])),
     }
     site, fake = make_site(session, replies)
-    assert site.find("gc-k9") == "21"  # past MinJobAge: gone from /jobs, kept in slurmdbd
-    # a week back, not slurmdbd's default of since midnight
+    holder_made = time.time() - 86400  # a retry after a day-long outage
+    assert site.find("gc-k9") is None  # no holder time: only what slurmctld lists
+    # past MinJobAge: gone from /jobs, kept in slurmdbd, looked for back to the holder
+    assert site.find("gc-k9", since=holder_made) == "21"
     [asked] = [r.url or "" for r in fake.sent if "/slurmdb/v0.0.45/jobs" in (r.url or "")]
-    since = int(re.findall(r"start_time=(\d+)", asked)[0])
-    assert abs(since - (time.time() - 7 * 86400)) < 60
+    assert int(re.findall(r"start_time=(\d+)", asked)[0]) == int(holder_made - 60)
+    assert "skip_steps=true" in asked
     status = site.status("21")
     assert (status.state, status.exit_code, status.finished_at) == (JobState.FAILED, 3, 150.0)
     assert status.reason == "NonZeroExitCode"
@@ -619,7 +623,7 @@ def test_a_job_slurmctld_forgot_is_found_and_read_in_accounting(
 def test_a_site_without_accounting_is_not_asked(session: requests.Session) -> None:
     site, fake = make_site(session, listing(job_v45(22, ["COMPLETED"])))
     assert site.status("22").usage is None
-    assert site.find("gc-nothing") is None
+    assert site.find("gc-nothing", since=time.time() - 60) is None
     assert not [p for p in fake.paths() if "/slurmdb/" in p]
 
 
@@ -723,7 +727,8 @@ def test_usage_from_a_live_slurmdbd_record_adds_up_its_steps(session: requests.S
 
 def test_usage_waits_until_slurmdbd_has_the_job_end(session: requests.Session) -> None:
     """slurmctld says COMPLETED a moment before slurmdbd has it: the record still reads
-    RUNNING, elapsed counting up to now and no step finished; it is not kept."""
+    RUNNING, elapsed counting up to now and no step finished; it is not kept, and the
+    status waits (at most USAGE_WAIT_S) for the final record."""
     running = accounted_v45_live(
         31,
         state={"current": ["RUNNING"], "reason": "None"},
@@ -738,10 +743,24 @@ def test_usage_waits_until_slurmdbd_has_the_job_end(session: requests.Session) -
         ],
     }
     site, fake = make_site(session, replies)
-    assert site.status("31").usage is None
+    naps: list[float] = []
+    site._sleep = naps.append  # the wait, without waiting
     usage = site.status("31").usage
     assert usage is not None and usage.elapsed_s == 4.0 and usage.max_rss_bytes == 66744320
+    assert fake.paths().count("GET /slurmdb/v0.0.45/job/31") == 2 and naps == [0.5]
+    assert site.status("31").usage == usage  # kept once final: not asked again
     assert fake.paths().count("GET /slurmdb/v0.0.45/job/31") == 2
+
+
+def test_slurmdbd_failing_never_fails_a_finished_jobs_status(session: requests.Session) -> None:
+    down = {"error_number": 7000, "error": "Unable to connect to database"}
+    replies = {
+        **with_accounting(job_v45(32, ["COMPLETED"])),
+        ("GET", "/slurmdb/v0.0.45/job/32"): (500, ok(errors=[down])),
+    }
+    site, _ = make_site(session, replies)
+    status = site.status("32")
+    assert (status.state, status.exit_code, status.usage) == (JobState.COMPLETED, 0, None)
 
 
 def test_an_id_neither_slurmctld_nor_slurmdbd_knows(session: requests.Session) -> None:
@@ -760,3 +779,64 @@ def test_an_id_neither_slurmctld_nor_slurmdbd_knows(session: requests.Session) -
     with pytest.raises(UnknownJob):
         site.status("999999")
     assert "GET /slurmdb/v0.0.45/job/999999" in fake.paths()
+
+
+def test_threads_polling_together_share_one_listing_fetch(session: requests.Session) -> None:
+    """32 triggers' threads read statuses at once when the listing expires: one of them
+    fetches, the others wait for its listing."""
+    jobs = [job_v45(100 + i, ["RUNNING"]) for i in range(32)]
+    start = threading.Barrier(32)
+
+    def slow_listing(method: str, path: str) -> Reply | None:
+        if (method, path) != ("GET", "/slurm/v0.0.45/jobs"):
+            return None
+        time.sleep(0.2)  # slurmrestd answering a large listing
+        return (200, ok(jobs=jobs))
+
+    fake = FakeSlurmrestd(cluster("v0.0.45"), ROOT, slow_listing)
+    del fake.replies[("GET", "/slurm/v0.0.45/jobs")]
+    session.mount("http://", fake)
+    site = SlurmSite(spec(), Tokens(), session=session)
+
+    def read(i: int) -> JobState:
+        start.wait()
+        return site.status(str(100 + i)).state
+
+    with ThreadPoolExecutor(32) as pool:
+        states = list(pool.map(read, range(32)))
+    assert states == [JobState.RUNNING] * 32
+    assert fake.paths().count("GET /slurm/v0.0.45/jobs") == 1
+
+
+def test_a_listing_begun_before_a_cancel_is_not_served_after_it(
+    session: requests.Session,
+) -> None:
+    cancelled = threading.Event()
+    fetching, go_on = threading.Event(), threading.Event()
+
+    def listing_now(method: str, path: str) -> Reply | None:
+        if (method, path) == ("DELETE", "/slurm/v0.0.45/job/7"):
+            cancelled.set()
+            return (200, ok())
+        if (method, path) != ("GET", "/slurm/v0.0.45/jobs"):
+            return None
+        state = ["CANCELLED"] if cancelled.is_set() else ["RUNNING"]
+        if not cancelled.is_set():
+            fetching.set()
+            go_on.wait(5)  # the slow listing is still the one from before the cancel
+        return (200, ok(jobs=[job_v45(7, state)]))
+
+    fake = FakeSlurmrestd(cluster("v0.0.45"), ROOT, listing_now)
+    del fake.replies[("GET", "/slurm/v0.0.45/jobs")]
+    session.mount("http://", fake)
+    tokens = Tokens()
+    poller = SlurmSite(spec(), tokens, session=session)
+    canceller = SlurmSite(spec(), tokens, session=session)
+    canceller.api_version  # noqa: B018 (discovered before the race)
+    with ThreadPoolExecutor(1) as pool:
+        early = pool.submit(poller.status, "7")
+        assert fetching.wait(5)
+        canceller.cancel("7")
+        go_on.set()
+        assert early.result().state is JobState.RUNNING  # what it read before the cancel
+    assert poller.status("7").state is JobState.CANCELLED
