@@ -22,7 +22,7 @@ from typing import Any
 
 from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.engine.submission import refuse_gpus_on_local, resources_at
-from gridcore.errors import GridError, RequestError, SiteError
+from gridcore.errors import CredentialRejected, GridError, RequestError, SiteError
 from gridcore.model import (
     GridSpec,
     JobRequest,
@@ -121,6 +121,8 @@ def follow(
     while True:
         try:
             record = runtime.poll(record.selection_id)
+        except CredentialRejected:
+            raise  # renewed once already: waiting will not mend it
         except SiteError as exc:
             failures += 1
             if failures > MAX_POLL_FAILURES:

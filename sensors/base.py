@@ -34,7 +34,7 @@ from typing import Any, ClassVar, Generic, Literal, NamedTuple, Protocol, TypedD
 from airflow.sdk.exceptions import AirflowException
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from gridcore.errors import GridError, SiteError
+from gridcore.errors import CredentialRejected, GridError, SiteError
 from gridcore.sites.output import JobOutputs, OutputFiles, SiteJob, failure_tails
 from gridcore_airflow.sensors.connections import GridLocation
 
@@ -271,6 +271,10 @@ class GridcoreTrigger(BaseTrigger, Generic[H, R]):
         while True:
             try:
                 record = await asyncio.to_thread(self._poll, handle)
+            except CredentialRejected as exc:
+                # refused even renewed once: waiting will not mend it, and it is not the
+                # site's fault (gridcore.sites.slurm)
+                return self.error_event(self.ident, f"gridcore: {exc}", self._output_so_far())
             except SiteError as exc:
                 failures += 1
                 if failures > self.max_retries:

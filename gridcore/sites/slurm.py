@@ -114,6 +114,8 @@ _UNSPECIFIED_HINT = (
 _PENDING_STATES = frozenset(
     {
         "PENDING",
+        # 22.05 names a job held after a requeue (RequeueExitHold) by its flag
+        "SPECIAL_EXIT",
         "CONFIGURING",
         "REQUEUED",
         "REQUEUE_FED",
@@ -789,11 +791,11 @@ class SlurmSite:
         status, text = self._send(method, url, payload)
         if not _credential_refused(status, text):
             return status, text
-        detail = _AUTH_ERROR if status not in _AUTH_STATUS else f"HTTP {status}"
+        detail = f"HTTP {status}" if status in _AUTH_STATUS else f"error {_AUTH_ERROR}"
         again = "read anew" if renewed else "read anew (unchanged)"
         raise CredentialRejected(
             self.spec.name,
-            f"credential rejected ({'error ' if isinstance(detail, int) else ''}{detail}) for "
+            f"credential rejected ({detail}) for "
             f"user {self._user!r} with the token from {self._tokens.describe()}, {again}: "
             "check that the token is valid for this cluster and not expired",
         )

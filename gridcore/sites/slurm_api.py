@@ -220,7 +220,9 @@ def _uint(n: int, value: int) -> Any:
 # --------------------------------------------------------------------------- jobs
 
 # Flags (v0.0.40+ put them beside the base state) and states meaning "queued again".
-REQUEUE_WORDS = frozenset({"REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "REQUEUE_CRON"})
+REQUEUE_WORDS = frozenset(
+    {"REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "REQUEUE_CRON", "SPECIAL_EXIT"}
+)
 _HOLD_REASONS = frozenset({"JOBHELDUSER", "JOBHELDADMIN"})
 
 
@@ -250,7 +252,8 @@ class SlurmJob:
 
     @property
     def requeued(self) -> bool:
-        return bool(self.flags & REQUEUE_WORDS) or (self.state == "PENDING" and self.restarts > 0)
+        waiting = self.state in ("PENDING", "SPECIAL_EXIT")
+        return bool((self.flags | {self.state}) & REQUEUE_WORDS) or (waiting and self.restarts > 0)
 
 
 def read_job(raw: Json) -> SlurmJob:
@@ -260,7 +263,8 @@ def read_job(raw: Json) -> SlurmJob:
     comment = raw.get("comment")
     flags = words(states) - {base}
     hold = raw.get("hold")
-    held = hold is True or reason.upper() in _HOLD_REASONS or "REQUEUE_HOLD" in flags
+    held = hold is True or reason.upper() in _HOLD_REASONS
+    held = held or bool({"REQUEUE_HOLD", "SPECIAL_EXIT"} & (flags | {base}))
     return SlurmJob(
         job_id=str(raw.get("job_id")),
         state=base,

@@ -840,3 +840,32 @@ def test_a_listing_begun_before_a_cancel_is_not_served_after_it(
         go_on.set()
         assert early.result().state is JobState.RUNNING  # what it read before the cancel
     assert poller.status("7").state is JobState.CANCELLED
+
+
+def test_a_requeue_held_job_of_22_05_is_pending_and_held(session: requests.Session) -> None:
+    # 22.05 reports a job held after a requeue (RequeueExitHold) by its flag's name
+    held = {"job_id": 40, "job_state": "SPECIAL_EXIT", "restart_cnt": 1, "cpus": 1}
+    replies = {**cluster("v0.0.38"), ("GET", "/slurm/v0.0.38/jobs"): (200, ok(jobs=[held]))}
+    site, _ = make_site(session, replies)
+    status = site.status("40")
+    assert (status.state, status.held, status.requeued_by) == (JobState.PENDING, True, "REQUEUED")
+
+
+def test_capacity_is_observed_where_jobs_are_sent(session: requests.Session) -> None:
+    """A site whose defaults send jobs to partition batch reports batch's nodes."""
+    nodes = [
+        {"name": "d1", "cpus": 4, "idle_cpus": 4, "state": "idle", "partitions": ["debug"]},
+        {"name": "b1", "cpus": 32, "idle_cpus": 30, "state": "idle", "partitions": ["batch"]},
+    ]
+    replies = {
+        **cluster("v0.0.38"),
+        ("GET", "/slurm/v0.0.38/nodes"): (200, ok(nodes=nodes)),
+        ("GET", "/slurm/v0.0.38/partitions"): (
+            200, ok(partitions=[{"name": "debug"}, {"name": "batch"}])),
+        ("POST", "/slurm/v0.0.38/job/submit"): (200, ok(job_id=41)),
+    }  # fmt: skip
+    site, fake = make_site(session, replies, defaults=JobResources(partition="batch"))
+    obs = site.observe()
+    assert (obs.total_processors, obs.idle_processors) == (32, 30)
+    site.submit(JobSubmission(name="big", command="true", processors=16))  # fits batch's node
+    assert fake.bodies()[0]["job"]["partition"] == "batch"
