@@ -20,7 +20,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowException
 
 from gridcore.engine.runtime import GridRuntime, JobRecord
-from gridcore.errors import SiteUnavailable
+from gridcore.errors import CredentialRejected, SiteError, SiteUnavailable
 from gridcore.model import JobRequest, JobSubmission
 from gridcore_airflow.sensors import base
 from gridcore_airflow.sensors.base import EVENT_KEYS
@@ -148,15 +148,16 @@ async def test_an_unknown_selection_becomes_an_error_event_not_an_exception(db_u
 class FlakySite:
     """A runtime whose site fails ``failures`` polls in a row before the job completes."""
 
-    def __init__(self, failures: int, done: JobRecord) -> None:
+    def __init__(self, failures: int, done: JobRecord, error: SiteError | None = None) -> None:
         self.failures = failures
         self.done = done
         self.polls = 0
+        self.error = error or SiteUnavailable("alpha", "connection refused")
 
     def poll(self, selection_id: int) -> JobRecord:
         self.polls += 1
         if self.polls <= self.failures:
-            raise SiteUnavailable("alpha", "connection refused")
+            raise self.error
         return self.done
 
 
@@ -201,6 +202,20 @@ async def test_transient_site_errors_are_retried_with_backoff(finished: JobRecor
 
     assert [e.payload["status"] for e in events] == ["success"]
     assert trigger.site.polls == 4
+
+
+@pytest.mark.asyncio
+@pytest.mark.usefixtures("no_backoff")
+async def test_a_rejected_credential_ends_the_wait_at_once(finished: JobRecord) -> None:
+    rejected = CredentialRejected("alpha", "credential rejected (HTTP 511) ... env:T")
+    trigger = flaky_trigger(failures=10, done=finished, max_retries=5)
+    trigger.site.error = rejected
+
+    events = await all_events(trigger.run())
+
+    assert [e.payload["status"] for e in events] == ["error"]
+    assert "credential rejected (HTTP 511)" in events[0].payload["message"]
+    assert trigger.site.polls == 1  # the adapter renewed once already: no retries
 
 
 @pytest.mark.asyncio
