@@ -433,12 +433,29 @@ def refusals(
 ) -> list[str]:
     """Why no node of ``partition`` could ever run the job (empty: some node could). Each
     reason names the request's field: Slurm 26.05 accepts such a job and lets it pend for
-    ever, 24.11 refuses it, so gridcore refuses it itself before submitting."""
+    ever, 24.11 refuses it, so gridcore refuses it itself before submitting. Several
+    partitions (``"short,long"``, as sbatch takes them): refused only if none could."""
     known = {p.name: p for p in partitions}
-    found = known.get(partition)
-    if found is None:
-        names = ", ".join(sorted(known)) or "none"
-        return [f"partition: {partition!r} is not a partition of this cluster (it has: {names})"]
+    names = [name.strip() for name in partition.split(",") if name.strip()]
+    nodes = tuple(nodes)
+    every: list[str] = []
+    for name in names or [partition]:
+        found = known.get(name)
+        if found is None:
+            listed = ", ".join(sorted(known)) or "none"
+            reasons = [f"partition: {name!r} is not a partition of this cluster (it has: {listed})"]
+        else:
+            reasons = _partition_refusals(processors, resources, found, nodes)
+        if not reasons:
+            return []
+        every.extend(reasons)
+    return every
+
+
+def _partition_refusals(
+    processors: int, resources: JobResources, found: SlurmPartition, nodes: Iterable[SlurmNode]
+) -> list[str]:
+    partition = found.name
     reasons = []
     limit, most = resources.time_limit_s, found.max_time_s
     if limit is not None and most is not None and limit > most:
@@ -448,7 +465,26 @@ def refusals(
         )
     members = [n for n in nodes if partition in n.partitions]
     reasons.extend(_node_refusals(processors, resources, partition, members))
+    if not reasons and not any(_fits(processors, resources, n) for n in members):
+        reasons.append(
+            f"processors, gpus, memory: no single node of partition {partition} has "
+            f"{processors} CPUs{_and_more(processors, resources)} together (a job runs on one node)"
+        )
     return reasons
+
+
+def _fits(processors: int, res: JobResources, node: SlurmNode) -> bool:
+    memory = res.memory_mib or 0
+    if res.memory_per is MemoryScope.CPU:
+        memory *= processors
+    enough_memory = not memory or node.memory_mib is None or node.memory_mib >= memory
+    return node.cpus >= processors and node.gpus >= res.gpus and enough_memory
+
+
+def _and_more(processors: int, res: JobResources) -> str:
+    memory = (res.memory_mib or 0) * (processors if res.memory_per is MemoryScope.CPU else 1)
+    gpus = f", {res.gpus} GPUs" if res.gpus else ""
+    return gpus + (f", {memory} MiB" if memory else "")
 
 
 def _node_refusals(

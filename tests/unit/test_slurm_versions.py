@@ -869,3 +869,34 @@ def test_capacity_is_observed_where_jobs_are_sent(session: requests.Session) -> 
     assert (obs.total_processors, obs.idle_processors) == (32, 30)
     site.submit(JobSubmission(name="big", command="true", processors=16))  # fits batch's node
     assert fake.bodies()[0]["job"]["partition"] == "batch"
+
+
+GPU_NODE = api.SlurmNode("g1", 8, 8, True, frozenset({"mixed"}), 64000, 4)
+CPU_NODE = api.SlurmNode("c1", 64, 64, True, frozenset({"mixed"}), 256000, 0)
+MIXED = (api.SlurmPartition("mixed", None, True),)
+
+
+@pytest.mark.parametrize(
+    ("processors", "resources", "partition", "refused"),
+    [
+        (
+            16,
+            JobResources(gpus=1),
+            "mixed",
+            "no single node of partition mixed has 16 CPUs, 1 GPUs",
+        ),
+        (8, JobResources(gpus=4), "mixed", None),  # the GPU node
+        (64, JobResources(memory_mib=200000), "mixed", None),  # the CPU node
+        (8, JobResources(gpus=1, memory_mib=100000), "mixed", "8 CPUs, 1 GPUs, 100000 MiB"),
+        (8, JobResources(), "nope,mixed", None),  # sbatch's list: one that fits will do
+        (8, JobResources(), "nope,none", "partition: 'none' is not a partition"),
+    ],
+)
+def test_one_node_must_hold_the_whole_request(
+    processors: int, resources: JobResources, partition: str, refused: str | None
+) -> None:
+    reasons = api.refusals(processors, resources, partition, MIXED, (GPU_NODE, CPU_NODE))
+    if refused is None:
+        assert reasons == []
+    else:
+        assert any(refused in r for r in reasons), reasons
