@@ -62,7 +62,7 @@ class JobResources:
     partition: str | None = None
     memory_mib: int | None = None
     memory_per: MemoryScope = MemoryScope.NODE
-    gpus: int = 0
+    gpus: int | None = None  # 0 asks for none, also where the site's default asks some
     constraint: str | None = None
 
     def over(self, defaults: JobResources) -> JobResources:
@@ -76,7 +76,7 @@ class JobResources:
             partition=self.partition if self.partition is not None else defaults.partition,
             memory_mib=self.memory_mib if memory_set else defaults.memory_mib,
             memory_per=self.memory_per if memory_set else defaults.memory_per,
-            gpus=self.gpus or defaults.gpus,
+            gpus=self.gpus if self.gpus is not None else defaults.gpus,
             constraint=self.constraint if self.constraint is not None else defaults.constraint,
         )
 
@@ -96,7 +96,7 @@ class JobResources:
         if self.memory_mib is not None:
             out["memory_mib"] = self.memory_mib
             out["memory_per"] = self.memory_per.value
-        if self.gpus:
+        if self.gpus is not None:
             out["gpus"] = self.gpus
         return out
 
@@ -122,7 +122,7 @@ class JobResources:
             partition=text("partition"),
             memory_mib=number("memory_mib"),
             memory_per=MemoryScope(str(data.get("memory_per", MemoryScope.NODE.value))),
-            gpus=number("gpus") or 0,
+            gpus=number("gpus"),
             constraint=text("constraint"),
         )
 

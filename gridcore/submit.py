@@ -101,8 +101,19 @@ def plan_submit(
 
 
 def submit_planned(runtime: GridRuntime, plan: SubmitPlan) -> JobRecord:
-    """Select (pinned, among the plan's sites, or among all) and submit, once."""
-    chosen = runtime.select(plan.request, stream=STREAM, site=plan.pinned, among=plan.among)
+    """Select (pinned, among the plan's sites, or among all) and submit, once. As
+    ``sbatch -M``, the choice skips sites that would refuse the request (more CPUs,
+    GPUs or memory than any node, a time limit over the partition's); none left: a
+    RequestError naming each site's reason, before anything is written."""
+    among = plan.among
+    if plan.pinned is None:
+        names = among if among is not None else runtime.grid.site_names
+        job = plan.submission
+        fit, refused = runtime.sites_that_can_run(job.name, job.processors, job.resources, names)
+        if not fit:
+            raise RequestError("no site can run it: " + "; ".join(refused))
+        among = tuple(fit) if refused else among
+    chosen = runtime.select(plan.request, stream=STREAM, site=plan.pinned, among=among)
     return runtime.submit(chosen.selection_id, plan.submission)
 
 

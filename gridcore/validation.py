@@ -507,7 +507,7 @@ class _Resources(_Model):
     partition: ShortText | None = None
     memory: Memory | None = None
     memory_per_cpu: Memory | None = None
-    gpus: Gpus = 0
+    gpus: Gpus | None = None
     constraint: Constraint | None = None
 
     @model_validator(mode="before")
@@ -553,7 +553,7 @@ def resource_keys(resources: JobResources) -> dict[str, Any]:
     }
     memory = "memory_per_cpu" if resources.memory_per is MemoryScope.CPU else "memory"
     keys[memory] = resources.memory_mib
-    keys["gpus"] = resources.gpus or None
+    keys["gpus"] = resources.gpus
     keys["constraint"] = resources.constraint
     return {key: value for key, value in keys.items() if value is not None}
 

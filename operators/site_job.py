@@ -21,7 +21,6 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from gridcore.api.dashboard import task_job_name
 from gridcore.engine.runtime import GridRuntime, JobRecord
-from gridcore.engine.submission import refuse_gpus_on_local
 from gridcore.errors import ConfigError, GridError, RequestError, StateError
 from gridcore.model import JobRequest, JobState, JobSubmission
 from gridcore.policies.selection import DEFAULT_PROTOCOL, InsufficientMode, SelectionProtocol
@@ -185,14 +184,17 @@ class SiteJobOperator(GridcoreJobOperator):
 
     def _select_and_submit(self, runtime: GridRuntime, state: Any, job: JobPlan) -> JobRecord:
         pinned = _pinned_site(runtime, self.site)
-        grid = runtime.grid
-        refuse_gpus_on_local(
-            job.submission.resources,
-            [grid.site(pinned)] if pinned is not None else grid.sites,
-            every=pinned is None,
-            field="gpus",
+        # As sbatch -M: only sites that could ever run it are chosen from (a request no
+        # site can run fails here, before anything is written)
+        sub = job.submission
+        names = [pinned] if pinned is not None else runtime.grid.site_names
+        fit, refused = runtime.sites_that_can_run(sub.name, sub.processors, sub.resources, names)
+        if not fit:
+            raise RequestError("no site can run it: " + "; ".join(refused))
+        among = fit if refused and pinned is None else None
+        record = runtime.select(
+            job.request, job.protocol, job.mode, job.stream, site=pinned, among=among
         )
-        record = runtime.select(job.request, job.protocol, job.mode, job.stream, site=pinned)
         return self._submit(runtime, state, job, record.selection_id)
 
     def _run_given(

@@ -40,6 +40,7 @@ from gridcore.errors import (
 from gridcore.model import (
     GridSpec,
     JobRequest,
+    JobResources,
     JobState,
     JobStatus,
     JobSubmission,
@@ -297,6 +298,29 @@ class GridRuntime:
             self.store, snapshots, request, protocol, mode, stream, self.clock(), self.rng
         )
         return self.record(rec.id)
+
+    def sites_that_can_run(
+        self, name: str, processors: int, resources: JobResources, names: Collection[str]
+    ) -> tuple[list[str], list[str]]:
+        """Which of ``names`` could ever run the job (each site's own limits, over its
+        defaults: ``SiteAdapter.check_request``), and why each other one cannot; a site
+        that cannot be asked now is kept (the policy and its health judge it). Like
+        ``sbatch -M a,b,c``, a choice among clusters skips those that would refuse it."""
+        fit: list[str] = []
+        refused: list[str] = []
+        for site in names:
+            spec = self.grid.site(site)
+            try:
+                self.adapter(site).check_request(
+                    name, processors, submission.resources_at(resources, spec)
+                )
+            except RequestError as exc:
+                refused.append(str(exc))
+                continue
+            except SiteError as exc:
+                log.warning("site %s: cannot check the request now: %s", site, exc)
+            fit.append(site)
+        return fit, refused
 
     def _snapshots_among(self, names: Collection[str], site: str | None) -> ledger.SnapshotReader:
         """A snapshot reader that sees only ``names`` (the same decision, fewer

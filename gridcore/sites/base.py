@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from gridcore.model import JobStatus, JobSubmission, SiteObservation, SiteSpec
+from gridcore.model import JobResources, JobStatus, JobSubmission, SiteObservation, SiteSpec
 from gridcore.sites.output import OutputFiles
 
 
@@ -23,6 +23,12 @@ class SiteAdapter(Protocol):
     def submit(self, job: JobSubmission) -> str:
         """Start (or queue) the job; returns the site's job id as a string. A job is
         recorded by the site whole or not at all, and carries ``job.key`` if given."""
+        ...
+
+    def check_request(self, name: str, processors: int, resources: JobResources) -> None:
+        """RequestError naming each field if the site could never run a job asking
+        ``processors`` and ``resources`` (already over the site's defaults); nothing is
+        submitted. The site's own limits (Slurm: its partitions and nodes) decide."""
         ...
 
     def find(self, key: str, since: float | None = None) -> str | None:

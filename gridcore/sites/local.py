@@ -55,6 +55,7 @@ from sqlalchemy.exc import IntegrityError
 
 from gridcore.errors import RequestError, SiteRejected, UnknownJob
 from gridcore.model import (
+    JobResources,
     JobState,
     JobStatus,
     JobSubmission,
@@ -196,13 +197,17 @@ class LocalSite:
         workdir = self.workdir(job_id)
         return OutputFiles(str(workdir / STDOUT_FILE), str(workdir / STDERR_FILE))
 
-    def _check_submission(self, job: JobSubmission) -> None:
-        gpus = job.resources.over(self.spec.defaults).gpus
-        if gpus:
+    def check_request(self, name: str, processors: int, resources: JobResources) -> None:
+        """RequestError if this site could never run the job: it has no GPUs (the rest
+        of ``resources`` does not apply to a local site, but its time limit)."""
+        if resources.gpus:
             raise RequestError(
-                f"site {self.spec.name}: job {job.name!r} asks for {gpus} GPU(s);"
+                f"site {self.spec.name}: job {name!r} asks for {resources.gpus} GPU(s);"
                 " a local site has no GPUs"
             )
+
+    def _check_submission(self, job: JobSubmission) -> None:
+        self.check_request(job.name, job.processors, job.resources.over(self.spec.defaults))
         if job.processors > self.spec.processors:
             raise SiteRejected(
                 self.spec.name,

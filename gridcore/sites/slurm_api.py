@@ -478,7 +478,7 @@ def _fits(processors: int, res: JobResources, node: SlurmNode) -> bool:
     if res.memory_per is MemoryScope.CPU:
         memory *= processors
     enough_memory = not memory or node.memory_mib is None or node.memory_mib >= memory
-    return node.cpus >= processors and node.gpus >= res.gpus and enough_memory
+    return node.cpus >= processors and node.gpus >= (res.gpus or 0) and enough_memory
 
 
 def _and_more(processors: int, res: JobResources) -> str:
@@ -500,7 +500,7 @@ def _node_refusals(
             f"({most_cpus} CPUs; a job runs on one node)"
         )
     most_gpus = max(n.gpus for n in members)
-    if res.gpus > most_gpus:
+    if (res.gpus or 0) > most_gpus:
         reasons.append(
             f"gpus: {res.gpus} exceeds the most GPUs of a node of partition {partition} "
             f"({most_gpus})"

@@ -26,6 +26,7 @@ from gridcore.model import (
 )
 from gridcore.sites.base import SiteAdapter
 from gridcore.state.store import open_store
+from gridcore.submit import plan_submit, submit_planned
 
 GPU = JobResources(gpus=1)
 
@@ -36,9 +37,15 @@ class ScriptedStatus:
 
     inner: SiteAdapter
     script: list[JobStatus] = field(default_factory=list)
+    refuse: str | None = None  # what check_request says (e.g. a partition's MaxTime)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+    def check_request(self, name: str, processors: int, resources: JobResources) -> None:
+        if self.refuse is not None:
+            raise RequestError(f"site local-a: job {name} cannot run there: {self.refuse}")
+        self.inner.check_request(name, processors, resources)
 
     def status(self, job_id: str) -> JobStatus:
         return self.script.pop(0)
@@ -137,3 +144,23 @@ def test_requests_a_site_refuses_do_not_set_the_site_aside(
         assert rt.record(record.selection_id).state == "failed"
     [site] = [s for s in rt.site_rows() if s.name == "local-a"]
     assert (site.usable, site.consecutive_errors) == (True, 0)
+
+
+def test_a_choice_among_sites_skips_those_that_would_refuse_the_request(
+    runtime: tuple[GridRuntime, ScriptedStatus],
+) -> None:
+    """As ``sbatch -M``: a site whose limits refuse the request is not chosen; with
+    none left the request is refused naming each site's reason, nothing written."""
+    rt, scripted = runtime
+    scripted.refuse = "time_limit: 02:00:00 exceeds partition debug's MaxTime of 01:00:00"
+    plan = plan_submit(rt.grid, ["true"], 1, sites=["local-a", "local-b"])
+    assert submit_planned(rt, plan).site == "local-b"
+    fit, refused = rt.sites_that_can_run("big", 1, JobResources(gpus=1), ["local-a", "local-c"])
+    assert fit == []
+    assert refused[0].endswith("MaxTime of 01:00:00")
+    assert refused[1] == "site local-c: job 'big' asks for 1 GPU(s); a local site has no GPUs"
+
+
+def test_a_request_can_ask_no_gpus_where_the_site_default_asks_some() -> None:
+    assert JobResources(gpus=0).over(JobResources(gpus=2)).gpus == 0
+    assert JobResources().over(JobResources(gpus=2)).gpus == 2
