@@ -219,7 +219,7 @@ def test_execute_complete_rejects_events_that_break_the_contract(event: Any) -> 
         ({"time_limit": 0}, r"time_limit: must be from 1 second"),
         ({"memory": "1G", "memory_per_cpu": "1G"}, "memory_per_cpu: give memory .* not both"),
         ({"gpus": -1}, r"gpus: must be an integer of GPUs >= 0"),
-        ({"gpus": 1}, r"no site can run it: site local-a: .* a local site has no GPUs; site local-b"),
+        ({"gpus": 1}, r"no site can run it: site local-a: .* has no GPUs; site local-b"),
         ({"gpus": 1, "site": "local-b"}, r"no site can run it: site local-b: .* no GPUs$"),
         ({"qos": ""}, "qos: must not be empty"),
     ],
