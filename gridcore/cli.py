@@ -119,8 +119,8 @@ def _parser() -> argparse.ArgumentParser:
         "--live",
         action="store_const",
         const=True,
-        help="vjm-coallocation: run Fig. 3's sweep on two real Slurm clusters started by the"
-        " project's test grid (a benchmark: about half an hour; needs Slurm and root)",
+        help="dataplan: run every feasible plan on real local sites (VJM's Fig. 3 on the"
+        " Slurm test grid: python -m tests.slurm.live_vjm, from a checkout)",
     )
     p.add_argument(
         "--comm-factor",

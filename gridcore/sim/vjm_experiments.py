@@ -96,13 +96,10 @@ from __future__ import annotations
 import math
 import random
 import statistics
-import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from gridcore.errors import ConfigError
 from gridcore.policies.coreservation import PAPER_RULE, ReorganizeRule
 from gridcore.progress import progress
 from gridcore.sim.registry import Experiment, RunOptions, text_table
@@ -328,32 +325,10 @@ def plot_coallocation(result: Mapping[str, Any], path: str) -> None:
     figure.savefig(path, format="png", dpi=100)
 
 
-LIVE_REPEATS = 2
-
-
 def _run_coallocation(options: RunOptions) -> dict[str, Any]:
-    if options.live:
-        return _run_live(options.runs or LIVE_REPEATS)
+    # Fig. 3 on real Slurm clusters needs the project's test grid, which an installed
+    # gridcore does not have: from a checkout, python -m tests.slurm.live_vjm
     return coallocation_experiment(options.seed, options.runs or SAMPLES)
-
-
-def _run_live(repeats: int) -> dict[str, Any]:
-    """``--live``: Fig. 3 on two real Slurm clusters started by the project's test grid
-    (``tests/slurm/live_vjm.py``: B's interval 10, 30, 60, 90, 120 s, A's 60 s,
-    ``--runs`` (default :data:`LIVE_REPEATS`) VJM / round-robin pairs per point, about 2.5
-    minutes per pair). Needs the project's
-    checkout (the test grid lives under ``tests/``), Slurm installed and root."""
-    checkout = Path(__file__).resolve().parents[2]
-    if (checkout / "tests" / "slurmgrid.py").is_file() and str(checkout) not in sys.path:
-        sys.path.insert(0, str(checkout))  # the test grid is the checkout's, not installed
-    try:
-        from tests.slurm.live_vjm import run_live  # type: ignore[import-not-found,unused-ignore]
-    except ImportError as exc:
-        raise ConfigError(
-            f"--live needs the project's checkout (tests/slurm/live_vjm.py) on the path: {exc}"
-        ) from None
-    result: dict[str, Any] = run_live(repeats=repeats)
-    return result
 
 
 def _coallocation_ok(result: Mapping[str, Any]) -> bool:
@@ -367,7 +342,6 @@ VJM_COALLOCATION = Experiment(
     plot_coallocation,
     ok=_coallocation_ok,
     default_runs=SAMPLES,
-    takes=frozenset({"live"}),
     over_seeds=OverSeeds(
         ("summary",),
         (

@@ -1,4 +1,6 @@
-"""VJM Sec. 4.2 / Fig. 3 live: ``gridcore experiment vjm-coallocation --live``.
+"""VJM Sec. 4.2 / Fig. 3 live, from a checkout: ``python -m tests.slurm.live_vjm [--runs N]
+[--plot PATH]`` (``gridcore experiment vjm-coallocation`` is the simulated figure; an
+installed gridcore has no test grid to start).
 
 Two real Slurm clusters of 16 processors started by the project's test grid
 (:mod:`tests.slurmgrid`), each in its own network namespace: cluster A (``alpha``) with a
@@ -197,5 +199,21 @@ def _until_done(engine: CoReserveEngine, ids: list[int], timeout: float) -> list
     raise RuntimeError(f"live jobs {ids} not completed in {timeout:.0f} s")
 
 
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from gridcore.sim.vjm_experiments import plot_coallocation
+
+    parser = argparse.ArgumentParser(prog="python -m tests.slurm.live_vjm", description=__doc__)
+    parser.add_argument("--runs", type=int, default=2, help="pairs per point (default 2)")
+    parser.add_argument("--plot", help="also draw Fig. 3 to this PNG (needs matplotlib)")
+    args = parser.parse_args(argv)
+    result = run_live(repeats=args.runs)
+    if args.plot:
+        plot_coallocation(result, args.plot)
+    print(json.dumps(result))
+    return 0
+
+
 if __name__ == "__main__":
-    print(json.dumps(run_live()))
+    sys.exit(main())

@@ -56,6 +56,18 @@ def test_nothing_imports_the_airflow_layer_as_top_level_packages() -> None:
     assert "from gridcore_airflow.operators" in (REPO / "README.md").read_text()
 
 
+def test_nothing_installed_imports_the_tests() -> None:
+    """An installed gridcore has no tests/: nothing shipped may import from it."""
+    found = [
+        f"{path.relative_to(REPO)}: {name}"
+        for folder in ("gridcore", "operators", "sensors")
+        for path in sorted((REPO / folder).rglob("*.py"))
+        for name in _imports(path)
+        if name.split(".")[0] == "tests"
+    ]
+    assert found == []
+
+
 def test_the_installed_package_imports_without_the_checkout_on_the_path(
     tmp_path: Path,
 ) -> None:
