@@ -101,14 +101,7 @@ from gridcore.errors import GridError
 from tests import slurm_releases
 from tests.slurm_releases import CHROOT_PATH, HOST_RELEASE, ChrootError, Mount, Release
 
-APT_PACKAGES = (
-    "slurmctld",
-    "slurmd",
-    "slurm-client",
-    "munge",
-    "slurmrestd",
-    "slurm-wlm-jwt-plugin",
-)
+APT_PACKAGES = slurm_releases.SLURM_PACKAGES  # the host's, the same as every chroot's
 # The REST version of the host's Slurm 22.05; a cluster's own is SlurmCluster.api_version.
 API_VERSION = "v0.0.38"
 MANIFEST = "daemons.json"

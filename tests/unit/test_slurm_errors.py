@@ -333,7 +333,7 @@ def test_non_slurm_spec_refused() -> None:
         SlurmSite(spec(url=None), TOKEN)
 
 
-def test_owned_session_is_closed() -> None:
+def test_an_adapter_is_a_context_manager() -> None:
     with SlurmSite(spec(), TOKEN) as site:
         assert "alpha" in repr(site)
 
