@@ -32,7 +32,7 @@ from airflow.sdk import Param, dag, task
 from airflow.sdk.exceptions import AirflowFailException
 
 from gridcore.apps.launch import MAX_ABS_DIFF, component_command, output_dir, strips_difference
-from gridcore_airflow.operators.coallocate import CoAllocateOperator
+from gridcore_airflow.operators.coallocation import CoAllocationOperator
 
 
 @dag(
@@ -72,7 +72,7 @@ def coallocated_poisson() -> None:
     # Retries are safe: a retry reattaches to the job its earlier try submitted (task
     # state store). They also absorb Airflow 3.3.2 failing a deferred task whose trigger
     # fired before the executor reported the defer-exit (apache/airflow#67287, #72716).
-    solve = CoAllocateOperator(
+    solve = CoAllocationOperator(
         task_id="coallocate",
         retries=2,
         retry_delay=timedelta(seconds=2),

@@ -30,7 +30,7 @@ from airflow.sdk import Param, dag, task
 from airflow.sdk.exceptions import AirflowFailException
 
 from gridcore.apps.launch import MAX_ABS_DIFF, component_command, output_dir, strips_difference
-from gridcore_airflow.operators.coreserve import CoReserveOperator
+from gridcore_airflow.operators.coreservation import CoReservationOperator
 
 
 @dag(
@@ -72,7 +72,7 @@ def coreserved_poisson() -> None:
         }
 
     planned = plan()
-    solve = CoReserveOperator(
+    solve = CoReservationOperator(
         task_id="coreserve",
         retries=2,
         retry_delay=timedelta(seconds=2),

@@ -2,7 +2,7 @@
 
 Each decision is the live engine's hot path: read a snapshot of every site in one
 transaction, run the stateful policy, and commit the claim and the selection row
-(:func:`gridcore.engine.ledger.select_and_record`). Site I/O is left out on purpose: it
+(:func:`gridcore.engine.selection.select_and_record`). Site I/O is left out on purpose: it
 is the sites' latency, not ours.
 
 * ``decisions_per_s``: one process, 100 sites, 1,000 in-flight rows, SQLite.
@@ -12,7 +12,7 @@ is the sites' latency, not ours.
   what they granted (reported idle minus others' queue) plus sites whose ledger counters
   disagree with the selection rows; ``lost_rows``: decisions made but not in the DB.
 
-Batch decisions (:func:`gridcore.engine.ledger.select_and_record_batch`): a burst of
+Batch decisions (:func:`gridcore.engine.selection.select_and_record_batch`): a burst of
 :data:`BURST` members of one shape (a mapped task expansion) decided on one snapshot and
 committed in one transaction, with the operators' default protocol.
 
@@ -49,7 +49,8 @@ from typing import Any
 from sqlalchemy import create_engine, func, insert, select, text, update
 from sqlalchemy.engine import make_url
 
-from gridcore.engine import capacity, ledger
+from gridcore.engine import capacity
+from gridcore.engine import selection as selection_engine
 from gridcore.engine.capacity import HolderKind, Ledger
 from gridcore.model import (
     ORIGIN,
@@ -134,7 +135,7 @@ def seed_state(store: Store, bench: BenchGrid, in_flight: int, seed: int) -> Non
             }
         )
     with store.begin() as conn:
-        ledger.register_sites(conn, bench.grid)
+        selection_engine.register_sites(conn, bench.grid)
         for name in names:
             conn.execute(
                 update(sites)
@@ -160,10 +161,10 @@ def run_decisions(store: Store, bench: BenchGrid, count: int, seed: int, stream:
         JobRequest(f"{stream}-{i}", rng.randint(1, 8), 600.0, rng.randint(0, 500) * 1_000_000)
         for i in range(count)
     ]
-    snapshots = ledger.SnapshotReader(bench.grid)
+    snapshots = selection_engine.SnapshotReader(bench.grid)
     start = time.perf_counter()
     for req in requests:
-        ledger.select_and_record(
+        selection_engine.select_and_record(
             store,
             snapshots,
             req,
@@ -186,10 +187,10 @@ def run_bursts(store: Store, bench: BenchGrid, count: int, seed: int, stream: st
     """Decide and commit ``count`` bursts, one transaction each; returns elapsed seconds."""
     rng = random.Random(seed)
     bursts = [burst_members(rng, stream, b) for b in range(count)]
-    snapshots = ledger.SnapshotReader(bench.grid)
+    snapshots = selection_engine.SnapshotReader(bench.grid)
     start = time.perf_counter()
     for members in bursts:
-        ledger.select_and_record_batch(
+        selection_engine.select_and_record_batch(
             store, snapshots, members, BATCH_PROTOCOL, MODE, stream, time.time(), rng
         )
     return time.perf_counter() - start
@@ -383,7 +384,7 @@ def bench_pgbench(
     with pg_schema(url) as scoped, tempfile.TemporaryDirectory() as tmp:
         store = open_store(scoped, upgrade=True)
         with store.begin() as conn:
-            ledger.register_sites(conn, bench.grid)
+            selection_engine.register_sites(conn, bench.grid)
             # Every claim fits: each transaction is a claim, a selection row and a hold.
             conn.execute(update(sites).values(reported_idle=2**30, observed_at=1.0))
         script = os.path.join(tmp, "decision.sql")
@@ -419,7 +420,7 @@ def bench_pgbench(
 
 def pgbench_script(bench: BenchGrid) -> str:
     """One pgbench transaction: the statement a counted FIT decision commits on
-    PostgreSQL (:func:`gridcore.engine.ledger.pg_decision_sql`) with its placeholders
+    PostgreSQL (:func:`gridcore.engine.selection.pg_decision_sql`) with its placeholders
     as pgbench expressions: a random site of the grid and 1-8 processors, as the
     benchmark's decisions draw them."""
     names = bench.grid.site_names
@@ -439,7 +440,7 @@ def pgbench_script(bench: BenchGrid) -> str:
         "b_state": f"'{JobState.SELECTED.value}'",
         "b_selected_at": "0.0",
     }
-    statement = re.sub(r"%\((\w+)\)s", lambda m: values[m[1]], ledger.pg_decision_sql())
+    statement = re.sub(r"%\((\w+)\)s", lambda m: values[m[1]], selection_engine.pg_decision_sql())
     return f"\\set site random(0, {len(names) - 1})\n\\set processors random(1, 8)\n{statement};\n"
 
 
@@ -463,7 +464,7 @@ def check_ledger(store: Store, bench: BenchGrid) -> list[str]:
     """Every way the ledger could be wrong, as readable lines (empty when sound)."""
     problems = []
     with store.begin() as conn:
-        totals = ledger.ledger_totals(conn)
+        totals = selection_engine.ledger_totals(conn)
         granted = {
             r.name: r.reported_idle - r.external_pending for r in conn.execute(select(sites))
         }

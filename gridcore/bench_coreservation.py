@@ -62,7 +62,7 @@ def bench_selection_latency(
 def bench_overhead(jobs: int = OVERHEAD_JOBS) -> dict[str, Any]:
     from gridcore.api.server import start_in_thread
     from gridcore.config import default_grid
-    from gridcore.engine.coreservation import CoReserveEngine
+    from gridcore.engine.coreservation import CoReservationEngine
     from gridcore.engine.phases import ReservationPhase
     from gridcore.engine.runtime import GridRuntime
     from gridcore.model import CoReservationRequest
@@ -75,7 +75,7 @@ def bench_overhead(jobs: int = OVERHEAD_JOBS) -> dict[str, Any]:
         runtime = GridRuntime(default_grid(Path(tmp)), open_store(url, upgrade=True))
         center = start_in_thread(open_store(url))
         try:
-            engine = CoReserveEngine(runtime, center.url)
+            engine = CoReservationEngine(runtime, center.url)
             for i in range(jobs):
                 start = runtime.clock()
                 job_id = engine.submit(

@@ -9,7 +9,7 @@ pydantic v2 models check types and limits and convert into the frozen domain typ
 * :func:`check_selection_stream`; :func:`check_job_submission` (what a site runs);
 * :func:`check_coallocation_request` -> :class:`~gridcore.model.CoAllocationRequest` and
   :func:`check_coallocation_submission` (request + command + quota; KOALA's
-  ``KoalaEngine.submit`` checks the placement policy itself);
+  ``CoAllocationEngine.submit`` checks the placement policy itself);
 * :func:`check_logical_name` (the replica catalog's names); :func:`check_choice` (an
   enum option given beside a request: selection protocol, placement policy);
 * :func:`check_resources` -> :class:`~gridcore.model.JobResources`: what a job asks of a
@@ -379,8 +379,7 @@ MEMORY_HINT = "use 512M, 4G, 1T or an integer of MiB"
 CONSTRAINT_MAX = 1024
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _UNIT_MIB = {
-    unit: fractions.Fraction(1024**power, 1024)
-    for power, unit in enumerate(("k", "m", "g", "t"))
+    unit: fractions.Fraction(1024**power, 1024) for power, unit in enumerate(("k", "m", "g", "t"))
 }
 _SUFFIXED = re.compile(r"(\d+)\s*([smhd])", re.IGNORECASE)
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)", re.IGNORECASE)
@@ -459,9 +458,7 @@ def _time_limit(value: Any, handler: ValidatorFunctionWrapHandler) -> int:
     else:
         seconds = value
     if not 1 <= seconds <= INT32_MAX:
-        raise _refused(
-            f"must be from 1 second to {INT32_MAX} seconds, got {shown_value(value)}"
-        )
+        raise _refused(f"must be from 1 second to {INT32_MAX} seconds, got {shown_value(value)}")
     return seconds
 
 
@@ -472,9 +469,7 @@ def _memory(value: Any, handler: ValidatorFunctionWrapHandler) -> int:
         try:
             mib = parse_memory(value)
         except ValueError:
-            raise _refused(
-                f"{shown_value(value)} is not a memory size ({MEMORY_HINT})"
-            ) from None
+            raise _refused(f"{shown_value(value)} is not a memory size ({MEMORY_HINT})") from None
     else:
         mib = value
     if not 1 <= mib <= INT32_MAX:
@@ -522,9 +517,7 @@ class _Resources(_Model):
     @model_validator(mode="after")
     def _one_memory(self) -> _Resources:
         if self.memory is not None and self.memory_per_cpu is not None:
-            raise _refused(
-                "give memory (per node) or memory_per_cpu, not both", "memory_per_cpu"
-            )
+            raise _refused("give memory (per node) or memory_per_cpu, not both", "memory_per_cpu")
         return self
 
     def resources(self) -> JobResources:

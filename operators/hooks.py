@@ -16,14 +16,14 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
-from gridcore.engine.coreservation import CoReserveEngine
-from gridcore.engine.koala import KoalaEngine
+from gridcore.engine.coallocation import CoAllocationEngine
+from gridcore.engine.coreservation import CoReservationEngine
 from gridcore.engine.runtime import GridRuntime
 from gridcore.staging import ReplicaCatalog
 from gridcore_airflow.sensors.connections import (
     GridLocation,
-    close_coreserve,
-    close_koala,
+    close_coallocation,
+    close_coreservation,
     connection_token,
     install_connection_resolver,
 )
@@ -81,24 +81,26 @@ class GridcoreHook(BaseHook):
             yield opened, ReplicaCatalog(opened.store)
 
     @contextmanager
-    def koala_engine(self, scan_interval: float, *, upgrade: bool = False) -> Iterator[KoalaEngine]:
+    def koala_engine(
+        self, scan_interval: float, *, upgrade: bool = False
+    ) -> Iterator[CoAllocationEngine]:
         """A KOALA engine scanning about every ``scan_interval`` s (with the replica
         catalog); its scan lease is given up on exit."""
-        engine = self.location.open_koala(scan_interval, upgrade=upgrade)
+        engine = self.location.open_coallocation(scan_interval, upgrade=upgrade)
         try:
             yield engine
         finally:
-            close_koala(engine)
+            close_coallocation(engine)
 
     @contextmanager
-    def coreserve_engine(self, *, upgrade: bool = False) -> Iterator[CoReserveEngine]:
+    def coreserve_engine(self, *, upgrade: bool = False) -> Iterator[CoReservationEngine]:
         """A VJM co-reservation engine (its scan lease is given up on exit); its pilots
         call the configured VJ center, else one embedded in this process."""
-        engine = self.location.open_coreserve(upgrade=upgrade)
+        engine = self.location.open_coreservation(upgrade=upgrade)
         try:
             yield engine
         finally:
-            close_coreserve(engine)
+            close_coreservation(engine)
 
     def center_is_embedded(self) -> bool:
         """No VJ center configured: pilots call a center inside this process."""

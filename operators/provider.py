@@ -27,8 +27,8 @@ def get_provider_info() -> dict[str, Any]:
                     "gridcore_airflow.operators.site_job",
                     "gridcore_airflow.operators.select_sites",
                     "gridcore_airflow.operators.stage_files",
-                    "gridcore_airflow.operators.coallocate",
-                    "gridcore_airflow.operators.coreserve",
+                    "gridcore_airflow.operators.coallocation",
+                    "gridcore_airflow.operators.coreservation",
                 ],
             }
         ],
@@ -43,8 +43,8 @@ def get_provider_info() -> dict[str, Any]:
                 "integration-name": _INTEGRATION,
                 "python-modules": [
                     "gridcore_airflow.sensors.triggers",
-                    "gridcore_airflow.sensors.coalloc_trigger",
-                    "gridcore_airflow.sensors.coreserve_trigger",
+                    "gridcore_airflow.sensors.coallocation_trigger",
+                    "gridcore_airflow.sensors.coreservation_trigger",
                 ],
             }
         ],

@@ -92,7 +92,7 @@ class Outcome(NamedTuple):
     message: str
 
 
-H = TypeVar("H")  # the engine a trigger opens once and polls (GridRuntime, KoalaEngine)
+H = TypeVar("H")  # the engine a trigger opens once and polls (GridRuntime, CoAllocationEngine)
 R = TypeVar("R", bound=FinishedRecord)
 
 

@@ -35,11 +35,11 @@ from sqlalchemy.engine import URL
 
 from gridcore import credentials
 from gridcore.api.server import RunningCenter, start_in_thread
-from gridcore.engine.coreservation import CoReserveEngine
-from gridcore.engine.koala import LEASE_SCANS, KoalaEngine
+from gridcore.engine.coallocation import LEASE_SCANS, CoAllocationEngine
+from gridcore.engine.coreservation import CoReservationEngine
 from gridcore.engine.runtime import GridRuntime
 from gridcore.errors import CredentialError
-from gridcore.policies.claiming import KoalaParams
+from gridcore.policies.claiming import CoAllocationParams
 from gridcore.staging import ReplicaCatalog
 from gridcore.state.store import Store, open_store
 
@@ -47,7 +47,7 @@ DEFAULT_DB_DRIVER = "postgresql+psycopg"
 # Not a correctness parameter (the lease is fenced and renewed while a scan runs, see
 # gridcore.engine.lease): it is how long a triggerer that died holding the lease keeps
 # the others from scanning. A holder that stops waiting releases it at once
-# (close_koala); a floor keeps renewals rare for short scan intervals.
+# (close_coallocation); a floor keeps renewals rare for short scan intervals.
 MIN_LEASE_S = 60.0
 CENTER_ENV = "GRIDCORE_CENTER_URL"
 SITE_CENTERS_ENV = "GRIDCORE_SITE_CENTER_URLS"
@@ -111,14 +111,14 @@ class GridLocation:
             raise CredentialError('site center URLs must be a JSON object {"site": "url"}')
         return url, sites
 
-    def open_coreserve(self, *, upgrade: bool) -> CoReserveEngine:
+    def open_coreservation(self, *, upgrade: bool) -> CoReservationEngine:
         """A VJM co-reservation engine whose pilots call the configured center, else a
         center embedded in this process (:func:`embedded_center`)."""
         runtime = self.open_runtime(upgrade=upgrade)
         url, sites = self.configured_center()
         if url is None:
             url = embedded_center(runtime.store).url
-        return CoReserveEngine(runtime, url, site_center_urls=sites)
+        return CoReservationEngine(runtime, url, site_center_urls=sites)
 
     def open_runtime(self, *, upgrade: bool) -> GridRuntime:
         """A :class:`GridRuntime` on this location. Without ``upgrade`` the state DB must
@@ -128,7 +128,7 @@ class GridLocation:
         where = self.resolved()
         return GridRuntime.open(where.grid_file, where.db_url, upgrade=upgrade)
 
-    def open_koala(self, scan_interval: float, *, upgrade: bool) -> KoalaEngine:
+    def open_coallocation(self, scan_interval: float, *, upgrade: bool) -> CoAllocationEngine:
         """A KOALA engine scanning about every ``scan_interval`` seconds, with the
         replica catalog its staging step needs; its components' barriers call the
         configured center, else a center embedded in this process (:func:`embedded_center`)."""
@@ -136,17 +136,17 @@ class GridLocation:
         url, sites = self.configured_center()
         if url is None:
             url = embedded_center(runtime.store).url
-        return KoalaEngine(
+        return CoAllocationEngine(
             runtime,
             ReplicaCatalog(runtime.store),
-            KoalaParams(scan_interval_s=scan_interval),
+            CoAllocationParams(scan_interval_s=scan_interval),
             center_url=url,
             site_center_urls=sites,
             lease_s=max(LEASE_SCANS * scan_interval, MIN_LEASE_S),
         )
 
 
-def close_koala(engine: KoalaEngine) -> None:
+def close_coallocation(engine: CoAllocationEngine) -> None:
     """Give the scan lease up (another waiter may scan at once instead of waiting for its
     expiry) and close the engine's database pool."""
     try:
@@ -155,7 +155,7 @@ def close_koala(engine: KoalaEngine) -> None:
         engine.store.dispose()
 
 
-def close_coreserve(engine: CoReserveEngine) -> None:
+def close_coreservation(engine: CoReservationEngine) -> None:
     try:
         engine.release_lease()
     finally:

@@ -25,7 +25,7 @@ from sqlalchemy import MetaData, select
 
 from gridcore.config import default_grid
 from gridcore.engine.capacity import check_invariant
-from gridcore.engine.koala import KoalaEngine
+from gridcore.engine.coallocation import CoAllocationEngine
 from gridcore.engine.runtime import GridRuntime
 from gridcore.errors import ConfigError, RequestError
 from gridcore.model import (
@@ -38,7 +38,7 @@ from gridcore.model import (
     JobSubmission,
     RequestKind,
 )
-from gridcore.policies.claiming import KoalaParams
+from gridcore.policies.claiming import CoAllocationParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.staging import ReplicaCatalog
 from gridcore.state.schema import local_jobs, sites
@@ -384,7 +384,7 @@ def check_select_case(case: SelectCase, db_url: str, tmp_path: Path) -> None:
         rt.store.dispose()
 
 
-# -- co-allocation requests (KoalaEngine.submit) -----------------------------------------
+# -- co-allocation requests (CoAllocationEngine.submit) -----------------------------------------
 
 
 @dataclass(frozen=True)
@@ -500,8 +500,8 @@ def check_submit_case(case: SubmitCase, db_url: str, tmp_path: Path) -> None:
     rt = GridRuntime(default_grid(tmp_path), open_store(db_url, upgrade=True))
     try:
         with running_center(rt.store) as center:
-            params = KoalaParams(scan_interval_s=1.0)
-            koala = KoalaEngine(rt, ReplicaCatalog(rt.store), params, center_url=center)
+            params = CoAllocationParams(scan_interval_s=1.0)
+            koala = CoAllocationEngine(rt, ReplicaCatalog(rt.store), params, center_url=center)
             before = written(rt.store)
             with pytest.raises(RequestError, match=case.message):
                 koala.submit(case.request, case.policy, case.command, case.quota)

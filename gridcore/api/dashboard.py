@@ -11,7 +11,7 @@ Everything of one answer is read in ONE transaction (:func:`snapshot`: SQLite's
 other: a site's ``claimed`` is the sum of its claimed holds in the same answer. The rows
 are read by the engines' own readers where they exist (:func:`gridcore.engine.capacity.usage`
 and :func:`~gridcore.engine.capacity.live_holds`, :func:`gridcore.engine.health.read_health`,
-:func:`gridcore.engine.koala_records.job_record`, the co-reservation engine's record
+:func:`gridcore.engine.coallocation_records.job_record`, the co-reservation engine's record
 reader); the rest is pure functions of those rows.
 
 ``/api/v1/grid`` (``version`` 1)::
@@ -71,9 +71,9 @@ from sqlalchemy import Connection, RowMapping, and_, desc, func, or_, select
 
 from gridcore.engine import capacity, health
 from gridcore.engine.capacity import Hold, Ledger, Usage
+from gridcore.engine.coallocation_records import job_record, request_from_json
 from gridcore.engine.coreservation import reservation_record
 from gridcore.engine.dataplan import STREAM_PREFIX, run_id_from
-from gridcore.engine.koala_records import job_record, request_from_json
 from gridcore.engine.phases import (
     FINISHED_RESERVATION,
     LIVE_PILOT,
@@ -123,7 +123,7 @@ class TaskRef:
 class TaskIds:
     """The gridcore ids Airflow recorded for one task instance (its task state store:
     ``SiteJobOperator``'s selection, ``SelectSitesOperator``'s burst,
-    ``CoAllocateOperator``'s and ``CoReserveOperator``'s job)."""
+    ``CoAllocationOperator``'s and ``CoReservationOperator``'s job)."""
 
     selections: tuple[int, ...] = ()
     coallocations: tuple[int, ...] = ()

@@ -78,7 +78,7 @@ CLAIM = (
             # a claim of bytes only (a volume) needs no processors: it must fit even
             # while the site's processors are over-claimed or queued for (FREE < 0)
             # (0 rendered inline: the statement is also run through the driver with
-            # exactly the b_ parameters, gridcore.engine.ledger)
+            # exactly the b_ parameters, gridcore.engine.selection)
             or_(
                 bindparam("b_processors") == literal_column("0"), bindparam("b_processors") <= FREE
             ),

@@ -13,7 +13,7 @@ makes every pilot of its job held dispatches the real command to all of them in 
 transaction (:func:`gridcore.engine.pilot_pool.dispatch_if_ready`).
 
 The engine has no daemon: whoever waits on a job (the Airflow trigger, the CLI) runs
-:meth:`CoReserveEngine.scan`, one at a time under the fenced lease ``vjm-scan``:
+:meth:`CoReservationEngine.scan`, one at a time under the fenced lease ``vjm-scan``:
 
 1. observe the sites (``GridRuntime.refresh``: the report releases pilot holds it counts,
    the queue-wait history grows);
@@ -22,7 +22,7 @@ The engine has no daemon: whoever waits on a job (the Airflow trigger, the CLI) 
    that dies fails its job (the program lost a rank);
 3. dispatch any job whose pilots all hold (a backstop to the registration's dispatch);
 4. after a job's lifetime (Eq. 2) runs out: resource reorganization (Sec. 3.3,
-   :func:`gridcore.policies.coreservation.reorganize`, with ``CoReserveParams.rule``,
+   :func:`gridcore.policies.coreservation.reorganize`, with ``CoReservationParams.rule``,
    the global order unless told otherwise) against every pending job: held pilots
    shift to another job (one transaction, a ``gc_reservation_shifts`` row per pilot),
    released clusters' pilots let go; a receiver's lifetime starts afresh, and a job
@@ -119,7 +119,7 @@ RESULT_GRACE_S = 15.0
 
 
 @dataclass(frozen=True)
-class CoReserveParams:
+class CoReservationParams:
     """``heartbeat_timeout_s``: a held or dispatched pilot silent this long is lost (the
     pilot heartbeats every few seconds, :mod:`gridcore.engine.pilot_pool`); also how long
     a pilot the site shows running may take to register. ``lease_s``: the scan lease.
@@ -139,7 +139,7 @@ class CoReserveParams:
     def __post_init__(self) -> None:
         for name in ("heartbeat_timeout_s", "lease_s", "lifetime_ceiling_s"):
             if not getattr(self, name) > 0:
-                raise RequestError(f"CoReserveParams.{name} must be > 0")
+                raise RequestError(f"CoReservationParams.{name} must be > 0")
 
 
 @dataclass(frozen=True)
@@ -275,14 +275,14 @@ class _NewPilot:
     resources: JobResources = NO_RESOURCES
 
 
-class CoReserveEngine:
+class CoReservationEngine:
     """Applies VJM's policies to live sites; every step resumes from the state DB."""
 
     def __init__(
         self,
         runtime: GridRuntime,
         center_url: str,
-        params: CoReserveParams | None = None,
+        params: CoReservationParams | None = None,
         holder: str | None = None,
         *,
         site_center_urls: Mapping[str, str] | None = None,
@@ -294,7 +294,7 @@ class CoReserveEngine:
         self.grid = runtime.grid
         self.center_url = center_url
         self.site_center_urls = dict(site_center_urls or {})
-        self.params = params or CoReserveParams()
+        self.params = params or CoReservationParams()
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
         self.lease = lease.Lease(
             self.store, SCAN_LEASE, self.holder, self.params.lease_s, runtime.clock

@@ -9,7 +9,7 @@
   wiped by every report in between.
 * The threshold: at :data:`UNUSABLE_AFTER_ERRORS` consecutive errors the site becomes
   unusable for selection and for KOALA alike (it is missing from their snapshots). The
-  live KOALA engine uses this constant too (``KoalaParams.unusable_after_errors`` is the
+  live KOALA engine uses this constant too (``CoAllocationParams.unusable_after_errors`` is the
   simulator's); a reset of the counter does not make an unusable site usable again
   (Sec. 5.1: the cluster "was removed for selection").
 * The way back: an unusable site is probed with a tiny real job (one processor,
@@ -36,7 +36,7 @@ from gridcore.engine.capacity import HolderKind
 from gridcore.engine.submission import submit_once
 from gridcore.errors import GridError
 from gridcore.model import JobResources, JobState, JobSubmission
-from gridcore.policies.claiming import KoalaParams, SiteHealth
+from gridcore.policies.claiming import CoAllocationParams, SiteHealth
 from gridcore.sites.keys import probe_key
 from gridcore.state.schema import holds, sites
 from gridcore.state.store import Store
@@ -91,7 +91,7 @@ def read_health(conn: Connection) -> dict[str, HealthRecord]:
     return {r.name: HealthRecord(r[0], bool(r[1]), *r[2:]) for r in rows}
 
 
-def live_params(params: KoalaParams) -> KoalaParams:
+def live_params(params: CoAllocationParams) -> CoAllocationParams:
     """KOALA's parameters with THE threshold: the live engine decides with these."""
     return replace(params, unusable_after_errors=UNUSABLE_AFTER_ERRORS)
 

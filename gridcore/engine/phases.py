@@ -1,6 +1,6 @@
 """The phases of a co-allocated job and the states of its components (seed 000 Sec. 3).
 
-Shared by the KOALA engine (:mod:`gridcore.engine.koala`), which moves jobs and
+Shared by the KOALA engine (:mod:`gridcore.engine.coallocation`), which moves jobs and
 components through them, and the start barrier's side of the VJ center
 (:mod:`gridcore.engine.barrier_pool`), which lets a component wait only while its job and
 component are still live: one definition, so a state the engine writes is a state the

@@ -27,7 +27,8 @@ from sqlalchemy import and_, select, update
 
 from gridcore import credentials
 from gridcore.config import GRID_ENV, default_grid, load_grid
-from gridcore.engine import capacity, health, ledger, queue_stats, submission
+from gridcore.engine import capacity, health, queue_stats, submission
+from gridcore.engine import selection as selection_engine
 from gridcore.errors import (
     ConfigError,
     CredentialError,
@@ -153,11 +154,11 @@ class GridRuntime:
         self.rng = rng or random.Random()
         self._adapters: dict[str, SiteAdapter] = dict(adapters or {})
         # snapshots by database row, reused across this engine's decisions
-        self.snapshots = ledger.SnapshotReader(grid)
+        self.snapshots = selection_engine.SnapshotReader(grid)
         self.probe_retry_s = health.PROBE_RETRY_S
         store.check_migrated()
         with store.begin() as conn:
-            ledger.register_sites(conn, grid)
+            selection_engine.register_sites(conn, grid)
             self.install_id = submission.install_id(conn)
 
     @classmethod
@@ -202,7 +203,7 @@ class GridRuntime:
         with self.store.begin() as conn:
             ages = dict(conn.execute(select(sites.c.name, sites.c.observed_at)).all())
             # The same cutoff as the look-ups: every selection expired here was looked up.
-            ledger.expire_unsubmitted(conn, now - SUBMIT_DEADLINE_S, now)
+            selection_engine.expire_unsubmitted(conn, now - SUBMIT_DEADLINE_S, now)
         results: dict[str, str | None] = {}
         for spec in self.grid.sites:
             if now - ages.get(spec.name, 0.0) >= max_age_s:
@@ -221,7 +222,7 @@ class GridRuntime:
             return str(exc)
         with self.store.begin() as conn:
             # our own jobs (not others' pending work): the site jobs of live holds
-            ledger.store_observation(conn, obs)
+            selection_engine.store_observation(conn, obs)
             queue_stats.record_observation(conn, obs)  # VJM Eq. 1's queue-wait history
         self._cancel_orphans(site, obs.jobs)
         return None
@@ -291,10 +292,10 @@ class GridRuntime:
         if site is not None:
             self.grid.site(site)
             with self.store.begin() as conn:
-                rec = ledger.record_pinned(conn, request, site, stream, self.clock())
+                rec = selection_engine.record_pinned(conn, request, site, stream, self.clock())
             return self.record(rec.id)
         self.refresh(max_age_s)
-        rec = ledger.select_and_record(
+        rec = selection_engine.select_and_record(
             self.store, snapshots, request, protocol, mode, stream, self.clock(), self.rng
         )
         return self.record(rec.id)
@@ -322,7 +323,9 @@ class GridRuntime:
             fit.append(site)
         return fit, refused
 
-    def _snapshots_among(self, names: Collection[str], site: str | None) -> ledger.SnapshotReader:
+    def _snapshots_among(
+        self, names: Collection[str], site: str | None
+    ) -> selection_engine.SnapshotReader:
         """A snapshot reader that sees only ``names`` (the same decision, fewer
         candidates); a pinned ``site`` must be one of them."""
         chosen = {self.grid.site(name).name for name in names}
@@ -331,7 +334,7 @@ class GridRuntime:
         if site is not None and site not in chosen:
             raise RequestError(f"site {site!r} is pinned, but not among {sorted(chosen)}")
         grid = replace(self.grid, sites=tuple(s for s in self.grid.sites if s.name in chosen))
-        return ledger.SnapshotReader(grid)
+        return selection_engine.SnapshotReader(grid)
 
     def select_batch(
         self,
@@ -344,7 +347,7 @@ class GridRuntime:
         """:meth:`select` for a burst of members that arrive together (one mapped task
         expansion, one forcing event): decided on ONE snapshot, each member in turn seeing
         the ones before it in flight, and committed in ONE transaction
-        (:func:`gridcore.engine.ledger.select_and_record_batch`). Every request is checked
+        (:func:`gridcore.engine.selection.select_and_record_batch`). Every request is checked
         first; a malformed one, or one no site can run, is refused naming it and nothing
         of the burst is written. Records in the order of ``requests``."""
         checked = [check_job_request(r, self.grid.site_names) for r in requests]
@@ -356,7 +359,7 @@ class GridRuntime:
             # one selection per member: the burst's rows are matched to their holds by name
             raise RequestError(f"requests: member names must be unique in a burst: {repeated}")
         self.refresh(max_age_s)
-        recorded = ledger.select_and_record_batch(
+        recorded = selection_engine.select_and_record_batch(
             self.store, self.snapshots, checked, protocol, mode, stream, self.clock(), self.rng
         )
         return self.records([rec.id for rec in recorded])
@@ -499,7 +502,7 @@ class GridRuntime:
                     usage=None if usage is None else json.dumps(usage.as_json()),
                 )
             )
-            ledger.release(conn, selection_id)
+            selection_engine.release(conn, selection_id)
             if count:
                 _count_health(conn, row["site"], state, message)
             start = started_at or row["started_at"]
@@ -508,7 +511,7 @@ class GridRuntime:
                 and start is not None
                 and row["submitted_at"] is not None
             ):
-                ledger.record_finished_stats(
+                selection_engine.record_finished_stats(
                     conn, row["site"], max(0.0, start - row["submitted_at"]), done - start
                 )
 

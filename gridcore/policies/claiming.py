@@ -47,7 +47,7 @@ from gridcore.policies.transfer import Bandwidth, best_replica
 
 
 @dataclass(frozen=True)
-class KoalaParams:
+class CoAllocationParams:
     """KOALA's parameters; the defaults are the paper's experiment (Sec. 4).
 
     ``L``: the fraction of the file transfer time after which claiming starts (Sec. 3.2);
@@ -90,7 +90,9 @@ class KoalaParams:
         )
         for name, ok, rule in checks:
             if not ok:
-                raise ConfigError(f"KoalaParams.{name} must be {rule}, got {getattr(self, name)}")
+                raise ConfigError(
+                    f"CoAllocationParams.{name} must be {rule}, got {getattr(self, name)}"
+                )
 
 
 def _limit_ok(limit: int | None, least: int) -> bool:
@@ -115,19 +117,21 @@ def next_claim_time(jct: float, jst: float, L: float) -> float:
     return jct + L * (jst - jct)
 
 
-def first_claim_try(jpt: float, ftt: float, L: float, params: KoalaParams) -> float:
+def first_claim_try(jpt: float, ftt: float, L: float, params: CoAllocationParams) -> float:
     """The time of the first claiming try: ``JCT_0``, or the JST when they are closer than
     ``params.claim_resolution_s``."""
     return _snap_to_jst(initial_claim_time(jpt, ftt, L), job_start_time(jpt, ftt), params)
 
 
-def next_claim_try(jct: float, jst: float, L: float, params: KoalaParams) -> float:
+def next_claim_try(jct: float, jst: float, L: float, params: CoAllocationParams) -> float:
     """The try after the one at ``jct``: ``JCT_(n+1)``, or the JST once the remaining gap
     would be below ``params.claim_resolution_s`` (the try at the JST is the last)."""
     return _snap_to_jst(next_claim_time(jct, jst, L), jst, params)
 
 
-def claim_schedule(jpt: float, ftt: float, L: float, params: KoalaParams) -> tuple[float, ...]:
+def claim_schedule(
+    jpt: float, ftt: float, L: float, params: CoAllocationParams
+) -> tuple[float, ...]:
     """Every claiming try of one placement if none succeeds: ``JCT_0, JCT_1, ..., JST``."""
     jst = job_start_time(jpt, ftt)
     times = [first_claim_try(jpt, ftt, L, params)]
@@ -136,20 +140,22 @@ def claim_schedule(jpt: float, ftt: float, L: float, params: KoalaParams) -> tup
     return tuple(times)
 
 
-def lowered_L(L: float, params: KoalaParams) -> float:
+def lowered_L(L: float, params: CoAllocationParams) -> float:
     """``L`` after claiming reached the JST unsuccessfully: lower by the fixed fraction,
     not below the bound (Sec. 3.2; 0.75 -> 0.625 -> ... -> 0.25 in Sec. 4)."""
     return max(params.L_min, L - params.L_decrement)
 
 
-def _snap_to_jst(jct: float, jst: float, params: KoalaParams) -> float:
+def _snap_to_jst(jct: float, jst: float, params: CoAllocationParams) -> float:
     return jst if jst - jct < params.claim_resolution_s else jct
 
 
 # -- placement queues (Sec. 3.1) ------------------------------------------------------------
 
 
-def scan_order(high: Sized, low: Sized, params: KoalaParams, scan_index: int) -> Priority | None:
+def scan_order(
+    high: Sized, low: Sized, params: CoAllocationParams, scan_index: int
+) -> Priority | None:
     """Which placement queue scan number ``scan_index`` (from 0) scans.
 
     The cycle is ``S`` scans of the high queue, then one of the low queue (Sec. 3.1). When
@@ -201,7 +207,7 @@ def scan_placement_queue(
     queue: Sequence[QueuedJob],
     clusters: Sequence[SiteSnapshot],
     policy: PlacementPolicy = PlacementPolicy.CF,
-    params: KoalaParams | None = None,
+    params: CoAllocationParams | None = None,
     *,
     quota: float | None = None,
     bandwidth: Bandwidth | None = None,
@@ -215,7 +221,7 @@ def scan_placement_queue(
     counts only fall during a scan, so this skips, without changing any decision, the
     long tail of jobs that cannot fit once the clusters are full.
     """
-    params = params or KoalaParams()
+    params = params or CoAllocationParams()
     room = _Room(clusters)
     placed: list[tuple[QueuedJob, Placement]] = []
     waiting: list[QueuedJob] = []
@@ -366,7 +372,7 @@ def claim_decision(
     job: ClaimingJob,
     clusters: Sequence[SiteSnapshot],
     now: float,
-    params: KoalaParams,
+    params: CoAllocationParams,
     preemptible: Sequence[RunningLowJob] = (),
     *,
     bandwidth: Bandwidth | None = None,
@@ -556,7 +562,7 @@ class _Claim:
         return [c.take(c.free_processors - self.free[site]) for site, c in self.clusters.items()]
 
 
-def _unfinished(work: _Claim, params: KoalaParams, fraction: float) -> ClaimDecision:
+def _unfinished(work: _Claim, params: CoAllocationParams, fraction: float) -> ClaimDecision:
     """A try that leaves components unstarted: retry, abort at the JST, or fail."""
     job = work.job
     limit = params.claim_try_limit
@@ -587,7 +593,7 @@ class SiteHealth:
     usable: bool = True
 
 
-def record_site_error(health: SiteHealth, params: KoalaParams) -> SiteHealth:
+def record_site_error(health: SiteHealth, params: CoAllocationParams) -> SiteHealth:
     """One more consecutive error; at the threshold the site becomes unusable (Sec. 3.4)."""
     errors = health.consecutive_errors + 1
     return SiteHealth(health.site, errors, health.usable and errors < params.unusable_after_errors)
@@ -623,7 +629,7 @@ def on_component_failure(
     request: CoAllocationRequest,
     component: int,
     health: SiteHealth,
-    params: KoalaParams,
+    params: CoAllocationParams,
 ) -> FailureDecision:
     """A site's resource manager reported a failure of ``component`` (Sec. 3.4, 5.2)."""
     after = record_site_error(health, params)

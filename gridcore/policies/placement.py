@@ -184,7 +184,7 @@ def validate_request(request: CoAllocationRequest, sites: Collection[str] | None
     """Raise :class:`RequestError` naming the first malformed field of ``request``; with
     ``sites``, a fixed request may only name those sites. The checks are the request
     model's (:func:`gridcore.validation.check_coallocation_request`), run where a request
-    comes in (``KoalaEngine.submit``); the policies themselves trust the request."""
+    comes in (``CoAllocationEngine.submit``); the policies themselves trust the request."""
     check_coallocation_request(request, sites)
 
 

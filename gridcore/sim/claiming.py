@@ -64,8 +64,8 @@ from gridcore.policies.claiming import (
     ClaimDecision,
     ClaimingJob,
     ClaimOutcome,
+    CoAllocationParams,
     FailureOutcome,
-    KoalaParams,
     QueuedJob,
     RunningLowJob,
     SiteHealth,
@@ -254,7 +254,7 @@ class KoalaRun:
 def simulate_koala(
     sites: Sequence[SimSite],
     jobs: Sequence[KoalaJob],
-    params: KoalaParams | None = None,
+    params: CoAllocationParams | None = None,
     *,
     bandwidth: Bandwidth,
     background: Sequence[LocalJob] = (),
@@ -269,7 +269,7 @@ def simulate_koala(
     which the model takes as exact). Failures and generated background load draw from
     ``random.Random`` instances seeded by ``seed``: the same inputs give the same run.
     """
-    params = params or KoalaParams()
+    params = params or CoAllocationParams()
     _validate(sites, jobs, background, background_load)
     model = _KoalaModel(sites, params, bandwidth, policy, seed)
     return model.run(jobs, background, background_load, horizon_s)
@@ -357,7 +357,7 @@ class _KoalaModel(ClusterModel):
     def __init__(
         self,
         sites: Sequence[SimSite],
-        params: KoalaParams,
+        params: CoAllocationParams,
         bandwidth: Bandwidth,
         policy: PlacementPolicy,
         seed: int,
@@ -697,7 +697,7 @@ def _holder(job: _Job, index: int) -> str:
     return f"{job.name}#{index}"
 
 
-def _new_job(spec: KoalaJob, params: KoalaParams) -> _Job:
+def _new_job(spec: KoalaJob, params: CoAllocationParams) -> _Job:
     logical = f"{spec.name}.in"
     request = CoAllocationRequest(
         spec.name,

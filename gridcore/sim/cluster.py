@@ -2,7 +2,7 @@
 
 A :class:`Cluster` is to the models what a SimPy resource is to SimPy processes: the
 selection model (``sim/selection.py``), the KOALA claiming model (``sim/claiming.py``) and
-the co-allocation placement model (``sim/coalloc.py``) all count processors and bytes
+the co-allocation placement model (``sim/coallocation.py``) all count processors and bytes
 here, never on their own:
 
 * **Holdings**: every holder of processors or storage bytes is a named row with a kind

@@ -6,7 +6,7 @@ grid scheduler", e-Science 2006
 
 :func:`koala_placement_experiment` runs the workloads W1 and W2 with the Worst-Fit (WF),
 Cluster Minimization (CM) and Flexible Cluster Minimization (FCM) placement policies of
-:mod:`gridcore.policies.placement` on the model of :mod:`gridcore.sim.coalloc`, and reports
+:mod:`gridcore.policies.placement` on the model of :mod:`gridcore.sim.coallocation`, and reports
 Fig. 7's metrics per workload and policy: mean response, wait and execution time and the
 mean number of clusters combined. Every policy of a workload sees the same arrival trace
 and the same offered local load (same seeds).
@@ -32,8 +32,8 @@ The setup follows the paper's testbed and workloads:
 * Arrivals (Sec. 5.4): Poisson, 200 jobs, mean inter-arrival 80 s (W1, low contention)
   and 40 s (W2, high contention). W2 is W1 with its gaps halved: the same unit-mean
   exponential gaps and the same jobs, so the workloads differ only in contention.
-* Execution time: :class:`gridcore.sim.coalloc.Fig5ExecutionTime` over
-  :data:`gridcore.sim.coalloc.FIG5_EXECUTION_S` (Fig. 5's axes: job size by clusters
+* Execution time: :class:`gridcore.sim.coallocation.Fig5ExecutionTime` over
+  :data:`gridcore.sim.coallocation.FIG5_EXECUTION_S` (Fig. 5's axes: job size by clusters
   combined; read its docstring for where the numbers come from), with ``comm_factor``
   scaling the co-allocation penalty. Clusters combined, not components: CM's four
   components on one cluster run as a single-cluster job. ``--growth-table`` replaces
@@ -49,7 +49,7 @@ functioning nodes, the applications and their sizes, the component rule, FCM's f
 requests, the two workloads of 200 Poisson jobs at 80 and 40 s, the 4 s scan with
 unlimited tries and the 15-20 % background band are the paper's. Fig. 5's execution
 times are not: the seed's text does not carry the plot's values, so
-:data:`~gridcore.sim.coalloc.FIG5_EXECUTION_S` is a reconstruction bound by what the
+:data:`~gridcore.sim.coallocation.FIG5_EXECUTION_S` is a reconstruction bound by what the
 text says, its penalty level chosen so that the model agrees with Sec. 6.2's account
 (a first table with twice its increments, i.e. ``--comm-factor 2`` on today's, did not),
 and ``comm_factor`` 1 is the table as reconstructed. Two processors per node and W2 as
@@ -95,7 +95,7 @@ from gridcore.errors import ConfigError
 from gridcore.model import RequestKind
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.progress import progress
-from gridcore.sim.coalloc import (
+from gridcore.sim.coallocation import (
     FIG5_EXECUTION_S,
     SCAN_INTERVAL_S,
     CoallocRecord,
@@ -139,7 +139,7 @@ def koala_placement_experiment(
 ) -> dict[str, Any]:
     """Fig. 7: WF, CM and FCM on W1 and W2 (module docstring), means per policy;
     execution times from ``growth_table`` with its co-allocation penalty scaled by
-    ``comm_factor`` (:class:`gridcore.sim.coalloc.Fig5ExecutionTime`)."""
+    ``comm_factor`` (:class:`gridcore.sim.coallocation.Fig5ExecutionTime`)."""
     if jobs < 1 or runs < 1:
         raise ConfigError(f"jobs and runs must be >= 1, got jobs={jobs}, runs={runs}")
     _check_sizes(growth_table)
@@ -202,7 +202,7 @@ def _run(options: RunOptions) -> dict[str, Any]:
 def parse_growth_table(text: str) -> Mapping[int, tuple[float, ...]]:
     """``--growth-table``: a JSON object of execution times (s) by job size, one per number
     of clusters combined from 1 up, e.g. ``{"36": [100, 140, 170, 195], ...}``; checked
-    as :class:`gridcore.sim.coalloc.Fig5ExecutionTime` checks its table (rows of >= 2
+    as :class:`gridcore.sim.coallocation.Fig5ExecutionTime` checks its table (rows of >= 2
     positive, non-decreasing times) and for a row per job size of the workloads."""
     try:
         raw = json.loads(text)

@@ -82,7 +82,7 @@ from gridcore.model import (
     RequestKind,
     SiteSnapshot,
 )
-from gridcore.policies.claiming import KoalaParams, QueuedJob, scan_placement_queue
+from gridcore.policies.claiming import CoAllocationParams, QueuedJob, scan_placement_queue
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.policies.transfer import transfer_seconds, uniform_bandwidth
 from gridcore.sim.claiming import JobOutcome, KoalaJob, KoalaJobRecord, KoalaRun, simulate_koala
@@ -122,7 +122,7 @@ BACKGROUND_PROCESSORS = (2, 16)
 BACKGROUND_RUNTIME_S = 600.0
 
 POLICY = PlacementPolicy.CF  # Sec. 4: KOALA placed with Close-to-Files
-PAPER_PARAMS = KoalaParams(
+PAPER_PARAMS = CoAllocationParams(
     L=0.75,
     L_decrement=0.125,
     L_min=0.25,
@@ -138,7 +138,7 @@ def koala_claiming_experiment(
     seed: int = 0,
     jobs: int = 500,
     *,
-    params: KoalaParams = PAPER_PARAMS,
+    params: CoAllocationParams = PAPER_PARAMS,
     mean_interarrival_s: float = MEAN_INTERARRIVAL_S,
     failure_probability: Mapping[str, float] = FAILURE_PROBABILITY,
     background_utilization: float = BACKGROUND_UTILIZATION,
@@ -374,7 +374,7 @@ def _setup(
     seed: int,
     jobs: int,
     sites: Sequence[SimSite],
-    params: KoalaParams,
+    params: CoAllocationParams,
     mean_interarrival_s: float,
     background_utilization: float,
     run: KoalaRun,

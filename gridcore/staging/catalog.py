@@ -33,7 +33,7 @@ from gridcore.state.schema import replicas, transfer_rates
 from gridcore.state.store import Store
 
 # Weight of the newest measurement in a pair's mean rate (as for queue waits in
-# gridcore.engine.ledger): recent enough to follow a changed link, smooth enough to
+# gridcore.engine.selection): recent enough to follow a changed link, smooth enough to
 # ignore one slow transfer.
 RATE_EWMA_WEIGHT = 0.3
 CHECKSUM = re.compile(r"^sha256:[0-9a-f]{64}$")

@@ -151,7 +151,7 @@ transfer_rates = Table(
     PrimaryKeyConstraint("src", "dst", name="pk_gc_transfer_rates"),
 )
 
-# -- KOALA co-allocation (gridcore.engine.koala, gridcore.barrier) ---------------------
+# -- KOALA co-allocation (gridcore.engine.coallocation, gridcore.barrier) ---------------------
 # A job is one row from submission to its end; ``epoch`` counts its placements, and its
 # components (one row each, of the current epoch only) are replaced on every re-placement.
 # A barrier or a site job of an older epoch matches no row and gives up.
@@ -183,7 +183,7 @@ coalloc_jobs = Table(
     Column("message", Text, nullable=True),
     Column("retries", Integer, nullable=False, default=0),
     # unexpected errors while handling the job (any epoch); it fails at a bound
-    # (gridcore.engine.koala.MAX_HANDLING_ERRORS) instead of stopping every scan
+    # (gridcore.engine.coallocation.MAX_HANDLING_ERRORS) instead of stopping every scan
     Column("handling_errors", Integer, nullable=False, default=0, server_default="0"),
     Index("ix_gc_coalloc_jobs_state", "state"),
 )

@@ -49,13 +49,13 @@ def test_dag_test_solves_across_three_sites_in_step(
     # operator waited in this process, whose embedded center the barriers called.)
     # Imported here: at collection, Airflow's provider discovery imports operators/,
     # which imports sensors.connections itself.
-    from gridcore_airflow.sensors.connections import GridLocation, close_koala
+    from gridcore_airflow.sensors.connections import GridLocation, close_coallocation
 
-    koala = GridLocation(db_url=airflow_env.db_url).open_koala(1.0, upgrade=False)
+    koala = GridLocation(db_url=airflow_env.db_url).open_coallocation(1.0, upgrade=False)
     try:
         record = koala.status(placed["job_id"])
     finally:
-        close_koala(koala)
+        close_coallocation(koala)
     assert [c.site for c in record.components] == placed["sites"]
     assert all(c.state == "completed" and c.exit_code == 0 for c in record.components)
     assert_capacity_invariant(airflow_env.db_url, no_live_holds=True)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gridcore.engine.coreservation import CoReserveEngine
+from gridcore.engine.coreservation import CoReservationEngine
 from gridcore.engine.phases import PilotState
 from gridcore.engine.runtime import GridRuntime
 from tests.capacity_checks import assert_capacity_invariant
@@ -45,7 +45,7 @@ def test_dag_test_solves_through_pilots_on_several_sites(
 
     runtime = GridRuntime.open(db_url=airflow_env.db_url, upgrade=False)
     try:
-        record = CoReserveEngine(runtime, "http://unused").status(result["job_id"])
+        record = CoReservationEngine(runtime, "http://unused").status(result["job_id"])
     finally:
         runtime.store.dispose()
     assert sorted(p.component for p in record.pilots) == [0, 1, 2]

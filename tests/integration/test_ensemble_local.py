@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from gridcore.engine.ledger import ledger_totals
 from gridcore.engine.runtime import GridRuntime
+from gridcore.engine.selection import ledger_totals
 from gridcore.state.schema import selections
 from gridcore.state.store import open_store
 from tests.capacity_checks import assert_capacity_invariant

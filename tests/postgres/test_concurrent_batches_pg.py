@@ -15,7 +15,8 @@ from types import MappingProxyType
 import pytest
 from sqlalchemy import Connection, func, select, update
 
-from gridcore.engine import capacity, ledger
+from gridcore.engine import capacity
+from gridcore.engine import selection as selection_engine
 from gridcore.engine.capacity import HolderKind, Ledger
 from gridcore.errors import RequestError
 from gridcore.model import GridSpec, JobRequest, Outcome, SiteKind, SiteSnapshot, SiteSpec
@@ -37,11 +38,11 @@ BURSTS = 12
 def _bursts(url: str, index: int, count: int) -> None:
     store = open_store(url)
     rng = random.Random(index)
-    snapshots = ledger.SnapshotReader(GRID)
+    snapshots = selection_engine.SnapshotReader(GRID)
     for b in range(count):
         size = rng.randint(1, 4)
         members = [JobRequest(f"p{index}-{b}-{i}", size) for i in range(rng.randint(1, 20))]
-        ledger.select_and_record_batch(
+        selection_engine.select_and_record_batch(
             store,
             snapshots,
             members,
@@ -57,9 +58,9 @@ def _bursts(url: str, index: int, count: int) -> None:
 def _singles(url: str, count: int) -> None:
     store = open_store(url)
     rng = random.Random(50)
-    snapshots = ledger.SnapshotReader(GRID)
+    snapshots = selection_engine.SnapshotReader(GRID)
     for i in range(count):
-        ledger.select_and_record(
+        selection_engine.select_and_record(
             store,
             snapshots,
             JobRequest(f"single-{i}", rng.randint(1, 4)),
@@ -83,14 +84,14 @@ def _finisher(url: str, stop_after: float) -> None:
         with store.begin() as conn:
             live = capacity.live_holds(conn, HolderKind.SELECTION)[:50]
             for hold in sorted(rng.sample(live, min(5, len(live))), key=lambda h: h.site):
-                ledger.release(conn, int(hold.holder))
+                selection_engine.release(conn, int(hold.holder))
         time.sleep(0.01)
     store.dispose()
 
 
 def _grant(store: Store) -> None:
     with store.begin() as conn:
-        ledger.register_sites(conn, GRID)
+        selection_engine.register_sites(conn, GRID)
         for name, count in IDLE.items():
             conn.execute(
                 update(sites)
@@ -152,7 +153,7 @@ def test_eight_processes_deciding_bursts_never_overcommit_and_every_row_has_its_
     )
     assert_capacity_invariant(store)
     with store.begin() as conn:
-        totals = ledger.ledger_totals(conn)
+        totals = selection_engine.ledger_totals(conn)
         rows, held = _rows_and_holds(conn)
         per_stream = dict(
             conn.execute(
@@ -199,8 +200,8 @@ def test_bursts_racing_without_releases_grant_each_processor_once(
     assert sum(int(v) for v in fit.values()) >= sum(IDLE.values()) - 8 * 4, "the grid filled"
 
 
-class StaleOnce(ledger.SnapshotReader):
-    """The snapshot read at construction, for the first read only (see test_ledger)."""
+class StaleOnce(selection_engine.SnapshotReader):
+    """The snapshot read at construction, for the first read only (see test_selection_engine)."""
 
     def __init__(self, store: Store) -> None:
         super().__init__(GRID)
@@ -217,14 +218,14 @@ def test_a_burst_records_the_decisions_select_sites_takes_each_hold_naming_its_r
     store: Store,
 ) -> None:
     _grant(store)
-    reader = ledger.SnapshotReader(GRID)
+    reader = selection_engine.SnapshotReader(GRID)
     with store.begin() as conn:
         snapshot = reader.read(conn)
     members = [JobRequest(f"m{i}", 1 + i % 4) for i in range(40)]
     expected = select_sites(
         members, snapshot, GRID.bandwidth, DEFAULT_PROTOCOL, rng=random.Random(5)
     )
-    recorded = ledger.select_and_record_batch(
+    recorded = selection_engine.select_and_record_batch(
         store, reader, members, DEFAULT_PROTOCOL, InsufficientMode.BEST, "t", 1.0,
         random.Random(5),
     )  # fmt: skip
@@ -253,7 +254,7 @@ def test_a_burst_on_an_overtaken_snapshot_is_retaken_whole(store: Store) -> None
     with store.begin() as conn:
         room = capacity.free_processors(conn)[site]
         assert capacity.claim(conn, HolderKind.PROBE, "x", site, room) is Ledger.CLAIMED
-    recorded = ledger.select_and_record_batch(
+    recorded = selection_engine.select_and_record_batch(
         store, late, members, DEFAULT_PROTOCOL, InsufficientMode.BEST, "t", 2.0,
         random.Random(6),
     )  # fmt: skip
@@ -271,8 +272,8 @@ def test_a_member_no_site_can_run_leaves_nothing_written(store: Store) -> None:
     _grant(store)
     members = [JobRequest("ok", 2), JobRequest("too-big", 33), JobRequest("ok2", 1)]
     with pytest.raises(RequestError, match="request 'too-big': no site can run 33"):
-        ledger.select_and_record_batch(
-            store, ledger.SnapshotReader(GRID), members, DEFAULT_PROTOCOL,
+        selection_engine.select_and_record_batch(
+            store, selection_engine.SnapshotReader(GRID), members, DEFAULT_PROTOCOL,
             InsufficientMode.BEST, "t", 1.0, random.Random(0),
         )  # fmt: skip
     with store.begin() as conn:
@@ -301,12 +302,14 @@ def test_a_burst_gives_way_to_a_transaction_holding_its_site_and_is_retaken(
     holder = threading.Thread(target=hold_s0)
     holder.start()
     assert held.wait(30)
-    timer = threading.Timer(2.5 * ledger.BURST_LOCK_WAIT_S, release.set)
+    timer = threading.Timer(2.5 * selection_engine.BURST_LOCK_WAIT_S, release.set)
     timer.start()
     try:
         start = time.monotonic()
-        recorded = ledger.select_and_record_batch(
-            store, ledger.SnapshotReader(GRID), [JobRequest(f"m{i}", 2) for i in range(3)],
+        recorded = selection_engine.select_and_record_batch(
+            store,
+            selection_engine.SnapshotReader(GRID),
+            [JobRequest(f"m{i}", 2) for i in range(3)],
             DEFAULT_PROTOCOL, InsufficientMode.BEST, "t", 1.0, random.Random(0),
         )  # fmt: skip
         waited = time.monotonic() - start
@@ -317,5 +320,5 @@ def test_a_burst_gives_way_to_a_transaction_holding_its_site_and_is_retaken(
     assert [r.decision.site for r in recorded] == ["s0"] * 3
     (attempts,) = {r.attempts for r in recorded}
     assert attempts >= 2, "it gave way (at least once) until the row was free"
-    assert waited >= 2.5 * ledger.BURST_LOCK_WAIT_S - 0.1
+    assert waited >= 2.5 * selection_engine.BURST_LOCK_WAIT_S - 0.1
     assert_capacity_invariant(store)

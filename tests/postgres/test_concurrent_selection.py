@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select, update
 
-from gridcore.engine import capacity, ledger
+from gridcore.engine import capacity
+from gridcore.engine import selection as selection_engine
 from gridcore.engine.capacity import HolderKind
 from gridcore.model import GridSpec, JobRequest, SiteKind, SiteSpec
 from gridcore.policies.selection import InsufficientMode, SelectionProtocol
@@ -36,9 +37,9 @@ PER_PROCESS = 200
 def _selector(url: str, index: int, count: int) -> None:
     store = open_store(url)
     rng = random.Random(index)
-    snapshots = ledger.SnapshotReader(GRID)
+    snapshots = selection_engine.SnapshotReader(GRID)
     for i in range(count):
-        ledger.select_and_record(
+        selection_engine.select_and_record(
             store,
             snapshots,
             JobRequest(f"p{index}-{i}", rng.randint(1, 4)),
@@ -60,7 +61,7 @@ def _finisher(url: str, stop_after: float) -> None:
         with store.begin() as conn:
             ids = [int(h.holder) for h in capacity.live_holds(conn, HolderKind.SELECTION)[:50]]
             for sid in rng.sample(ids, min(5, len(ids))):
-                ledger.release(conn, sid)
+                selection_engine.release(conn, sid)
         time.sleep(0.01)
     store.dispose()
 
@@ -68,7 +69,7 @@ def _finisher(url: str, stop_after: float) -> None:
 def _grant(store: Store, idle: dict[str, int]) -> None:
     """Register the grid and store one observation granting ``idle`` processors."""
     with store.begin() as conn:
-        ledger.register_sites(conn, GRID)
+        selection_engine.register_sites(conn, GRID)
         for name, count in idle.items():
             conn.execute(
                 update(sites)
@@ -99,7 +100,7 @@ def test_eight_processes_never_overcommit_and_lose_no_row(pg_url: str, store: St
 
     with store.begin() as conn:
         assert capacity.check_invariant(conn) == []
-        totals = ledger.ledger_totals(conn)
+        totals = selection_engine.ledger_totals(conn)
         held = {h.holder for h in capacity.live_holds(conn, HolderKind.SELECTION)}
         ids = {str(i) for i in conn.execute(select(selections.c.id)).scalars()}
         per_stream = dict(
@@ -169,13 +170,15 @@ def _pinner(url: str, index: int, count: int) -> None:
     store = open_store(url)
     for i in range(count):
         with store.begin() as conn:
-            ledger.record_pinned(conn, JobRequest(f"pin{index}-{i}", 3), "s0", f"pin{index}", 0.0)
+            selection_engine.record_pinned(
+                conn, JobRequest(f"pin{index}-{i}", 3), "s0", f"pin{index}", 0.0
+            )
     store.dispose()
 
 
 def test_pinned_selections_racing_on_one_site_never_overcommit(pg_url: str, store: Store) -> None:
     with store.begin() as conn:
-        ledger.register_sites(conn, GRID)
+        selection_engine.register_sites(conn, GRID)
         conn.execute(
             update(sites).where(sites.c.name == "s0").values(reported_idle=8, observed_at=1.0)
         )
@@ -187,7 +190,7 @@ def test_pinned_selections_racing_on_one_site_never_overcommit(pg_url: str, stor
         p.join(120)
         assert p.exitcode == 0
     with store.begin() as conn:
-        claimed, claimed_rows, queued, queued_rows = ledger.ledger_totals(conn)["s0"]
+        claimed, claimed_rows, queued, queued_rows = selection_engine.ledger_totals(conn)["s0"]
         assert capacity.check_invariant(conn) == []
     assert (claimed, queued) == (claimed_rows, queued_rows)
     assert claimed == 6, "two 3-processor claims fit in 8; every other pinned job queues"
@@ -201,7 +204,7 @@ def _register(url: str, start: Any) -> None:
     grid = default_grid("/tmp/gc-unused")
     start.wait(30)
     with store.begin() as conn:
-        ledger.register_sites(conn, grid)
+        selection_engine.register_sites(conn, grid)
         # Hold the new rows uncommitted for a moment: every other worker has read "no
         # sites" by now and is inserting the same rows.
         time.sleep(0.5)

@@ -32,7 +32,7 @@ from sqlalchemy import Connection, select
 from gridcore.api.server import start_in_thread
 from gridcore.config import default_grid
 from gridcore.engine import coreservation
-from gridcore.engine.coreservation import CoReserveEngine, CoReserveParams
+from gridcore.engine.coreservation import CoReservationEngine, CoReservationParams
 from gridcore.engine.phases import PilotState, ReservationPhase
 from gridcore.engine.runtime import GridRuntime
 from gridcore.model import CoReservationRequest, JobState, JobSubmission
@@ -45,7 +45,7 @@ pytestmark = pytest.mark.postgres
 
 WORKERS = 8
 # A short lease: a worker SIGKILLed holding it stops the others' scans only this long.
-PARAMS = CoReserveParams(heartbeat_timeout_s=8.0, lease_s=2.0)
+PARAMS = CoReservationParams(heartbeat_timeout_s=8.0, lease_s=2.0)
 # Eq. 2 never below this: with the warmed-up history (below) lifetimes are seconds, so
 # a deadlock between two workers' jobs is reorganized within the test's time.
 LIFETIME_FLOOR_S = 4.0
@@ -99,7 +99,7 @@ def _worker(
     local.SPAWN_GRACE_S = 8.0
     coreservation.SUBMIT_DEADLINE_S = 8.0
     store = open_store(url)
-    engine = CoReserveEngine(
+    engine = CoReservationEngine(
         GridRuntime(default_grid(Path(home)), store),
         center,
         PARAMS,
@@ -114,7 +114,7 @@ def _worker(
     store.dispose()
 
 
-def _attach_or_submit(engine: CoReserveEngine, job: CoReservationRequest) -> int:
+def _attach_or_submit(engine: CoReservationEngine, job: CoReservationRequest) -> int:
     with engine.store.begin() as conn:
         found = conn.execute(
             select(reservations.c.id).where(reservations.c.name == job.name)
@@ -122,7 +122,7 @@ def _attach_or_submit(engine: CoReserveEngine, job: CoReservationRequest) -> int
     return int(found) if found is not None else engine.submit(job)
 
 
-def _aim_kills(engine: CoReserveEngine, worker: int, ctl: Path) -> None:
+def _aim_kills(engine: CoReservationEngine, worker: int, ctl: Path) -> None:
     """While a scan holds the lease, ``ctl/scanning-<worker>`` exists (the test kills
     the worker then). If ``ctl/kill-in-tx`` is armed, the first worker to reach a fenced
     transaction of a scan takes it and dies before that transaction commits."""
@@ -200,7 +200,7 @@ class _Run:
         self.runtime = GridRuntime(default_grid(tmp_path), self.store)
         self.center_store = open_store(pg_url)
         self.center = start_in_thread(self.center_store, heartbeat_s=1.0)
-        self.engine = CoReserveEngine(self.runtime, self.center.url, PARAMS, holder="test")
+        self.engine = CoReservationEngine(self.runtime, self.center.url, PARAMS, holder="test")
         self.ctx = multiprocessing.get_context("spawn")
         self.procs: dict[int, Any] = {}
         _warm_history(self.runtime)

@@ -38,7 +38,7 @@ from typing import Any
 
 from gridcore.api.server import start_in_thread
 from gridcore.config import load_grid
-from gridcore.engine.coreservation import CoReserveEngine, CoReserveParams
+from gridcore.engine.coreservation import CoReservationEngine, CoReservationParams
 from gridcore.engine.phases import ReservationPhase
 from gridcore.engine.runtime import GridRuntime
 from gridcore.model import CoReservationRequest, JobSubmission
@@ -117,8 +117,8 @@ def _point(grid: SlurmGrid, where: Path, b: int, repeats: int) -> dict[str, Any]
     center = start_in_thread(open_store(db_url), host="0.0.0.0", heartbeat_s=5.0)
     port = center.url.rsplit(":", 1)[1]
     urls = {c.name: f"http://{c.host_address}:{port}" for c in grid.clusters}
-    engine = CoReserveEngine(
-        runtime, urls[A], CoReserveParams(heartbeat_timeout_s=60.0), site_center_urls=urls
+    engine = CoReservationEngine(
+        runtime, urls[A], CoReservationParams(heartbeat_timeout_s=60.0), site_center_urls=urls
     )
     try:
         rng = random.Random(b)
@@ -185,7 +185,7 @@ def _warm_up(runtime: GridRuntime, rng: random.Random) -> None:
     raise RuntimeError("warm-up probes did not finish")
 
 
-def _until_done(engine: CoReserveEngine, ids: list[int], timeout: float) -> list[Any]:
+def _until_done(engine: CoReservationEngine, ids: list[int], timeout: float) -> list[Any]:
     deadline = time.time() + timeout
     while time.time() < deadline:
         engine.scan()

@@ -19,14 +19,18 @@ import pytest
 from gridcore.api.server import RunningCenter, start_in_thread
 from gridcore.apps.launch import component_command, strips_difference
 from gridcore.config import load_grid
-from gridcore.engine.coreservation import CoReserveEngine, CoReserveParams, ReservationRecord
+from gridcore.engine.coreservation import (
+    CoReservationEngine,
+    CoReservationParams,
+    ReservationRecord,
+)
 from gridcore.engine.phases import PilotState, ReservationPhase
 from gridcore.engine.runtime import GridRuntime
 from gridcore.model import CoReservationRequest
 from gridcore.state.store import open_store
 from tests.capacity_checks import assert_capacity_invariant
 from tests.integration.airflow_services import migrate_metadata_db, task_states, xcom_values
-from tests.slurm.test_coalloc_slurm import wait_idle
+from tests.slurm.test_coallocation_slurm import wait_idle
 from tests.slurm.test_ensemble_slurm import ended_slurm_job, job_state
 from tests.slurmgrid import SlurmGrid
 
@@ -64,17 +68,19 @@ def vjm_env(
         center.stop()
 
 
-def engine_of(env: dict[str, str]) -> CoReserveEngine:
+def engine_of(env: dict[str, str]) -> CoReservationEngine:
     runtime = GridRuntime(load_grid(env["GRIDCORE_GRID"]), open_store(env["GRIDCORE_DB_URL"]))
-    return CoReserveEngine(
+    return CoReservationEngine(
         runtime,
         env["GRIDCORE_CENTER_URL"],
-        CoReserveParams(heartbeat_timeout_s=20.0),
+        CoReservationParams(heartbeat_timeout_s=20.0),
         site_center_urls=json.loads(env["GRIDCORE_SITE_CENTER_URLS"]),
     )
 
 
-def scan_until(engine: CoReserveEngine, job_id: int, phase: ReservationPhase) -> ReservationRecord:
+def scan_until(
+    engine: CoReservationEngine, job_id: int, phase: ReservationPhase
+) -> ReservationRecord:
     deadline = time.time() + WAIT_S
     while time.time() < deadline:
         engine.scan()

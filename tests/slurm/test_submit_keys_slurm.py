@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from gridcore.config import load_grid
-from gridcore.engine import ledger
+from gridcore.engine import selection as selection_engine
 from gridcore.engine.runtime import GridRuntime
 from gridcore.model import JobRequest, JobState, JobSubmission
 from gridcore.sites.keys import selection_key
@@ -87,7 +87,7 @@ def test_a_retry_after_the_worker_died_adopts_the_job_slurm_accepted(
     assert runtime.record(sid).state == "completed"
     runtime.refresh()
     with runtime.store.begin() as conn:
-        assert ledger.ledger_totals(conn)[site] == (0, 0, 0, 0)
+        assert selection_engine.ledger_totals(conn)[site] == (0, 0, 0, 0)
     assert_capacity_invariant(runtime.store, no_live_holds=True)
 
 

@@ -281,7 +281,7 @@ def bump_epoch(conn: Connection, job_id: int) -> None:
 
 
 def cancel(conn: Connection, job_id: int) -> None:
-    """The user cancelled the job: job cancelled, components aborted (KoalaEngine.cancel)."""
+    """The user cancelled the job: job cancelled, components aborted (CoAllocationEngine.cancel)."""
     conn.execute(
         update(coalloc_jobs)
         .where(coalloc_jobs.c.id == job_id)

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from sqlalchemy import Connection, event, func, select
 
 from gridcore.config import default_grid
-from gridcore.engine import capacity, ledger
+from gridcore.engine import capacity
+from gridcore.engine import selection as selection_engine
 from gridcore.engine.capacity import HolderKind, Ledger
 from gridcore.engine.runtime import GridRuntime
 from gridcore.errors import RequestError
@@ -46,7 +47,7 @@ GRID = GridSpec(
 def make_store(tmp_path: Path) -> Store:
     store = open_store(f"sqlite:///{tmp_path}/state.db", upgrade=True)
     with store.begin() as conn:
-        ledger.register_sites(conn, GRID)
+        selection_engine.register_sites(conn, GRID)
     return store
 
 
@@ -54,12 +55,12 @@ def burst(
     store: Store,
     sizes: list[int],
     protocol: SelectionProtocol = DEFAULT_PROTOCOL,
-    snapshots: ledger.SnapshotReader | None = None,
+    snapshots: selection_engine.SnapshotReader | None = None,
     prefix: str = "m",
-) -> list[ledger.Recorded]:
-    return ledger.select_and_record_batch(
+) -> list[selection_engine.Recorded]:
+    return selection_engine.select_and_record_batch(
         store,
-        snapshots or ledger.SnapshotReader(GRID),
+        snapshots or selection_engine.SnapshotReader(GRID),
         [JobRequest(f"{prefix}{i}", p) for i, p in enumerate(sizes)],
         protocol,
         InsufficientMode.BEST,
@@ -178,7 +179,7 @@ def test_a_burst_records_the_decisions_select_sites_takes_on_the_same_snapshot(
     per site."""
     store = make_store(tmp_path)
     burst(store, [3], protocol, prefix="earlier")  # an in-flight member already recorded
-    reader = ledger.SnapshotReader(GRID)
+    reader = selection_engine.SnapshotReader(GRID)
     with store.begin() as conn:
         snapshot = reader.read(conn)
     requests = [JobRequest(f"m{i}", p) for i, p in enumerate(sizes)]
@@ -205,7 +206,7 @@ def test_a_burst_records_the_decisions_select_sites_takes_on_the_same_snapshot(
     store.dispose()
 
 
-class CountingReader(ledger.SnapshotReader):
+class CountingReader(selection_engine.SnapshotReader):
     def __init__(self) -> None:
         super().__init__(GRID)
         self.reads = 0
@@ -238,7 +239,7 @@ def test_a_burst_is_one_snapshot_and_one_transaction(tmp_path: Path) -> None:
     store.dispose()
 
 
-class StaleOnce(ledger.SnapshotReader):
+class StaleOnce(selection_engine.SnapshotReader):
     """Returns the snapshot read at construction for its first read: the burst is decided
     on a view another selector's claim has overtaken since (two interleaved selectors)."""
 
@@ -261,9 +262,9 @@ def test_a_burst_on_an_overtaken_snapshot_is_rolled_back_whole_and_retaken(
     sites or its rows), and the retake on a fresh snapshot fit in what is left."""
     store = make_store(tmp_path)
     late = StaleOnce(store)
-    first = ledger.select_and_record(
+    first = selection_engine.select_and_record(
         store,
-        ledger.SnapshotReader(GRID),
+        selection_engine.SnapshotReader(GRID),
         JobRequest("first", 12),
         DEFAULT_PROTOCOL,
         InsufficientMode.BEST,
@@ -358,9 +359,9 @@ def test_naive_fits_beyond_the_site_are_held_as_queued_one_at_a_time_or_in_a_bur
     there; the ledger grants the first four (16) and holds the other two as queued, the
     same whether they come one by one or as one burst, and never claims more than a has."""
     one_by_one = make_store(tmp_path / "single")
-    reader = ledger.SnapshotReader(GRID)
+    reader = selection_engine.SnapshotReader(GRID)
     for i in range(6):
-        ledger.select_and_record(
+        selection_engine.select_and_record(
             one_by_one, reader, JobRequest(f"m{i}", 4), SelectionProtocol.NAIVE,
             InsufficientMode.BEST, "t", time.time(), random.Random(3),
         )  # fmt: skip

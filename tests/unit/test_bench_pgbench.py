@@ -10,7 +10,7 @@ from types import MappingProxyType
 import pytest
 
 from gridcore import bench
-from gridcore.engine import ledger
+from gridcore.engine import selection as selection_engine
 from gridcore.model import GridSpec, SiteKind, SiteSpec
 
 
@@ -21,7 +21,7 @@ def test_the_pgbench_script_is_the_decision_statement_with_pgbench_variables() -
     statement = "\n".join(lines[2:])
     assert "%(" not in statement and statement.endswith(";")
     # the same SQL once the placeholders are put back
-    placeholders = re.sub(r"%\((\w+)\)s", "?", ledger.pg_decision_sql())
+    placeholders = re.sub(r"%\((\w+)\)s", "?", selection_engine.pg_decision_sql())
     assert statement.count("INSERT INTO") == placeholders.count("INSERT INTO") == 2
     assert "UPDATE gc_sites SET claimed" in statement
     assert "('site' || lpad(CAST(:site AS text), 3, '0'))" in statement

@@ -15,10 +15,10 @@ from sqlalchemy import Connection
 from gridcore.config import default_grid
 from gridcore.engine import capacity
 from gridcore.engine.capacity import HolderKind, Ledger
-from gridcore.engine.koala import CoAllocationRecord, KoalaEngine
+from gridcore.engine.coallocation import CoAllocationEngine, CoAllocationRecord
 from gridcore.engine.runtime import GridRuntime
 from gridcore.model import CoAllocationRequest, Component, RequestKind, SiteSnapshot
-from gridcore.policies.claiming import KoalaParams
+from gridcore.policies.claiming import CoAllocationParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.state.store import open_store
 from tests.barrier_checks import running_center
@@ -36,24 +36,24 @@ def center(tmp_path: Path) -> Iterator[str]:
         yield url
 
 
-def engine(tmp_path: Path, center: str) -> KoalaEngine:
+def engine(tmp_path: Path, center: str) -> CoAllocationEngine:
     rt = GridRuntime(
         default_grid(tmp_path), open_store(f"sqlite:///{tmp_path}/state.db", upgrade=True)
     )
-    return KoalaEngine(rt, params=KoalaParams(scan_interval_s=1.0), center_url=center)
+    return CoAllocationEngine(rt, params=CoAllocationParams(scan_interval_s=1.0), center_url=center)
 
 
-def component_holds(koala: KoalaEngine) -> dict[str, int]:
+def component_holds(koala: CoAllocationEngine) -> dict[str, int]:
     with koala.store.begin() as conn:
         return {h.site: h.processors for h in capacity.live_holds(conn, HolderKind.COMPONENT)}
 
 
-def assert_sound(koala: KoalaEngine) -> None:
+def assert_sound(koala: CoAllocationEngine) -> None:
     with koala.store.begin() as conn:
         assert capacity.check_invariant(conn) == []
 
 
-def scan_until(koala: KoalaEngine, job_id: int, state: str) -> CoAllocationRecord:
+def scan_until(koala: CoAllocationEngine, job_id: int, state: str) -> CoAllocationRecord:
     deadline = time.time() + 30
     while time.time() < deadline:
         koala.scan()

@@ -27,8 +27,8 @@ from gridcore.model import (
 from gridcore.policies.claiming import (
     ClaimingJob,
     ClaimOutcome,
+    CoAllocationParams,
     FailureOutcome,
-    KoalaParams,
     QueuedJob,
     RunningLowJob,
     SiteHealth,
@@ -48,7 +48,7 @@ from gridcore.policies.claiming import (
 )
 from gridcore.policies.placement import PlacementPolicy, place
 
-PAPER = KoalaParams()
+PAPER = CoAllocationParams()
 FOUR_GB = 4 * 10**9
 BACKBONE = 12.5  # MB/s: the DAS's 100 Mbit/s (seed 000 Sec. 2.1)
 
@@ -122,23 +122,23 @@ def test_defaults_are_the_papers_experiment() -> None:
 @pytest.mark.parametrize(
     ("changes", "field"),
     [
-        ({"L": 1.0}, "KoalaParams.L "),
-        ({"L": 0.0}, "KoalaParams.L "),
-        ({"L_min": 0.8}, "KoalaParams.L_min"),
-        ({"L_decrement": -0.1}, "KoalaParams.L_decrement"),
-        ({"T": 1.5}, "KoalaParams.T"),
-        ({"S": 1}, "KoalaParams.S"),
-        ({"placement_try_limit": -1}, "KoalaParams.placement_try_limit"),
-        ({"claim_try_limit": -1}, "KoalaParams.claim_try_limit"),
-        ({"queue_cap": 0}, "KoalaParams.queue_cap"),
-        ({"unusable_after_errors": 0}, "KoalaParams.unusable_after_errors"),
-        ({"scan_interval_s": 0.0}, "KoalaParams.scan_interval_s"),
-        ({"claim_resolution_s": 0.0}, "KoalaParams.claim_resolution_s"),
+        ({"L": 1.0}, "CoAllocationParams.L "),
+        ({"L": 0.0}, "CoAllocationParams.L "),
+        ({"L_min": 0.8}, "CoAllocationParams.L_min"),
+        ({"L_decrement": -0.1}, "CoAllocationParams.L_decrement"),
+        ({"T": 1.5}, "CoAllocationParams.T"),
+        ({"S": 1}, "CoAllocationParams.S"),
+        ({"placement_try_limit": -1}, "CoAllocationParams.placement_try_limit"),
+        ({"claim_try_limit": -1}, "CoAllocationParams.claim_try_limit"),
+        ({"queue_cap": 0}, "CoAllocationParams.queue_cap"),
+        ({"unusable_after_errors": 0}, "CoAllocationParams.unusable_after_errors"),
+        ({"scan_interval_s": 0.0}, "CoAllocationParams.scan_interval_s"),
+        ({"claim_resolution_s": 0.0}, "CoAllocationParams.claim_resolution_s"),
     ],
 )
 def test_invalid_parameters_name_the_field(changes: dict[str, float], field: str) -> None:
     with pytest.raises(ConfigError, match=field):
-        KoalaParams(**changes)  # type: ignore[arg-type]
+        CoAllocationParams(**changes)  # type: ignore[arg-type]
 
 
 # -- the claiming queue's times (Sec. 3.2) --------------------------------------------------
@@ -181,7 +181,7 @@ def test_l_drops_by_the_fixed_fraction_down_to_its_bound() -> None:
 def test_s_2_scans_the_high_queue_twice_per_low_scan() -> None:
     order = [scan_order([1], [1], PAPER, k) for k in range(6)]
     assert order == [Priority.HIGH, Priority.HIGH, Priority.LOW] * 2
-    three = KoalaParams(S=3)
+    three = CoAllocationParams(S=3)
     assert [scan_order([1], [1], three, k) for k in range(4)] == [
         Priority.HIGH,
         Priority.HIGH,
@@ -240,7 +240,7 @@ def test_cf_places_components_where_their_file_is() -> None:
 
 
 def test_a_job_fails_once_its_placement_tries_exceed_the_limit() -> None:
-    params = KoalaParams(placement_try_limit=2)
+    params = CoAllocationParams(placement_try_limit=2)
     queue = [
         QueuedJob(request("old", 99, file=False), placement_tries=2),
         QueuedJob(request("new", 99, file=False), placement_tries=1),
@@ -324,7 +324,7 @@ def test_components_started_before_count_towards_f() -> None:
 def test_f_below_t_starts_nothing(T: float) -> None:
     job = claiming("J", [(16, "a"), (16, "b"), (16, "b")], priority=Priority.LOW)
     # Only component 0 fits: F = 1/3.
-    decision = claim_decision(job, clusters(a=16, b=4), 750.0, KoalaParams(T=T))
+    decision = claim_decision(job, clusters(a=16, b=4), 750.0, CoAllocationParams(T=T))
     assert decision.outcome is ClaimOutcome.RETRY
     assert decision.start == ()
     assert any("nothing starts" in reason for reason in decision.reasons), decision.reasons
@@ -334,7 +334,7 @@ def test_f_below_t_starts_nothing(T: float) -> None:
 def test_f_at_or_above_t_starts_the_components_that_fit(T: float) -> None:
     job = claiming("J", [(16, "a"), (16, "b"), (16, "b")], priority=Priority.LOW)
     # Only component 0 fits: F = 1/3 >= T, so it starts and the rest wait for a retry.
-    decision = claim_decision(job, clusters(a=16, b=4), 750.0, KoalaParams(T=T))
+    decision = claim_decision(job, clusters(a=16, b=4), 750.0, CoAllocationParams(T=T))
     assert decision.outcome is ClaimOutcome.RETRY
     assert [(c.index, c.site) for c in decision.start] == [(0, "a")]
 
@@ -425,7 +425,7 @@ def test_at_the_jst_without_all_components_the_job_aborts_and_l_drops() -> None:
 
 
 def test_the_claim_try_limit_fails_the_job() -> None:
-    params = KoalaParams(claim_try_limit=3)
+    params = CoAllocationParams(claim_try_limit=3)
     job = claiming("J", [(16, "a")], tries=3, priority=Priority.LOW)
     decision = claim_decision(job, clusters(a=0), 800.0, params)
     assert decision.outcome is ClaimOutcome.FAILED

@@ -18,7 +18,11 @@ from sqlalchemy import select, update
 from gridcore.api.server import RunningCenter, start_in_thread
 from gridcore.config import default_grid
 from gridcore.engine import coreservation
-from gridcore.engine.coreservation import CoReserveEngine, CoReserveParams, ReservationRecord
+from gridcore.engine.coreservation import (
+    CoReservationEngine,
+    CoReservationParams,
+    ReservationRecord,
+)
 from gridcore.engine.phases import PilotState, ReservationPhase
 from gridcore.engine.runtime import GridRuntime
 from gridcore.errors import RequestError
@@ -29,7 +33,7 @@ from gridcore.state.schema import local_jobs, pilots, reservation_shifts, reserv
 from gridcore.state.store import open_store
 from tests.capacity_checks import assert_capacity_invariant
 
-FAST = CoReserveParams(heartbeat_timeout_s=6.0, lease_s=30.0)
+FAST = CoReservationParams(heartbeat_timeout_s=6.0, lease_s=30.0)
 
 
 @pytest.fixture
@@ -45,14 +49,14 @@ def grid(tmp_path: Path) -> Iterator[tuple[GridRuntime, RunningCenter]]:
 
 
 def engine_of(
-    grid: tuple[GridRuntime, RunningCenter], params: CoReserveParams = FAST
-) -> CoReserveEngine:
+    grid: tuple[GridRuntime, RunningCenter], params: CoReservationParams = FAST
+) -> CoReservationEngine:
     runtime, center = grid
-    return CoReserveEngine(runtime, center.url, params)
+    return CoReservationEngine(runtime, center.url, params)
 
 
 def scan_until(
-    engine: CoReserveEngine, job_id: int, phase: ReservationPhase, timeout: float = 40.0
+    engine: CoReservationEngine, job_id: int, phase: ReservationPhase, timeout: float = 40.0
 ) -> ReservationRecord:
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -132,8 +136,8 @@ def test_the_lifetime_is_eq2_capped_at_the_ceiling_and_a_bad_ceiling_is_refused(
     grid: tuple[GridRuntime, RunningCenter],
 ) -> None:
     with pytest.raises(RequestError, match="lifetime_ceiling_s"):
-        CoReserveParams(lifetime_ceiling_s=0.0)
-    engine = engine_of(grid, CoReserveParams(heartbeat_timeout_s=6.0, lifetime_ceiling_s=45.0))
+        CoReservationParams(lifetime_ceiling_s=0.0)
+    engine = engine_of(grid, CoReservationParams(heartbeat_timeout_s=6.0, lifetime_ceiling_s=45.0))
     # A grid with no queue history: Eq. 1's cold-start wait (60 s) makes Eq. 2 >= 120 s.
     request = CoReservationRequest("capped", "true", 2, max_clusters=3, lifetime_floor_s=10.0)
     job_id = engine.submit(request)
@@ -197,8 +201,8 @@ class TurnstileSite:
 
 
 def _deadlock(
-    tmp_path: Path, order_b: list[str], order_c: list[str], params: CoReserveParams
-) -> tuple[CoReserveEngine, list[int], dict[str, Any]]:
+    tmp_path: Path, order_b: list[str], order_c: list[str], params: CoReservationParams
+) -> tuple[CoReservationEngine, list[int], dict[str, Any]]:
     """Two jobs of 8 pilots each (4 on local-b, 4 on local-c: all of both), both
     blocked behind a job on each site; their pilots queue in ``order_b``/``order_c``."""
     url = f"sqlite:///{tmp_path}/state.db"
@@ -206,7 +210,7 @@ def _deadlock(
     center = start_in_thread(open_store(url), heartbeat_s=1.0)
     for site, order in (("local-b", order_b), ("local-c", order_c)):
         runtime._adapters[site] = TurnstileSite(runtime.adapter(site), order)  # type: ignore[assignment]
-    engine = CoReserveEngine(runtime, center.url, params)
+    engine = CoReservationEngine(runtime, center.url, params)
     blockers = {
         site: runtime.adapter(site).submit(JobSubmission("blocker", "sleep 3", 4))
         for site in ("local-b", "local-c")
@@ -280,7 +284,7 @@ def test_a_live_deadlock_is_resolved_by_reorganization_and_not_without(
         tmp_path / "without",
         order_b,
         order_c,
-        CoReserveParams(heartbeat_timeout_s=6.0, reorganize=False),
+        CoReservationParams(heartbeat_timeout_s=6.0, reorganize=False),
     )
     try:
         _wait_for(lambda: _deadlocked(without, ids), 30.0)
@@ -320,7 +324,7 @@ def _wait_for(probe: Any, timeout: float) -> Any:
     raise AssertionError("timed out")
 
 
-def _deadlocked(engine: CoReserveEngine, ids: list[int]) -> bool:
+def _deadlocked(engine: CoReservationEngine, ids: list[int]) -> bool:
     """Both jobs hold 4 pilots, and neither all 8: the blockers are gone, nothing moves."""
     engine.scan()
     records = [engine.status(i) for i in ids]
@@ -328,7 +332,7 @@ def _deadlocked(engine: CoReserveEngine, ids: list[int]) -> bool:
     return held == [4, 4] and all(r.state is ReservationPhase.RESERVING for r in records)
 
 
-def _held_pilot(engine: CoReserveEngine, job_id: int) -> Any:
+def _held_pilot(engine: CoReservationEngine, job_id: int) -> Any:
     engine.scan()
     record = engine.status(job_id)
     held = [
@@ -339,7 +343,7 @@ def _held_pilot(engine: CoReserveEngine, job_id: int) -> Any:
     return held[0] if held else None
 
 
-def _pilot_pid(engine: CoReserveEngine, site: str, site_job_id: str | None) -> int:
+def _pilot_pid(engine: CoReservationEngine, site: str, site_job_id: str | None) -> int:
     with engine.store.begin() as conn:
         pgid = conn.execute(
             select(local_jobs.c.pgid).where(local_jobs.c.id == int(str(site_job_id)))
@@ -348,7 +352,7 @@ def _pilot_pid(engine: CoReserveEngine, site: str, site_job_id: str | None) -> i
     return int(pgid)
 
 
-def _wait_local_jobs_ended(engine: CoReserveEngine, timeout: float = 30.0) -> None:
+def _wait_local_jobs_ended(engine: CoReservationEngine, timeout: float = 30.0) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
         engine.runtime.refresh()

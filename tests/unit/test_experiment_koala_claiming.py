@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gridcore.policies.claiming import KoalaParams
+from gridcore.policies.claiming import CoAllocationParams
 from gridcore.sim.koala_experiments import (
     PAPER_PARAMS,
     bench_scan,
@@ -95,7 +95,7 @@ def test_the_workload_follows_sec_4_2() -> None:
 
 
 def test_paper_params_are_the_defaults_but_for_the_documented_choices() -> None:
-    assert KoalaParams(queue_cap=100, unusable_after_errors=4) == PAPER_PARAMS
+    assert CoAllocationParams(queue_cap=100, unusable_after_errors=4) == PAPER_PARAMS
 
 
 def test_plot_writes_a_png(result: dict[str, Any], tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ import pytest
 from gridcore.cli import main
 from gridcore.errors import ConfigError
 from gridcore.sim import registry
-from gridcore.sim.coalloc import FIG5_EXECUTION_S
 from gridcore.sim.coalloc_experiments import koala_placement_experiment
+from gridcore.sim.coallocation import FIG5_EXECUTION_S
 from gridcore.sim.registry import BENCHMARKS, EXPERIMENTS, RunOptions, text_table
 from gridcore.sim.seeds import MeanInterval, estimate, student_t_975
 

@@ -28,8 +28,8 @@ from gridcore.api.dashboard import (
 )
 from gridcore.config import default_grid
 from gridcore.engine import capacity, health
-from gridcore.engine.coreservation import CoReserveEngine, CoReserveParams
-from gridcore.engine.koala import KoalaEngine
+from gridcore.engine.coallocation import CoAllocationEngine
+from gridcore.engine.coreservation import CoReservationEngine, CoReservationParams
 from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.model import (
     CoAllocationRequest,
@@ -41,7 +41,7 @@ from gridcore.model import (
     Priority,
     RequestKind,
 )
-from gridcore.policies.claiming import KoalaParams
+from gridcore.policies.claiming import CoAllocationParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.state.schema import coalloc_jobs, holds, pilots, selections
 from gridcore.state.store import open_store
@@ -151,7 +151,9 @@ def test_koala_jobs_wait_in_their_placement_queues_with_the_engines_reasons(
     rt = runtime
     # 8 + 4 + 4 needs all three sites; 4 processors of local-b are claimed by a selection
     rt.select(JobRequest("blocker", 4, 60.0), stream="ensemble", site="local-b")
-    koala = KoalaEngine(rt, params=KoalaParams(scan_interval_s=1.0), center_url=NO_CENTER)
+    koala = CoAllocationEngine(
+        rt, params=CoAllocationParams(scan_interval_s=1.0), center_url=NO_CENTER
+    )
     components = (Component(8), Component(4), Component(4))
     spread = CoAllocationRequest("spread", RequestKind.NON_FIXED, components)
     urgent = CoAllocationRequest(
@@ -187,7 +189,7 @@ def test_koala_jobs_wait_in_their_placement_queues_with_the_engines_reasons(
 
 def test_pilots_and_their_reservation_are_the_engines_records(runtime: GridRuntime) -> None:
     rt = runtime
-    engine = CoReserveEngine(rt, NO_CENTER, CoReserveParams(heartbeat_timeout_s=6.0))
+    engine = CoReservationEngine(rt, NO_CENTER, CoReservationParams(heartbeat_timeout_s=6.0))
     job_id = engine.submit(CoReservationRequest("reserved", "true", 3, vj_size=1, max_clusters=2))
     try:
         grid = read_grid(rt.store, time.time())

@@ -25,8 +25,8 @@ from gridcore.api.dashboard import dataplan_stream, task_job_name
 from gridcore.api.grid_routes import operator_token
 from gridcore.config import default_grid
 from gridcore.engine import capacity, health
-from gridcore.engine.coreservation import CoReserveEngine, CoReserveParams
-from gridcore.engine.koala import KoalaEngine
+from gridcore.engine.coallocation import CoAllocationEngine
+from gridcore.engine.coreservation import CoReservationEngine, CoReservationParams
 from gridcore.engine.runtime import GridRuntime
 from gridcore.model import (
     CoAllocationRequest,
@@ -37,7 +37,7 @@ from gridcore.model import (
     JobSubmission,
     RequestKind,
 )
-from gridcore.policies.claiming import KoalaParams
+from gridcore.policies.claiming import CoAllocationParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.state.schema import coalloc_jobs, holds, pilots, reservations, selections
 from gridcore.state.store import open_store
@@ -84,7 +84,9 @@ def grid(tmp_path: Path) -> Iterator[tuple[GridRuntime, TestClient, int]]:
     while rt.poll(busy.selection_id).state != "running" and time.time() < deadline:
         time.sleep(0.05)
     rt.refresh()
-    koala = KoalaEngine(rt, params=KoalaParams(scan_interval_s=1.0), center_url=NO_CENTER)
+    koala = CoAllocationEngine(
+        rt, params=CoAllocationParams(scan_interval_s=1.0), center_url=NO_CENTER
+    )
     spread = (Component(8), Component(4), Component(4))
     koala.submit(
         CoAllocationRequest("spread", RequestKind.NON_FIXED, spread), PlacementPolicy.WF, "true"
@@ -99,7 +101,7 @@ def grid(tmp_path: Path) -> Iterator[tuple[GridRuntime, TestClient, int]]:
             conn, HolderKind.VOLUME, capacity.volume_holder(volume, "local-c"), "local-c", 0, 7777
         )
         health.record_failure(conn, "local-c", "probe: node reset")
-    vjm = CoReserveEngine(rt, NO_CENTER, CoReserveParams(heartbeat_timeout_s=6.0))
+    vjm = CoReservationEngine(rt, NO_CENTER, CoReservationParams(heartbeat_timeout_s=6.0))
     reserved = vjm.submit(CoReservationRequest("reserved", "true", 2, vj_size=1, max_clusters=2))
     try:
         with TestClient(create_app(rt.store, dashboard=operator_token(TOKEN))) as client:

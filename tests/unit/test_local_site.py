@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import func, select
 
 from gridcore.config import default_grid
-from gridcore.engine import ledger
+from gridcore.engine import selection as selection_engine
 from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.engine.submission import submit_once
 from gridcore.errors import ConfigError, RequestError, SiteRejected
@@ -49,7 +49,7 @@ def wait(rt: GridRuntime, sid: int, timeout: float = 30.0) -> JobRecord:
 
 def in_flight_zero(rt: GridRuntime) -> None:
     with rt.store.begin() as conn:
-        assert all(v == (0, 0, 0, 0) for v in ledger.ledger_totals(conn).values())
+        assert all(v == (0, 0, 0, 0) for v in selection_engine.ledger_totals(conn).values())
 
 
 def test_job_runs_on_its_site_and_releases_its_processors(tmp_path: Path) -> None:
@@ -176,7 +176,7 @@ def test_a_selection_never_submitted_gives_its_processors_back(tmp_path: Path) -
     assert record.state == "failed" and "never submitted" in record.message
     assert rt.record(kept.selection_id).state != "failed", "submitted jobs are not expired"
     with rt.store.begin() as conn:
-        totals = ledger.ledger_totals(conn)
+        totals = selection_engine.ledger_totals(conn)
     assert totals["local-a"] == (0, 0, 0, 0)
     assert_capacity_invariant(rt.store)
     rt.cancel(kept.selection_id)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-from gridcore_airflow.operators.coallocate import CoAllocateOperator
+from gridcore_airflow.operators.coallocation import CoAllocationOperator
 from gridcore_airflow.operators.site_job import SiteJobOperator
 
 
@@ -17,8 +17,8 @@ def site_job(**kwargs: Any) -> SiteJobOperator:
     return SiteJobOperator(**{"task_id": "member", "command": "true", **kwargs})
 
 
-def coallocate(**kwargs: Any) -> CoAllocateOperator:
-    return CoAllocateOperator(
+def coallocate(**kwargs: Any) -> CoAllocationOperator:
+    return CoAllocationOperator(
         **{"task_id": "job", "command": "true", "components": [2, 2], **kwargs}
     )
 

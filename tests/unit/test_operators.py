@@ -13,8 +13,8 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 from sqlalchemy import func, inspect, select
 
-from gridcore.engine.ledger import ledger_totals
 from gridcore.engine.runtime import GridRuntime, JobRecord
+from gridcore.engine.selection import ledger_totals
 from gridcore.model import JobResources
 from gridcore.sites.local import TIME_LIMIT_FILE, LocalSite
 from gridcore.state.schema import selections
@@ -396,7 +396,8 @@ def test_a_job_asking_nothing_gets_its_sites_defaults_or_nothing(
 def test_resources_are_templated_and_a_rendered_gpu_count_is_a_number(db_url: str) -> None:
     assert set(RESOURCE_KEYS) <= set(SiteJobOperator.template_fields)
     assert operator(gpus="2", time_limit="90").plan_resources() == JobResources(
-        time_limit_s=5400, gpus=2  # "90" rendered: Slurm's 90 minutes
+        time_limit_s=5400,
+        gpus=2,  # "90" rendered: Slurm's 90 minutes
     )
     result = operator(deferrable=False).execute(context={})
     assert result["resources"] == {}  # the embedded default's sites have no defaults

@@ -45,7 +45,7 @@ def test_providers_manager_discovers_gridcore_and_its_connection_type() -> None:
     }
     triggers = {(t.package_name, t.trigger_class_name) for t in manager.trigger}
     assert ("gridcore", "gridcore_airflow.sensors.triggers") in triggers
-    assert ("gridcore", "gridcore_airflow.sensors.coalloc_trigger") in triggers
+    assert ("gridcore", "gridcore_airflow.sensors.coallocation_trigger") in triggers
 
 
 def test_an_airflow_connection_supplies_a_sites_token(monkeypatch: pytest.MonkeyPatch) -> None:

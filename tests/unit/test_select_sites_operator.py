@@ -16,8 +16,8 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 from sqlalchemy import func, inspect, select
 
-from gridcore.engine.ledger import ledger_totals
 from gridcore.engine.runtime import GridRuntime, JobRecord
+from gridcore.engine.selection import ledger_totals
 from gridcore.state.schema import selections
 from gridcore.state.store import open_store
 from gridcore_airflow.operators.select_sites import (

@@ -7,7 +7,7 @@ import pytest
 
 from gridcore.errors import ConfigError
 from gridcore.model import Priority
-from gridcore.policies.claiming import KoalaParams
+from gridcore.policies.claiming import CoAllocationParams
 from gridcore.policies.transfer import transfer_seconds, uniform_bandwidth
 from gridcore.sim.claiming import KoalaJob, KoalaRun, simulate_koala
 from gridcore.sim.koala_experiments import (
@@ -126,7 +126,7 @@ def test_a_component_failure_requeues_the_job_and_the_site_becomes_unusable() ->
     run = simulate_koala(
         [SimSite("a", 32, failure_probability=1.0), SimSite("b", 32)],
         [KoalaJob("J", 0.0, HIGH, (32,), 100.0)],
-        KoalaParams(unusable_after_errors=1),
+        CoAllocationParams(unusable_after_errors=1),
         bandwidth=BACKBONE,
     )
     kinds = [(kind, job) for _, kind, job in steps(run)]
@@ -158,7 +158,7 @@ def test_jobs_beyond_the_queue_cap_wait_to_be_submitted() -> None:
             KoalaJob("Y", 1.0, HIGH, (16,), 100.0),
             KoalaJob("Z", 2.0, HIGH, (16,), 100.0),
         ],
-        KoalaParams(queue_cap=1),
+        CoAllocationParams(queue_cap=1),
         bandwidth=BACKBONE,
     )
     assert steps(run)[:10] == [

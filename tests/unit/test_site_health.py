@@ -16,10 +16,10 @@ from sqlalchemy import update
 from gridcore.config import default_grid
 from gridcore.engine import capacity, health
 from gridcore.engine.capacity import HolderKind
-from gridcore.engine.koala import KoalaEngine
+from gridcore.engine.coallocation import CoAllocationEngine
 from gridcore.engine.runtime import GridRuntime
 from gridcore.model import JobRequest, JobState, JobSubmission
-from gridcore.policies.claiming import KoalaParams
+from gridcore.policies.claiming import CoAllocationParams
 from gridcore.state.schema import sites
 from gridcore.state.store import open_store
 from tests.barrier_checks import running_center
@@ -77,9 +77,9 @@ def test_the_threshold_counts_contacts_and_failed_jobs_alike_and_a_report_does_n
         health.record_success(conn, "local-a")
     assert outcomes == [False] * (health.UNUSABLE_AFTER_ERRORS - 1) + [True]
     assert state(rt, "local-a").usable is False, "a completed job does not restore a site"
-    assert health.live_params(KoalaParams(unusable_after_errors=7)).unusable_after_errors == (
-        health.UNUSABLE_AFTER_ERRORS
-    )
+    assert health.live_params(
+        CoAllocationParams(unusable_after_errors=7)
+    ).unusable_after_errors == (health.UNUSABLE_AFTER_ERRORS)
 
 
 def test_failed_selection_jobs_count_and_a_completed_one_resets(tmp_path: Path) -> None:
@@ -155,7 +155,9 @@ def test_refresh_probes_so_an_ensemble_only_user_gets_the_site_back(tmp_path: Pa
 def test_the_engine_probes_during_its_scans(tmp_path: Path) -> None:
     rt = runtime(tmp_path)
     with running_center(rt.store) as center:
-        koala = KoalaEngine(rt, params=KoalaParams(scan_interval_s=1.0), center_url=center)
+        koala = CoAllocationEngine(
+            rt, params=CoAllocationParams(scan_interval_s=1.0), center_url=center
+        )
         set_aside(rt, "local-a")
         deadline = time.time() + 20
         while state(rt, "local-a").usable is False and time.time() < deadline:

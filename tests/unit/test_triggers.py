@@ -320,7 +320,7 @@ def test_sensors_never_import_operators() -> None:
                 for n in names
                 if n.split(".")[0] == "operators" or n.startswith("gridcore_airflow.operators")
             ]
-    assert {p.name for p in sensors_dir.glob("*.py")} >= {"base.py", "coalloc_trigger.py"}
+    assert {p.name for p in sensors_dir.glob("*.py")} >= {"base.py", "coallocation_trigger.py"}
     assert upward == []
 
 

@@ -1,5 +1,5 @@
-"""CoReserveOperator and CoReservationTrigger with Airflow's real classes against a real
-CoReserveEngine: temp SQLite, the embedded local sites (local-a 8, local-b 4, local-c 4
+"""CoReservationOperator and CoReservationTrigger with Airflow's real classes against a real
+CoReservationEngine: temp SQLite, the embedded local sites (local-a 8, local-b 4, local-c 4
 processors), real pilot processes and a real VJ center (embedded in this process when
 none is configured, else one the test serves and names in ``$GRIDCORE_CENTER_URL``)."""
 
@@ -22,7 +22,7 @@ from sqlalchemy import func, inspect, select
 
 from gridcore.api.server import RunningCenter, start_in_thread
 from gridcore.engine import capacity
-from gridcore.engine.coreservation import CoReserveEngine, ReservationRecord
+from gridcore.engine.coreservation import CoReservationEngine, ReservationRecord
 from gridcore.engine.phases import PilotState, ReservationPhase
 from gridcore.engine.runtime import GridRuntime
 from gridcore.model import HolderKind
@@ -30,9 +30,9 @@ from gridcore.policies.coreservation import pilot_time_limit
 from gridcore.sites.local import TIME_LIMIT_FILE, LocalSite
 from gridcore.state.schema import local_jobs, reservations
 from gridcore.state.store import open_store
-from gridcore_airflow.operators.coreserve import JOB_KEY, CoReserveOperator
+from gridcore_airflow.operators.coreservation import JOB_KEY, CoReservationOperator
 from gridcore_airflow.sensors.base import EVENT_KEYS
-from gridcore_airflow.sensors.coreserve_trigger import CoReservationTrigger
+from gridcore_airflow.sensors.coreservation_trigger import CoReservationTrigger
 from tests.capacity_checks import assert_capacity_invariant
 from tests.fakes import FakeTaskStateStore
 
@@ -56,7 +56,7 @@ DOCUMENTED_KEYS = {
 }
 
 
-def operator(**kwargs: Any) -> CoReserveOperator:
+def operator(**kwargs: Any) -> CoReservationOperator:
     defaults: dict[str, Any] = {
         "task_id": "coreserve",
         "command": "true",
@@ -64,7 +64,7 @@ def operator(**kwargs: Any) -> CoReserveOperator:
         "max_clusters": 3,
         "poll_interval": 0.1,
     }
-    return CoReserveOperator(**{**defaults, **kwargs})
+    return CoReservationOperator(**{**defaults, **kwargs})
 
 
 @pytest.fixture
@@ -84,9 +84,9 @@ def center(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[RunningCent
 
 
 @contextmanager
-def engine_on(db_url: str, center_url: str) -> Iterator[CoReserveEngine]:
-    """A CoReserveEngine on the test's state DB whose pilots call ``center_url``."""
-    engine = CoReserveEngine(GridRuntime.open(db_url=db_url), center_url)
+def engine_on(db_url: str, center_url: str) -> Iterator[CoReservationEngine]:
+    """A CoReservationEngine on the test's state DB whose pilots call ``center_url``."""
+    engine = CoReservationEngine(GridRuntime.open(db_url=db_url), center_url)
     try:
         yield engine
     finally:
@@ -94,7 +94,9 @@ def engine_on(db_url: str, center_url: str) -> Iterator[CoReserveEngine]:
         engine.store.dispose()
 
 
-def deferred(op: CoReserveOperator, context: dict[str, Any] | None = None) -> CoReservationTrigger:
+def deferred(
+    op: CoReservationOperator, context: dict[str, Any] | None = None
+) -> CoReservationTrigger:
     with pytest.raises(TaskDeferred) as exc:
         op.execute(context=context or {})
     assert exc.value.method_name == "execute_complete"
@@ -132,7 +134,7 @@ def reservation_rows(db_url: str) -> int:
         store.dispose()
 
 
-def unfinished(engine: CoReserveEngine) -> list[int]:
+def unfinished(engine: CoReservationEngine) -> list[int]:
     with engine.store.begin() as conn:
         return list(
             conn.execute(
@@ -145,7 +147,9 @@ def unfinished(engine: CoReserveEngine) -> list[int]:
         )
 
 
-def scan_until(engine: CoReserveEngine, job_id: int, phase: ReservationPhase) -> ReservationRecord:
+def scan_until(
+    engine: CoReservationEngine, job_id: int, phase: ReservationPhase
+) -> ReservationRecord:
     deadline = time.time() + WAIT_S
     while time.time() < deadline:
         engine.scan()
@@ -157,12 +161,12 @@ def scan_until(engine: CoReserveEngine, job_id: int, phase: ReservationPhase) ->
     raise AssertionError(f"job {job_id} not {phase}: {engine.status(job_id).as_json()}")
 
 
-def live_pilot_holds(engine: CoReserveEngine) -> list[Any]:
+def live_pilot_holds(engine: CoReservationEngine) -> list[Any]:
     with engine.store.begin() as conn:
         return [h for h in capacity.live_holds(conn) if h.kind == HolderKind.PILOT]
 
 
-def wait_local_jobs_ended(engine: CoReserveEngine) -> None:
+def wait_local_jobs_ended(engine: CoReservationEngine) -> None:
     deadline = time.time() + WAIT_S
     while True:
         engine.runtime.refresh()
@@ -215,7 +219,7 @@ def test_without_a_configured_center_the_worker_runs_one_and_waits_to_the_docume
     assert json.loads(json.dumps(result)) == result  # XCom-serializable as it is
     runtime = GridRuntime.open(db_url=db_url, upgrade=False)
     try:
-        record = CoReserveEngine(runtime, "http://unused").status(result["job_id"])
+        record = CoReservationEngine(runtime, "http://unused").status(result["job_id"])
     finally:
         runtime.store.dispose()
     assert result["state"] == record.state == ReservationPhase.COMPLETED
@@ -334,7 +338,7 @@ def test_trigger_serialize_round_trips_through_its_class_path() -> None:
     module, _, name = path.rpartition(".")
     clone = getattr(importlib.import_module(module), name)(**kwargs)
 
-    assert path == "gridcore_airflow.sensors.coreserve_trigger.CoReservationTrigger"
+    assert path == "gridcore_airflow.sensors.coreservation_trigger.CoReservationTrigger"
     assert kwargs == {
         "job_id": 5,
         "grid_file": "/g.toml",

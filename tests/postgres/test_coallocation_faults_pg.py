@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from gridcore.config import default_grid
-from gridcore.engine.koala import MAX_HANDLING_ERRORS, KoalaEngine
+from gridcore.engine.coallocation import MAX_HANDLING_ERRORS, CoAllocationEngine
 from gridcore.engine.runtime import GridRuntime
 from gridcore.model import CoAllocationRequest, Component, RequestKind
-from gridcore.policies.claiming import KoalaParams
+from gridcore.policies.claiming import CoAllocationParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.state.store import open_store
 from tests.barrier_checks import running_center
@@ -37,9 +37,9 @@ def test_a_database_error_fails_one_job_and_the_others_complete(pg_url: str) -> 
     base = GridRuntime(default_grid(home), store)
     faulty = FaultySite(base.adapter("local-b"), job_id_suffix="-" + "x" * 80)
     with running_center(store) as center:
-        koala = KoalaEngine(
+        koala = CoAllocationEngine(
             GridRuntime(base.grid, store, adapters={"local-b": faulty}),
-            params=KoalaParams(scan_interval_s=1.0),
+            params=CoAllocationParams(scan_interval_s=1.0),
             center_url=center,
         )
         bad = koala.submit(BAD, PlacementPolicy.CM, "true")

@@ -18,9 +18,9 @@ from sqlalchemy import func, select
 
 from gridcore.config import default_grid
 from gridcore.engine.barrier_command import TOKEN_ENV
-from gridcore.engine.koala import (
+from gridcore.engine.coallocation import (
+    CoAllocationEngine,
     CoAllocationRecord,
-    KoalaEngine,
     _preempt,
     _preemptible,
     request_from_json,
@@ -43,7 +43,7 @@ from gridcore.model import (
     Priority,
     RequestKind,
 )
-from gridcore.policies.claiming import ClaimDecision, ClaimOutcome, KoalaParams
+from gridcore.policies.claiming import ClaimDecision, ClaimOutcome, CoAllocationParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.staging import ReplicaCatalog, register_source
 from gridcore.state.schema import coalloc_components, coalloc_jobs, local_jobs
@@ -55,7 +55,7 @@ from tests.capacity_checks import assert_capacity_invariant
 SPREAD = CoAllocationRequest(
     "spread", RequestKind.NON_FIXED, (Component(8), Component(4), Component(4))
 )
-PARAMS = KoalaParams(scan_interval_s=1.0)
+PARAMS = CoAllocationParams(scan_interval_s=1.0)
 
 
 def runtime(tmp_path: Path) -> GridRuntime:
@@ -71,12 +71,12 @@ def center(tmp_path: Path) -> Iterator[str]:
         yield url
 
 
-def engine(tmp_path: Path, center: str, **kwargs: object) -> KoalaEngine:
-    return KoalaEngine(runtime(tmp_path), params=PARAMS, center_url=center, **kwargs)  # type: ignore[arg-type]
+def engine(tmp_path: Path, center: str, **kwargs: object) -> CoAllocationEngine:
+    return CoAllocationEngine(runtime(tmp_path), params=PARAMS, center_url=center, **kwargs)  # type: ignore[arg-type]
 
 
 def scan_until(
-    koala: KoalaEngine, job_id: int, state: str, timeout: float = 20.0
+    koala: CoAllocationEngine, job_id: int, state: str, timeout: float = 20.0
 ) -> CoAllocationRecord:
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -89,7 +89,7 @@ def scan_until(
     raise AssertionError(f"job {job_id} not {state}: {koala.status(job_id).as_json()}")
 
 
-def stdout_of(koala: KoalaEngine, site: str, site_job_id: str | None) -> str:
+def stdout_of(koala: CoAllocationEngine, site: str, site_job_id: str | None) -> str:
     # A local job's directory is named by its submission key: the row says where.
     with koala.store.begin() as conn:
         workdir = conn.execute(
@@ -145,7 +145,7 @@ def test_three_components_co_allocated_meet_at_the_barrier_and_complete(
     assert running == 0
 
 
-def component_tokens(koala: KoalaEngine) -> dict[str, str]:
+def component_tokens(koala: CoAllocationEngine) -> dict[str, str]:
     """The barrier token every local component job was given, by its site job id."""
     with koala.store.begin() as conn:
         rows = conn.execute(select(local_jobs.c.id, local_jobs.c.workdir)).all()
@@ -188,7 +188,7 @@ def test_components_get_their_own_token_and_never_the_database(
 def test_bad_requests_are_refused_before_any_row_exists(tmp_path: Path, center: str) -> None:
     store = open_store(f"sqlite:///{tmp_path}/state.db", upgrade=True)
     rt = GridRuntime(default_grid(tmp_path), store)
-    koala = KoalaEngine(rt, ReplicaCatalog(store), PARAMS, center_url=center)
+    koala = CoAllocationEngine(rt, ReplicaCatalog(store), PARAMS, center_url=center)
     bad = {
         "unknown site": CoAllocationRequest(
             "x", RequestKind.FIXED, (Component(2, "local-a"), Component(2, "nowhere"))
@@ -249,7 +249,7 @@ def test_input_file_is_staged_to_every_execution_site_before_claiming(
     source = tmp_path / "mesh.dat"
     source.write_bytes(b"x" * 4096)
     register_source(catalog, "in/mesh.dat", "origin", str(source))
-    koala = KoalaEngine(
+    koala = CoAllocationEngine(
         GridRuntime(default_grid(tmp_path), store), catalog, PARAMS, center_url=center
     )
     request = CoAllocationRequest(
@@ -270,7 +270,7 @@ def test_input_file_is_staged_to_every_execution_site_before_claiming(
     }
 
 
-def slow_link_koala(tmp_path: Path, center: str) -> tuple[KoalaEngine, int]:
+def slow_link_koala(tmp_path: Path, center: str) -> tuple[CoAllocationEngine, int]:
     """A job whose 4 kB input crosses a 1 kB/s link (as estimated): FTT ~ 4.1 s, so the
     first claiming try comes at JPT + 0.75 FTT, before the JST."""
     base = default_grid(tmp_path)
@@ -280,7 +280,7 @@ def slow_link_koala(tmp_path: Path, center: str) -> tuple[KoalaEngine, int]:
     source = tmp_path / "mesh.dat"
     source.write_bytes(b"x" * 4096)
     register_source(catalog, "in/mesh.dat", "origin", str(source))
-    koala = KoalaEngine(GridRuntime(grid, store), catalog, PARAMS, center_url=center)
+    koala = CoAllocationEngine(GridRuntime(grid, store), catalog, PARAMS, center_url=center)
     request = CoAllocationRequest(
         "icp", RequestKind.NON_FIXED, SPREAD.components, input_file=InputFile("in/mesh.dat")
     )

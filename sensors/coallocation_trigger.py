@@ -8,11 +8,11 @@ lease in the state database lets exactly one scan run at a time, the others skip
 
 from __future__ import annotations
 
-from gridcore.engine.koala import CoAllocationRecord, KoalaEngine
+from gridcore.engine.coallocation import CoAllocationEngine, CoAllocationRecord
 from gridcore.engine.phases import ComponentState, JobPhase
 from gridcore.sites.output import OutputFiles, SiteJob
 from gridcore_airflow.sensors.base import GridcoreTrigger, Outcome
-from gridcore_airflow.sensors.connections import close_koala
+from gridcore_airflow.sensors.connections import close_coallocation
 
 # A component in these states writes nothing more.
 _COMPONENT_ENDED = frozenset(
@@ -20,12 +20,12 @@ _COMPONENT_ENDED = frozenset(
 )
 
 
-class CoAllocationTrigger(GridcoreTrigger[KoalaEngine, CoAllocationRecord]):
+class CoAllocationTrigger(GridcoreTrigger[CoAllocationEngine, CoAllocationRecord]):
     """Scan KOALA until co-allocated job ``job_id`` ends; yield exactly one event.
 
     ``CoAllocationTrigger(job_id, grid_file=None, db_url=None, poll_interval=1.0,
-    max_retries=5, gridcore_conn_id=None)``: each poll is one ``KoalaEngine.scan``
-    (skipped while another engine holds the scan lease) and ``KoalaEngine.status``;
+    max_retries=5, gridcore_conn_id=None)``: each poll is one ``CoAllocationEngine.scan``
+    (skipped while another engine holds the scan lease) and ``CoAllocationEngine.status``;
     each component's new output lines go into the task log prefixed
     ``[component i @ site]``. See :class:`~sensors.base.GridcoreTrigger` for retries,
     errors, on_kill (cancels the job and its started components) and cleanup.
@@ -37,10 +37,10 @@ class CoAllocationTrigger(GridcoreTrigger[KoalaEngine, CoAllocationRecord]):
     default_poll_interval = 1.0
     poll_noun = "scans"
 
-    def _connect(self) -> KoalaEngine:
-        return self.location.open_koala(self.poll_interval, upgrade=False)
+    def _connect(self) -> CoAllocationEngine:
+        return self.location.open_coallocation(self.poll_interval, upgrade=False)
 
-    def _poll(self, handle: KoalaEngine) -> CoAllocationRecord:
+    def _poll(self, handle: CoAllocationEngine) -> CoAllocationRecord:
         handle.scan()
         return handle.status(self.job_id)
 
@@ -67,16 +67,16 @@ class CoAllocationTrigger(GridcoreTrigger[KoalaEngine, CoAllocationRecord]):
             if c.site_job_id is not None
         ]
 
-    def _output_files(self, handle: KoalaEngine, site: str, job_id: str) -> OutputFiles:
+    def _output_files(self, handle: CoAllocationEngine, site: str, job_id: str) -> OutputFiles:
         return handle.runtime.output_files(site, job_id)
 
-    def _finished(self, handle: KoalaEngine) -> None:
+    def _finished(self, handle: CoAllocationEngine) -> None:
         # Give the scan lease up now: other waiters should not sit out its expiry, and
         # cleanup() is not called everywhere (dag.test() skips it).
         handle.release_lease()
 
-    def _cancel(self, handle: KoalaEngine) -> str:
+    def _cancel(self, handle: CoAllocationEngine) -> str:
         return f"{handle.cancel(self.job_id).state}"
 
-    def _close(self, handle: KoalaEngine) -> None:
-        close_koala(handle)
+    def _close(self, handle: CoAllocationEngine) -> None:
+        close_coallocation(handle)

@@ -19,11 +19,12 @@ import pytest
 from sqlalchemy import select
 
 from gridcore.config import default_grid
-from gridcore.engine import capacity, ledger
-from gridcore.engine.koala import KoalaEngine
+from gridcore.engine import capacity
+from gridcore.engine import selection as selection_engine
+from gridcore.engine.coallocation import CoAllocationEngine
 from gridcore.engine.runtime import GridRuntime
 from gridcore.model import CoAllocationRequest, Component, JobSubmission, RequestKind
-from gridcore.policies.claiming import KoalaParams
+from gridcore.policies.claiming import CoAllocationParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.sites.local import LocalSite
 from gridcore.state.schema import local_jobs
@@ -38,7 +39,7 @@ JOBS = [
     for i in range(4)
 ]
 KILLS = ("1-after-accepted", "2-before-the-site", "3-after-accepted")
-PARAMS = KoalaParams(scan_interval_s=0.5)
+PARAMS = CoAllocationParams(scan_interval_s=0.5)
 
 
 def _claim_kill(kills: Path) -> str | None:
@@ -54,7 +55,7 @@ def _claim_kill(kills: Path) -> str | None:
 
 def _engine(url: str, center: str, home: str, holder: str, kills: str) -> None:
     store = open_store(url)
-    koala = KoalaEngine(
+    koala = CoAllocationEngine(
         GridRuntime(default_grid(Path(home)), store),
         params=PARAMS,
         holder=holder,
@@ -91,7 +92,7 @@ def test_engines_killed_mid_submission_three_times_lose_and_double_nothing(
 
 
 def _run_killed_engines(pg_url: str, center: str, home: str, kills: Path, store: Store) -> None:
-    client = KoalaEngine(
+    client = CoAllocationEngine(
         GridRuntime(default_grid(Path(home)), store), params=PARAMS, center_url=center
     )
     job_ids = [client.submit(job, PlacementPolicy.WF, "sleep 0.3") for job in JOBS]
@@ -130,7 +131,7 @@ def _run_killed_engines(pg_url: str, center: str, home: str, kills: Path, store:
         jobs = conn.execute(select(local_jobs.c.key, local_jobs.c.state)).all()
         violations = capacity.check_invariant(conn)
         live = capacity.live_holds(conn)
-        totals = ledger.ledger_totals(conn)
+        totals = selection_engine.ledger_totals(conn)
     store.dispose()
     per_key = Counter(key for key, _ in jobs)
     assert None not in per_key and set(per_key.values()) == {1}, per_key

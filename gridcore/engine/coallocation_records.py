@@ -1,7 +1,7 @@
 """Rows of the co-allocation tables <-> values: the stored request, the placement and
 the job record handed to operators and the CLI.
 
-Kept apart from the scan (:mod:`gridcore.engine.koala`) because the codecs are pure and
+Kept apart from the scan (:mod:`gridcore.engine.coallocation`) because the codecs are pure and
 read by more than the engine: the Airflow layer returns :class:`CoAllocationRecord` as
 XCom (plain JSON, :meth:`CoAllocationRecord.as_json`), and every scan step decodes the
 request it stored at submission (seed 000 Sec. 2.3-2.4: fixed, non-fixed and flexible

@@ -19,10 +19,10 @@ from sqlalchemy import Connection, select, text
 from sqlalchemy.engine import make_url
 
 from gridcore.config import default_grid
-from gridcore.engine.koala import KoalaEngine
+from gridcore.engine.coallocation import CoAllocationEngine
 from gridcore.engine.runtime import GridRuntime
 from gridcore.model import CoAllocationRequest, Component, RequestKind
-from gridcore.policies.claiming import KoalaParams
+from gridcore.policies.claiming import CoAllocationParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.state.schema import local_jobs
 from gridcore.state.store import open_store
@@ -36,9 +36,9 @@ pytestmark = pytest.mark.postgres
 def _contend(url: str, center: str, index: int, rounds: int, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
     home = Path(tempfile.mkdtemp(prefix="gc-lease-"))
     runtime = GridRuntime(default_grid(home), open_store(url))
-    engine = KoalaEngine(
+    engine = CoAllocationEngine(
         runtime,
-        params=KoalaParams(scan_interval_s=1.0),
+        params=CoAllocationParams(scan_interval_s=1.0),
         holder=f"p{index}",
         center_url=center,
         lease_s=30.0,
@@ -104,7 +104,7 @@ JOBS = [
 ]
 
 
-class LoggingEngine(KoalaEngine):
+class LoggingEngine(CoAllocationEngine):
     """Logs each transition it commits under its lease, in the same transaction."""
 
     @contextmanager
@@ -136,7 +136,7 @@ def _scan_slowly(
     slow = {s: FaultySite(base.adapter(s), delay_s=delay_s) for s in grid.site_names}
     engine = LoggingEngine(
         GridRuntime(grid, store, adapters=slow),
-        params=KoalaParams(scan_interval_s=1.0),
+        params=CoAllocationParams(scan_interval_s=1.0),
         holder=holder,
         center_url=center,
         lease_s=lease_s,
@@ -168,7 +168,7 @@ def test_scans_slowed_past_the_lease_never_commit_out_of_turn(
     home = tempfile.mkdtemp(prefix="gc-fence-")
     with running_center(store) as center:
         # Every submission takes delay_s > lease_s: a slow site.
-        koala = KoalaEngine(GridRuntime(default_grid(Path(home)), store), center_url=center)
+        koala = CoAllocationEngine(GridRuntime(default_grid(Path(home)), store), center_url=center)
         job_ids = [koala.submit(job, PlacementPolicy.CM, "true") for job in JOBS]
         ctx = multiprocessing.get_context("spawn")
         out = ctx.Queue()
@@ -244,7 +244,7 @@ def test_no_component_is_given_the_state_database_url_or_password(
     )
     try:
         with running_center(store) as center:
-            koala = KoalaEngine(GridRuntime(default_grid(home), store), center_url=center)
+            koala = CoAllocationEngine(GridRuntime(default_grid(home), store), center_url=center)
             job_id = koala.submit(request, PlacementPolicy.CM, show)
             deadline = time.time() + 90
             while not koala.status(job_id).finished:

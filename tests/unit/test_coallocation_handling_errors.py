@@ -13,10 +13,10 @@ from typing import Any
 from sqlalchemy import select
 
 from gridcore.config import default_grid
-from gridcore.engine.koala import MAX_HANDLING_ERRORS, CoAllocationRecord, KoalaEngine
+from gridcore.engine.coallocation import MAX_HANDLING_ERRORS, CoAllocationEngine, CoAllocationRecord
 from gridcore.engine.runtime import GridRuntime
 from gridcore.model import CoAllocationRequest, Component, RequestKind
-from gridcore.policies.claiming import KoalaParams
+from gridcore.policies.claiming import CoAllocationParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.state.schema import coalloc_jobs, local_jobs
 from gridcore.state.store import Store, open_store
@@ -24,7 +24,7 @@ from tests.barrier_checks import running_center
 from tests.capacity_checks import assert_capacity_invariant
 from tests.fakes import FaultySite
 
-PARAMS = KoalaParams(scan_interval_s=1.0)
+PARAMS = CoAllocationParams(scan_interval_s=1.0)
 # The bad job runs on local-b alone, whose adapter is faulty; the good one never uses it.
 BAD = CoAllocationRequest("bad", RequestKind.FIXED, (Component(2, "local-b"),))
 GOOD = CoAllocationRequest(
@@ -34,15 +34,15 @@ GOOD = CoAllocationRequest(
 
 def faulty_engine(
     store: Store, home: Path, center: str, **faults: Any
-) -> tuple[KoalaEngine, FaultySite]:
+) -> tuple[CoAllocationEngine, FaultySite]:
     base = GridRuntime(default_grid(home), store)
     faulty = FaultySite(base.adapter("local-b"), **faults)
     runtime = GridRuntime(base.grid, store, adapters={"local-b": faulty})
-    return KoalaEngine(runtime, params=PARAMS, holder="engine", center_url=center), faulty
+    return CoAllocationEngine(runtime, params=PARAMS, holder="engine", center_url=center), faulty
 
 
 def scan_until_both_finished(
-    koala: KoalaEngine, bad: int, good: int, timeout: float = 60.0
+    koala: CoAllocationEngine, bad: int, good: int, timeout: float = 60.0
 ) -> tuple[CoAllocationRecord, CoAllocationRecord]:
     deadline = time.time() + timeout
     while time.time() < deadline:

@@ -14,11 +14,11 @@ import pytest
 from sqlalchemy import insert, select
 
 from gridcore.config import default_grid
-from gridcore.engine.koala import KoalaEngine, ScanReport
+from gridcore.engine.coallocation import CoAllocationEngine, ScanReport
 from gridcore.engine.lease import Lease, LeaseLost
 from gridcore.engine.runtime import GridRuntime
 from gridcore.model import CoAllocationRequest, Component, RequestKind
-from gridcore.policies.claiming import KoalaParams
+from gridcore.policies.claiming import CoAllocationParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.state.schema import coalloc_components, coalloc_jobs, leases, local_jobs
 from gridcore.state.store import Store, open_store
@@ -26,7 +26,7 @@ from tests.barrier_checks import running_center
 from tests.capacity_checks import assert_capacity_invariant
 from tests.fakes import FaultySite
 
-PARAMS = KoalaParams(scan_interval_s=1.0)
+PARAMS = CoAllocationParams(scan_interval_s=1.0)
 # Two components; component 0 goes to local-a, whose submissions the test holds.
 PAIR = CoAllocationRequest(
     "pair", RequestKind.FIXED, (Component(2, "local-a"), Component(2, "local-b"))
@@ -115,18 +115,18 @@ def center(tmp_path: Path) -> Iterator[str]:
 
 def gated_engine(
     tmp_path: Path, center: str, holder: str, gate: threading.Event, **kwargs: Any
-) -> tuple[KoalaEngine, FaultySite]:
+) -> tuple[CoAllocationEngine, FaultySite]:
     store = open_store(f"sqlite:///{tmp_path}/state.db", upgrade=True)
     base = GridRuntime(default_grid(tmp_path), store)
     slow = FaultySite(base.adapter("local-a"), gate=gate)
     runtime = GridRuntime(base.grid, store, adapters={"local-a": slow})
-    koala = KoalaEngine(runtime, params=PARAMS, holder=holder, center_url=center, **kwargs)
+    koala = CoAllocationEngine(runtime, params=PARAMS, holder=holder, center_url=center, **kwargs)
     return koala, slow
 
 
-def other_engine(tmp_path: Path, center: str, holder: str, **kwargs: Any) -> KoalaEngine:
+def other_engine(tmp_path: Path, center: str, holder: str, **kwargs: Any) -> CoAllocationEngine:
     store = open_store(f"sqlite:///{tmp_path}/state.db", upgrade=True)
-    return KoalaEngine(
+    return CoAllocationEngine(
         GridRuntime(default_grid(tmp_path), store),
         params=PARAMS,
         holder=holder,
@@ -135,14 +135,14 @@ def other_engine(tmp_path: Path, center: str, holder: str, **kwargs: Any) -> Koa
     )
 
 
-def scan_in_thread(koala: KoalaEngine) -> tuple[threading.Thread, list[ScanReport]]:
+def scan_in_thread(koala: CoAllocationEngine) -> tuple[threading.Thread, list[ScanReport]]:
     reports: list[ScanReport] = []
     thread = threading.Thread(target=lambda: reports.append(koala.scan()))
     thread.start()
     return thread, reports
 
 
-def rows(koala: KoalaEngine) -> tuple[list[Any], list[Any]]:
+def rows(koala: CoAllocationEngine) -> tuple[list[Any], list[Any]]:
     with koala.store.begin() as conn:
         jobs = [tuple(r) for r in conn.execute(select(coalloc_jobs).order_by(coalloc_jobs.c.id))]
         parts = [
@@ -156,7 +156,7 @@ def rows(koala: KoalaEngine) -> tuple[list[Any], list[Any]]:
     return jobs, parts
 
 
-def cancel_local_jobs(koala: KoalaEngine) -> None:
+def cancel_local_jobs(koala: CoAllocationEngine) -> None:
     with koala.store.begin() as conn:
         found = conn.execute(select(local_jobs.c.site, local_jobs.c.id)).all()
     for site, job_id in found:

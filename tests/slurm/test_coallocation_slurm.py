@@ -28,7 +28,7 @@ from gridcore.config import load_grid
 from gridcore.engine.runtime import GridRuntime
 from gridcore.sites.slurm_api import number
 from gridcore.state.store import open_store
-from gridcore_airflow.operators.coallocate import CoAllocateOperator
+from gridcore_airflow.operators.coallocation import CoAllocationOperator
 from tests.barrier_checks import assert_released_after_every_registration, running_center
 from tests.capacity_checks import assert_capacity_invariant
 from tests.integration.airflow_services import migrate_metadata_db, task_states, xcom_values
@@ -81,7 +81,7 @@ def wait_idle(env: dict[str, str], timeout: float = 90.0) -> None:
         runtime.store.dispose()
 
 
-def run_deferred(op: CoAllocateOperator) -> dict[str, Any]:
+def run_deferred(op: CoAllocationOperator) -> dict[str, Any]:
     """execute -> the trigger's one event -> execute_complete, as the triggerer would."""
     with pytest.raises(TaskDeferred) as exc:
         op.execute(context={})
@@ -112,7 +112,7 @@ def test_three_components_on_three_clusters_start_together(
         " tr '\\0' ' ' < /proc/$PPID/cmdline > \"$S.argv\";"
         " tr '\\0' '\\n' < /proc/$PPID/environ >> \"$S.env\";"
     )
-    op = CoAllocateOperator(
+    op = CoAllocationOperator(
         task_id="spread",
         command=show + ' echo "component $GRIDCORE_COMPONENT of $GRIDCORE_COMPONENTS"; sleep 1',
         components=[12, 8, 4],
@@ -169,9 +169,9 @@ def test_poisson_dag_on_the_slurm_grid(coalloc_env: dict[str, str]) -> None:
 def test_a_component_killed_on_one_cluster_makes_the_job_re_placed_and_finish(
     slurm_grid: SlurmGrid, coalloc_env: dict[str, str], tmp_path: Path
 ) -> None:
-    from gridcore.engine.koala import KoalaEngine
+    from gridcore.engine.coallocation import CoAllocationEngine
     from gridcore.model import CoAllocationRequest, Component, RequestKind
-    from gridcore.policies.claiming import KoalaParams
+    from gridcore.policies.claiming import CoAllocationParams
     from gridcore.policies.placement import PlacementPolicy
 
     wait_idle(coalloc_env)
@@ -187,9 +187,9 @@ def test_a_component_killed_on_one_cluster_makes_the_job_re_placed_and_finish(
     runtime = GridRuntime(
         load_grid(coalloc_env["GRIDCORE_GRID"]), open_store(coalloc_env["GRIDCORE_DB_URL"])
     )
-    koala = KoalaEngine(
+    koala = CoAllocationEngine(
         runtime,
-        params=KoalaParams(scan_interval_s=1.0),
+        params=CoAllocationParams(scan_interval_s=1.0),
         center_url=coalloc_env["GRIDCORE_CENTER_URL"],
         site_center_urls=json.loads(coalloc_env["GRIDCORE_SITE_CENTER_URLS"]),
     )

@@ -2,7 +2,7 @@
 it ends.
 
 Like KOALA, the co-reservation engine has no daemon: whoever waits on a job runs
-:meth:`~gridcore.engine.coreservation.CoReserveEngine.scan` (follow pilots, dispatch,
+:meth:`~gridcore.engine.coreservation.CoReservationEngine.scan` (follow pilots, dispatch,
 reorganize after the lifetime, substitutes); the fenced lease ``vjm-scan`` lets one scan
 run at a time. The pilots talk to the VJ center (``gridcore serve``, or the app mounted
 in Airflow's api-server), whose URL the connection or ``$GRIDCORE_CENTER_URL`` gives.
@@ -10,18 +10,18 @@ in Airflow's api-server), whose URL the connection or ``$GRIDCORE_CENTER_URL`` g
 
 from __future__ import annotations
 
-from gridcore.engine.coreservation import CoReserveEngine, ReservationRecord
+from gridcore.engine.coreservation import CoReservationEngine, ReservationRecord
 from gridcore.engine.phases import PilotState, ReservationPhase
 from gridcore.sites.output import OutputFiles, SiteJob
 from gridcore_airflow.sensors.base import GridcoreTrigger, Outcome
-from gridcore_airflow.sensors.connections import close_coreserve
+from gridcore_airflow.sensors.connections import close_coreservation
 
 
-class CoReservationTrigger(GridcoreTrigger[CoReserveEngine, ReservationRecord]):
+class CoReservationTrigger(GridcoreTrigger[CoReservationEngine, ReservationRecord]):
     """Scan VJM until co-reserved job ``job_id`` ends; yield exactly one event.
 
     ``CoReservationTrigger(job_id, grid_file=None, db_url=None, poll_interval=1.0,
-    max_retries=5, gridcore_conn_id=None)``: each poll is one ``CoReserveEngine.scan``
+    max_retries=5, gridcore_conn_id=None)``: each poll is one ``CoReservationEngine.scan``
     (skipped while another engine holds the lease) and ``status``; on_kill cancels the
     job and releases every pilot.
 
@@ -38,10 +38,10 @@ class CoReservationTrigger(GridcoreTrigger[CoReserveEngine, ReservationRecord]):
     default_poll_interval = 1.0
     poll_noun = "scans"
 
-    def _connect(self) -> CoReserveEngine:
-        return self.location.open_coreserve(upgrade=False)
+    def _connect(self) -> CoReservationEngine:
+        return self.location.open_coreservation(upgrade=False)
 
-    def _poll(self, handle: CoReserveEngine) -> ReservationRecord:
+    def _poll(self, handle: CoReservationEngine) -> ReservationRecord:
         handle.scan()
         return handle.status(self.job_id)
 
@@ -67,14 +67,14 @@ class CoReservationTrigger(GridcoreTrigger[CoReserveEngine, ReservationRecord]):
             if p.component is not None and p.site_job_id is not None
         ]
 
-    def _output_files(self, handle: CoReserveEngine, site: str, job_id: str) -> OutputFiles:
+    def _output_files(self, handle: CoReservationEngine, site: str, job_id: str) -> OutputFiles:
         return handle.runtime.output_files(site, job_id)
 
-    def _finished(self, handle: CoReserveEngine) -> None:
+    def _finished(self, handle: CoReservationEngine) -> None:
         handle.release_lease()
 
-    def _cancel(self, handle: CoReserveEngine) -> str:
+    def _cancel(self, handle: CoReservationEngine) -> str:
         return f"{handle.cancel(self.job_id).state}"
 
-    def _close(self, handle: CoReserveEngine) -> None:
-        close_coreserve(handle)
+    def _close(self, handle: CoReservationEngine) -> None:
+        close_coreservation(handle)

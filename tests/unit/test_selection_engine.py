@@ -15,7 +15,8 @@ from types import MappingProxyType
 import pytest
 from sqlalchemy import Connection, func, select, update
 
-from gridcore.engine import capacity, health, ledger
+from gridcore.engine import capacity, health
+from gridcore.engine import selection as selection_engine
 from gridcore.engine.capacity import HolderKind, Ledger
 from gridcore.errors import RequestError
 from gridcore.model import (
@@ -46,7 +47,7 @@ GRID = GridSpec(
 def make_store(tmp_path: Path) -> Store:
     store = open_store(f"sqlite:///{tmp_path}/state.db", upgrade=True)
     with store.begin() as conn:
-        ledger.register_sites(conn, GRID)
+        selection_engine.register_sites(conn, GRID)
     return store
 
 
@@ -55,11 +56,11 @@ def decide(
     name: str,
     procs: int,
     protocol: SelectionProtocol = SelectionProtocol.STATEFUL,
-    snapshots: ledger.SnapshotReader | None = None,
-) -> ledger.Recorded:
-    return ledger.select_and_record(
+    snapshots: selection_engine.SnapshotReader | None = None,
+) -> selection_engine.Recorded:
+    return selection_engine.select_and_record(
         store,
-        snapshots or ledger.SnapshotReader(GRID),
+        snapshots or selection_engine.SnapshotReader(GRID),
         JobRequest(name, procs),
         protocol,
         InsufficientMode.BEST,
@@ -72,7 +73,7 @@ def decide(
 def assert_sound(store: Store) -> None:
     with store.begin() as conn:
         assert capacity.check_invariant(conn) == []
-        totals = ledger.ledger_totals(conn)
+        totals = selection_engine.ledger_totals(conn)
         granted = dict(
             conn.execute(
                 select(sites.c.name, sites.c.reported_idle - sites.c.external_pending)
@@ -100,7 +101,7 @@ def test_claims_until_full_then_queues(tmp_path: Path) -> None:
 def test_register_sites_is_idempotent(tmp_path: Path) -> None:
     store = make_store(tmp_path)
     with store.begin() as conn:
-        ledger.register_sites(conn, GRID)
+        selection_engine.register_sites(conn, GRID)
         assert conn.execute(select(func.count()).select_from(sites)).scalar_one() == 3
     store.dispose()
 
@@ -109,18 +110,18 @@ def test_observation_releases_visible_jobs_and_ignores_older_reports(tmp_path: P
     store = make_store(tmp_path)
     first = decide(store, "m1", 16)
     with store.begin() as conn:
-        ledger.set_job_id(conn, first.id, "101", 1.0)
+        selection_engine.set_job_id(conn, first.id, "101", 1.0)
         pending = (ObservedJob("101", 16, JobState.PENDING),)
         stale = SiteObservation("a", 16, 16, pending, observed_at=5.0)
-        assert ledger.store_observation(conn, stale) == 0  # job not visible yet
+        assert selection_engine.store_observation(conn, stale) == 0  # job not visible yet
         external = conn.execute(select(sites.c.external_pending).where(sites.c.name == "a"))
         assert external.scalar_one() == 0, "our pending job is not someone else's queue"
         running = SiteObservation(
             "a", 16, 0, (ObservedJob("101", 16, JobState.RUNNING),), observed_at=10.0
         )
-        assert ledger.store_observation(conn, running) == 1
+        assert selection_engine.store_observation(conn, running) == 1
         older = SiteObservation("a", 16, 16, (), observed_at=7.0)
-        assert ledger.store_observation(conn, older) == 0
+        assert selection_engine.store_observation(conn, older) == 0
         row = conn.execute(select(sites).where(sites.c.name == "a")).mappings().one()
     assert (row["reported_idle"], row["claimed"], row["observed_at"]) == (0, 0, 10.0)
     assert_sound(store)
@@ -131,7 +132,9 @@ def test_external_pending_excludes_our_own_pending_jobs(tmp_path: Path) -> None:
     store = make_store(tmp_path)
     jobs = (ObservedJob("ours", 4, JobState.PENDING), ObservedJob("theirs", 6, JobState.PENDING))
     with store.begin() as conn:
-        ledger.store_observation(conn, SiteObservation("b", 8, 8, jobs, observed_at=3.0), ["ours"])
+        selection_engine.store_observation(
+            conn, SiteObservation("b", 8, 8, jobs, observed_at=3.0), ["ours"]
+        )
         row = conn.execute(select(sites).where(sites.c.name == "b")).mappings().one()
     assert (row["external_pending"], row["pending_jobs"]) == (6, 2)
     store.dispose()
@@ -141,8 +144,8 @@ def test_release_happens_exactly_once(tmp_path: Path) -> None:
     store = make_store(tmp_path)
     rec = decide(store, "m", 4)
     with store.begin() as conn:
-        assert ledger.release(conn, rec.id) is True
-        assert ledger.release(conn, rec.id) is False
+        assert selection_engine.release(conn, rec.id) is True
+        assert selection_engine.release(conn, rec.id) is False
     assert_sound(store)
     store.dispose()
 
@@ -158,9 +161,9 @@ def test_site_errors_make_a_site_unusable_and_only_a_restore_brings_it_back(
             True,
         ]
     with pytest.raises(RequestError, match="a: marked unusable"):
-        ledger.select_and_record(
+        selection_engine.select_and_record(
             store,
-            ledger.SnapshotReader(GRID),
+            selection_engine.SnapshotReader(GRID),
             JobRequest("big", 12),
             SelectionProtocol.STATEFUL,
             InsufficientMode.BEST,
@@ -170,7 +173,7 @@ def test_site_errors_make_a_site_unusable_and_only_a_restore_brings_it_back(
         )
     with store.begin() as conn:
         # a report does not hide consecutive errors (gridcore.engine.health)
-        ledger.store_observation(conn, SiteObservation("a", 16, 16, (), observed_at=9.0))
+        selection_engine.store_observation(conn, SiteObservation("a", 16, 16, (), observed_at=9.0))
         assert health.site_health(conn, "a").usable is False
     health.restore_site(store, "a")
     assert decide(store, "big", 12).decision.site == "a"
@@ -178,7 +181,7 @@ def test_site_errors_make_a_site_unusable_and_only_a_restore_brings_it_back(
     store.dispose()
 
 
-class StaleOnce(ledger.SnapshotReader):
+class StaleOnce(selection_engine.SnapshotReader):
     """Returns the snapshot read at construction for its first read: the decision is
     taken on a view another claim has overtaken since (as two interleaved selectors)."""
 
@@ -231,7 +234,7 @@ def test_storage_claims_fit_the_limit_and_release_exactly_once(tmp_path: Path) -
     grid = GridSpec((SiteSpec("s", SiteKind.SLURM, 4, storage_bytes=1000),), MappingProxyType({}))
     store = open_store(f"sqlite:///{tmp_path}/state.db", upgrade=True)
     with store.begin() as conn:
-        ledger.register_sites(conn, grid)
+        selection_engine.register_sites(conn, grid)
         assert capacity.claim(conn, HolderKind.VOLUME, "f@s", "s", 0, 600) is Ledger.CLAIMED
         assert capacity.claim(conn, HolderKind.VOLUME, "g@s", "s", 0, 600) is None
         assert capacity.claim(conn, HolderKind.VOLUME, "h@s", "s", 0, 400) is Ledger.CLAIMED
@@ -255,7 +258,7 @@ def test_the_invariant_names_a_counter_that_drifted_from_the_holds(tmp_path: Pat
 
 def _hammer(url: str, index: int, count: int) -> None:
     store = open_store(url)
-    snapshots = ledger.SnapshotReader(GRID)
+    snapshots = selection_engine.SnapshotReader(GRID)
     for i in range(count):
         decide(store, f"p{index}-{i}", 1 + (i + index) % 4, snapshots=snapshots)
     store.dispose()
@@ -320,7 +323,7 @@ def test_a_selector_killed_mid_run_leaves_whole_decisions_only(tmp_path: Path) -
         assert per_stream["p1-"] == 60 and per_stream["p9-"] > 0
         assert held == ids, "a selection without its hold, or a hold without its selection"
         for sid in ids:
-            assert ledger.release(conn, int(sid))
+            assert selection_engine.release(conn, int(sid))
         assert capacity.check_invariant(conn) == []
         left = conn.execute(select(func.sum(sites.c.claimed + sites.c.queued))).scalar_one()
         assert left == 0, "processors left claimed after every selection was released"

@@ -11,7 +11,8 @@ import pytest
 from gridcore.errors import ConfigError
 from gridcore.model import RequestKind
 from gridcore.policies.placement import PlacementPolicy
-from gridcore.sim.coalloc import (
+from gridcore.sim.coalloc_experiments import das_clusters, workload_trace
+from gridcore.sim.coallocation import (
     FIG5_EXECUTION_S,
     CoallocRun,
     EventKind,
@@ -20,7 +21,6 @@ from gridcore.sim.coalloc import (
     coallocation_request,
     simulate_coallocation,
 )
-from gridcore.sim.coalloc_experiments import das_clusters, workload_trace
 from gridcore.sim.workload import BackgroundLoad, LocalJob, SimSite, TraceEvent
 
 WF, CM, FCM = PlacementPolicy.WF, PlacementPolicy.CM, PlacementPolicy.FCM
@@ -322,7 +322,7 @@ def test_arrivals_and_scans_place_through_the_koala_queue_scan(
 ) -> None:
     # The model applies policies.claiming.scan_placement_queue, as the KOALA model does:
     # one call per arrival try and per scan, each over the queue in order.
-    import gridcore.sim.coalloc as coalloc
+    import gridcore.sim.coallocation as coalloc
 
     scanned: list[list[str]] = []
     real = coalloc.scan_placement_queue

@@ -1,9 +1,9 @@
 """Run one co-allocated job: components that start together, possibly on several sites.
 
 The operator is thin: validate into a :class:`~gridcore.model.CoAllocationRequest`,
-``KoalaEngine.submit`` through :class:`~operators.hooks.GridcoreHook` (the job joins its
+``CoAllocationEngine.submit`` through :class:`~operators.hooks.GridcoreHook` (the job joins its
 placement queue), then defer (or, with the VJ center embedded in this worker, wait here) to
-:class:`~sensors.coalloc_trigger.CoAllocationTrigger`, which drives KOALA's scans until
+:class:`~sensors.coallocation_trigger.CoAllocationTrigger`, which drives KOALA's scans until
 the job ends; the result is plain JSON for XCom.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowFailException
 
-from gridcore.engine.koala import CoAllocationRecord, KoalaEngine
+from gridcore.engine.coallocation import CoAllocationEngine, CoAllocationRecord
 from gridcore.errors import GridError, StateError
 from gridcore.model import CoAllocationRequest, FileDelivery, Priority, RequestKind
 from gridcore.policies.placement import PlacementPolicy
@@ -23,7 +23,7 @@ from gridcore.validation import check_choice, check_coallocation_submission
 from gridcore_airflow.operators.base import RESOURCE_FIELDS, GridcoreJobOperator
 from gridcore_airflow.operators.site_job import job_name, map_index, state_store, translated
 from gridcore_airflow.sensors.base import output_files_of
-from gridcore_airflow.sensors.coalloc_trigger import CoAllocationTrigger
+from gridcore_airflow.sensors.coallocation_trigger import CoAllocationTrigger
 
 JOB_KEY = "gridcore_coalloc_job_id"  # in the task state store, shared by all tries
 # Per component, in component order (the order of ``components``).
@@ -52,7 +52,7 @@ _JOB_KEYS = (
 )
 
 
-class CoAllocateOperator(GridcoreJobOperator):
+class CoAllocationOperator(GridcoreJobOperator):
     """Run ``command`` as a co-allocated job placed by KOALA (seed 000, 002).
 
     Every component runs ``command`` after the start barrier, which releases them only
@@ -175,7 +175,7 @@ class CoAllocateOperator(GridcoreJobOperator):
 
     def _submit(
         self,
-        engine: KoalaEngine,
+        engine: CoAllocationEngine,
         state: Any,
         request: CoAllocationRequest,
         policy: PlacementPolicy,
@@ -200,7 +200,7 @@ class CoAllocateOperator(GridcoreJobOperator):
         )
         return job_id
 
-    def _resume(self, engine: KoalaEngine, state: Any) -> CoAllocationRecord | None:
+    def _resume(self, engine: CoAllocationEngine, state: Any) -> CoAllocationRecord | None:
         """The job an earlier try of this task instance submitted, if it still counts:
         live (reattach) or completed (its result stands). None when there is none or it
         failed or was cancelled (start afresh)."""

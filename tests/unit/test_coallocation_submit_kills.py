@@ -19,13 +19,13 @@ import pytest
 from sqlalchemy import select
 
 from gridcore.config import default_grid
-from gridcore.engine import ledger
+from gridcore.engine import selection as selection_engine
 from gridcore.engine.barrier_command import TOKEN_ENV
-from gridcore.engine.koala import CoAllocationRecord, KoalaEngine
+from gridcore.engine.coallocation import CoAllocationEngine, CoAllocationRecord
 from gridcore.engine.pilot_pool import token_hash
 from gridcore.engine.runtime import GridRuntime
 from gridcore.model import CoAllocationRequest, Component, JobSubmission, RequestKind
-from gridcore.policies.claiming import KoalaParams
+from gridcore.policies.claiming import CoAllocationParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.sites.keys import component_key
 from gridcore.sites.local import LocalSite
@@ -38,13 +38,13 @@ from tests.capacity_checks import assert_capacity_invariant
 SPREAD = CoAllocationRequest(
     "spread", RequestKind.NON_FIXED, (Component(8), Component(4), Component(4))
 )
-PARAMS = KoalaParams(scan_interval_s=1.0)
+PARAMS = CoAllocationParams(scan_interval_s=1.0)
 LEASE_S = 1.0
 
 
-def _engine(home: Path, holder: str, center: str) -> KoalaEngine:
+def _engine(home: Path, holder: str, center: str) -> CoAllocationEngine:
     store = open_store(f"sqlite:///{home}/state.db", upgrade=True)
-    return KoalaEngine(
+    return CoAllocationEngine(
         GridRuntime(default_grid(home), store),
         params=PARAMS,
         holder=holder,
@@ -79,7 +79,7 @@ def _scan_and_die(home: str, center: str, nth: int, accepted: bool) -> None:
     koala.scan()
 
 
-def _until_done(koala: KoalaEngine, job_id: int) -> CoAllocationRecord:
+def _until_done(koala: CoAllocationEngine, job_id: int) -> CoAllocationRecord:
     deadline = time.time() + 90
     while time.time() < deadline:
         koala.scan()
@@ -90,7 +90,7 @@ def _until_done(koala: KoalaEngine, job_id: int) -> CoAllocationRecord:
     raise AssertionError(f"job {job_id} not finished: {koala.status(job_id).as_json()}")
 
 
-def _site_jobs(koala: KoalaEngine) -> list[dict[str, object]]:
+def _site_jobs(koala: CoAllocationEngine) -> list[dict[str, object]]:
     with koala.store.begin() as conn:
         rows = conn.execute(select(local_jobs)).mappings().all()
     return [dict(r) for r in rows]
@@ -127,7 +127,7 @@ def test_an_engine_killed_mid_submission_doubles_no_component(
         assert done.retries == 1 and len(jobs) == 3 + nth - (0 if accepted else 1), jobs
     koala.runtime.refresh()
     with koala.store.begin() as conn:
-        totals = ledger.ledger_totals(conn)
+        totals = selection_engine.ledger_totals(conn)
         site_errors = dict(conn.execute(select(sites.c.name, sites.c.last_error)).all())
     assert all(v == (0, 0, 0, 0) for v in totals.values()), totals
     # A component its engine lost before the site had it is not the site's error.
@@ -146,7 +146,7 @@ def _token_of(workdir: Path) -> str:
     return str(json.loads((workdir / "env.json").read_text())[TOKEN_ENV])
 
 
-def _token_hash_of(koala: KoalaEngine, job_id: int, index: int) -> str:
+def _token_hash_of(koala: CoAllocationEngine, job_id: int, index: int) -> str:
     cc = coalloc_components.c
     with koala.store.begin() as conn:
         query = select(cc.token_hash).where(cc.job_id == job_id, cc.idx == index)

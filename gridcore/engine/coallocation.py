@@ -10,7 +10,7 @@ is fenced (:mod:`gridcore.engine.lease`): every transition a scan commits first 
 and renews the lease's holder and token in its own transaction, so a scan that outlived
 its lease (a slow site, a paused process) commits nothing more and stops.
 
-One scan (:meth:`KoalaEngine.scan`), each step committed on its own:
+One scan (:meth:`CoAllocationEngine.scan`), each step committed on its own:
 
 (a) refresh the site observations; the clusters' idle processors are the reported idle
     minus others' queued work, our in-flight selections, and the processors of placed
@@ -46,7 +46,7 @@ message and its site jobs are cancelled, and the scan goes on with the other job
 This module holds the scan steps alone; what they share lives beside it: the phase
 enums (:mod:`gridcore.engine.phases`, also read by the center's side of the barrier,
 :mod:`gridcore.engine.barrier_pool`), the scan lease (:mod:`gridcore.engine.lease`),
-the row <-> record codecs (:mod:`gridcore.engine.koala_records`) and the barrier
+the row <-> record codecs (:mod:`gridcore.engine.coallocation_records`) and the barrier
 command line (:mod:`gridcore.engine.barrier_command`).
 """
 
@@ -77,7 +77,7 @@ from sqlalchemy import (
 from gridcore.engine import capacity, health, lease, pilot_pool
 from gridcore.engine.barrier_command import barrier_command
 from gridcore.engine.capacity import HolderKind, component_holder
-from gridcore.engine.koala_records import (
+from gridcore.engine.coallocation_records import (
     CoAllocationRecord,
     ComponentRecord,
     job_record,
@@ -106,7 +106,7 @@ from gridcore.policies.claiming import (
     ClaimDecision,
     ClaimingJob,
     ClaimOutcome,
-    KoalaParams,
+    CoAllocationParams,
     QueuedJob,
     RunningLowJob,
     ScanResult,
@@ -130,11 +130,11 @@ from gridcore.validation import check_choice, check_coallocation_submission
 # Re-exported: the Airflow layer and the tests import the records from here.
 __all__ = [
     "LEASE_SCANS",
+    "CoAllocationEngine",
     "CoAllocationRecord",
     "ComponentRecord",
     "ComponentState",
     "JobPhase",
-    "KoalaEngine",
     "ScanReport",
     "request_from_json",
     "request_to_json",
@@ -176,14 +176,14 @@ class ScanReport:
     lease_lost: bool = False
 
 
-class KoalaEngine:
+class CoAllocationEngine:
     """Applies KOALA's policies to live sites; every step resumes from the state DB."""
 
     def __init__(
         self,
         runtime: GridRuntime,
         catalog: ReplicaCatalog | None = None,
-        params: KoalaParams | None = None,
+        params: CoAllocationParams | None = None,
         holder: str | None = None,
         *,
         center_url: str,
@@ -195,7 +195,7 @@ class KoalaEngine:
     ) -> None:
         """``center_url``: the VJ center's URL as the components' barriers reach it;
         ``site_center_urls``: another URL for the components of a site that reaches it
-        by another address (as :class:`~gridcore.engine.coreservation.CoReserveEngine`)."""
+        by another address (as :class:`~gridcore.engine.coreservation.CoReservationEngine`)."""
         self.runtime = runtime
         self.center_url = _center_url(center_url, "center_url")
         self.site_center_urls = {
@@ -205,7 +205,7 @@ class KoalaEngine:
         self.store = runtime.store
         self.grid = runtime.grid
         self.catalog = catalog
-        self.params = params or KoalaParams()
+        self.params = params or CoAllocationParams()
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
         self.lease_s = LEASE_SCANS * self.params.scan_interval_s if lease_s is None else lease_s
         self.lease = lease.Lease(self.store, SCAN_LEASE, self.holder, self.lease_s, runtime.clock)
@@ -264,7 +264,7 @@ class KoalaEngine:
             if self.catalog is None:
                 raise RequestError(
                     f"request.input_file: {request.input_file.logical_name!r} needs a replica"
-                    " catalog (KoalaEngine(catalog=...))"
+                    " catalog (CoAllocationEngine(catalog=...))"
                 )
             self.catalog.require(request.input_file.logical_name)
         named = [self.grid.site(c.site) for c in request.components if c.site is not None]
@@ -494,7 +494,9 @@ class KoalaEngine:
         if request.input_file is None:
             return
         if self.catalog is None:
-            raise RequestError("input files need a replica catalog (KoalaEngine(catalog=...))")
+            raise RequestError(
+                "input files need a replica catalog (CoAllocationEngine(catalog=...))"
+            )
         if only is None:
             with self.store.begin() as conn:
                 only = [_placed(c) for c in _components(conn, row)]
@@ -923,7 +925,7 @@ def _center_url(url: str, field: str) -> str:
     """A VJ center URL the barriers can call (http or https), or RequestError now,
     before any component is submitted with it."""
     if not isinstance(url, str) or urllib.parse.urlsplit(url).scheme not in ("http", "https"):
-        raise RequestError(f"KoalaEngine {field}: the VJ center's http(s) URL, not {url!r}")
+        raise RequestError(f"CoAllocationEngine {field}: the VJ center's http(s) URL, not {url!r}")
     return url.rstrip("/")
 
 

@@ -1,4 +1,4 @@
-"""CoAllocateOperator and CoAllocationTrigger against a real KoalaEngine: temp SQLite and
+"""CoAllocationOperator and CoAllocationTrigger against a real CoAllocationEngine: temp SQLite and
 the embedded local sites (local-a 8, local-b 4, local-c 4 processors).
 
 The components' barriers call a VJ center: a test on a state DB (``db_url``) gets one
@@ -20,15 +20,15 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 from sqlalchemy import func, inspect, select
 
-from gridcore.engine.koala import KoalaEngine
+from gridcore.engine.coallocation import CoAllocationEngine
 from gridcore.sites.local import TIME_LIMIT_FILE, LocalSite
 from gridcore.state.schema import coalloc_components, coalloc_jobs
 from gridcore.state.store import open_store
-from gridcore_airflow.operators.coallocate import JOB_KEY, CoAllocateOperator
+from gridcore_airflow.operators.coallocation import JOB_KEY, CoAllocationOperator
 from gridcore_airflow.operators.hooks import GridcoreHook
 from gridcore_airflow.sensors.base import EVENT_KEYS
-from gridcore_airflow.sensors.coalloc_trigger import CoAllocationTrigger
-from gridcore_airflow.sensors.connections import CENTER_ENV, GridLocation, close_koala
+from gridcore_airflow.sensors.coallocation_trigger import CoAllocationTrigger
+from gridcore_airflow.sensors.connections import CENTER_ENV, GridLocation, close_coallocation
 from tests.barrier_checks import assert_released_after_every_registration, running_center
 from tests.fakes import FakeTaskStateStore
 
@@ -49,7 +49,7 @@ def configured_center(
         yield url
 
 
-def operator(**kwargs: Any) -> CoAllocateOperator:
+def operator(**kwargs: Any) -> CoAllocationOperator:
     defaults: dict[str, Any] = {
         "task_id": "coalloc",
         "command": "true",
@@ -57,10 +57,12 @@ def operator(**kwargs: Any) -> CoAllocateOperator:
         "policy": "WF",
         "poll_interval": 0.1,
     }
-    return CoAllocateOperator(**{**defaults, **kwargs})
+    return CoAllocationOperator(**{**defaults, **kwargs})
 
 
-def deferred(op: CoAllocateOperator, context: dict[str, Any] | None = None) -> CoAllocationTrigger:
+def deferred(
+    op: CoAllocationOperator, context: dict[str, Any] | None = None
+) -> CoAllocationTrigger:
     with pytest.raises(TaskDeferred) as exc:
         op.execute(context=context or {})
     assert exc.value.method_name == "execute_complete"
@@ -91,9 +93,9 @@ def engine_of(db_url: str, scan_interval: float = 1.0) -> Any:
     return GridcoreHook(db_url=db_url).koala_engine(scan_interval)
 
 
-def open_koala(db_url: str, scan_interval: float) -> KoalaEngine:
-    """A KOALA engine opened as triggers open it (close with close_koala)."""
-    return GridLocation(db_url=db_url).open_koala(scan_interval, upgrade=False)
+def open_coallocation(db_url: str, scan_interval: float) -> CoAllocationEngine:
+    """A KOALA engine opened as triggers open it (close with close_coallocation)."""
+    return GridLocation(db_url=db_url).open_coallocation(scan_interval, upgrade=False)
 
 
 def test_execute_submits_a_queued_job_and_defers(db_url: str) -> None:
@@ -267,7 +269,7 @@ def test_trigger_serialize_round_trips_through_its_class_path() -> None:
     module, _, name = path.rpartition(".")
     clone = getattr(importlib.import_module(module), name)(**kwargs)
 
-    assert path == "gridcore_airflow.sensors.coalloc_trigger.CoAllocationTrigger"
+    assert path == "gridcore_airflow.sensors.coallocation_trigger.CoAllocationTrigger"
     assert kwargs == {
         "job_id": 5,
         "grid_file": "/g.toml",
@@ -369,7 +371,7 @@ async def test_a_failing_job_is_retried_until_on_kill_cancels_it(db_url: str) ->
     # wait for the first such retry, then kill the task as a user would.
     op = operator(components=[1, 1], command="exit 3")
     trigger = await asyncio.to_thread(deferred, op)
-    engine = await asyncio.to_thread(open_koala, db_url, 0.1)
+    engine = await asyncio.to_thread(open_coallocation, db_url, 0.1)
     try:
 
         async def retried() -> None:
@@ -379,7 +381,7 @@ async def test_a_failing_job_is_retried_until_on_kill_cancels_it(db_url: str) ->
 
         await asyncio.wait_for(retried(), WAIT_S)
     finally:
-        await asyncio.to_thread(close_koala, engine)
+        await asyncio.to_thread(close_coallocation, engine)
     await trigger.on_kill()
     events = await all_events(trigger.run())
     await trigger.cleanup()
@@ -416,12 +418,12 @@ def test_the_engine_of_a_location_calls_the_configured_center(
     db_url: str, configured_center: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("GRIDCORE_SITE_CENTER_URLS", '{"local-b": "http://10.9.9.9:1"}')
-    engine = open_koala(db_url, 1.0)
+    engine = open_coallocation(db_url, 1.0)
     try:
         assert engine.center_url == configured_center
         assert engine.site_center_urls == {"local-b": "http://10.9.9.9:1"}
     finally:
-        close_koala(engine)
+        close_coallocation(engine)
 
 
 def run_trigger(trigger: CoAllocationTrigger) -> dict[str, Any]:
@@ -471,12 +473,12 @@ async def test_a_finished_trigger_leaves_the_scan_lease_free(db_url: str) -> Non
     (event,) = await all_events(trigger.run())
     assert event.payload["status"] == "success", event.payload
 
-    other = await asyncio.to_thread(open_koala, db_url, 1.0)
+    other = await asyncio.to_thread(open_coallocation, db_url, 1.0)
     try:
         report = await asyncio.to_thread(other.scan)
         assert not report.skipped, report.reasons
     finally:
-        await asyncio.to_thread(close_koala, other)
+        await asyncio.to_thread(close_coallocation, other)
         await trigger.cleanup()
 
 

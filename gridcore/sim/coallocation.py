@@ -383,9 +383,9 @@ class _CoallocModel(ClusterModel):
             background,
             Admission.DROP,
             streams=LoadStreams(
-                random.Random(f"gridcore.sim.coalloc:{seed}:local-arrivals"),
+                random.Random(f"gridcore.sim.coallocation:{seed}:local-arrivals"),
                 (f"local-{n}" for n in itertools.count(1)),
-                random.Random(f"gridcore.sim.coalloc:{seed}:dummies"),
+                random.Random(f"gridcore.sim.coallocation:{seed}:dummies"),
                 (f"dummy-{n}" for n in itertools.count(1)),
             ),
             priority=_LOCAL,

@@ -2,9 +2,9 @@
 (VJM: virtual jobs that hold their processors until all have started).
 
 The operator is thin: validate into a :class:`~gridcore.model.CoReservationRequest`,
-``CoReserveEngine.submit`` (cluster selection by Eq. 1, pilots submitted) through
+``CoReservationEngine.submit`` (cluster selection by Eq. 1, pilots submitted) through
 :class:`~operators.hooks.GridcoreHook`, then wait with
-:class:`~sensors.coreserve_trigger.CoReservationTrigger`, which drives the VJM scans
+:class:`~sensors.coreservation_trigger.CoReservationTrigger`, which drives the VJM scans
 (dispatch, lost pilots, reorganization after the lifetime) until the job ends.
 """
 
@@ -15,14 +15,14 @@ from typing import Any
 
 from airflow.sdk import Context
 
-from gridcore.engine.coreservation import CoReserveEngine, ReservationRecord
+from gridcore.engine.coreservation import CoReservationEngine, ReservationRecord
 from gridcore.errors import GridError, StateError
 from gridcore.model import CoReservationRequest
 from gridcore.validation import check_coreservation_request
 from gridcore_airflow.operators.base import RESOURCE_FIELDS, GridcoreJobOperator
 from gridcore_airflow.operators.site_job import job_name, map_index, state_store, translated
 from gridcore_airflow.sensors.base import output_files_of
-from gridcore_airflow.sensors.coreserve_trigger import CoReservationTrigger
+from gridcore_airflow.sensors.coreservation_trigger import CoReservationTrigger
 
 JOB_KEY = "gridcore_coreserved_job_id"  # in the task state store, shared by all tries
 _RESULT_KEYS = (
@@ -41,7 +41,7 @@ _RESULT_KEYS = (
 )
 
 
-class CoReserveOperator(GridcoreJobOperator):
+class CoReservationOperator(GridcoreJobOperator):
     """Run ``command`` on ``processors`` processors co-reserved by pilots (VJM).
 
     ``processors / vj_size`` pilots (virtual jobs of ``vj_size`` processors) go to the
@@ -50,7 +50,7 @@ class CoReserveOperator(GridcoreJobOperator):
     pilot starts ``command`` at once with ``GRIDCORE_COMPONENT`` (its rank),
     ``GRIDCORE_COMPONENTS``, ``GRIDCORE_PEERS`` (a JSON file of every rank's host and
     port) and ``GRIDCORE_LISTEN_FD`` (its data port, listening): the same interface as
-    :class:`~operators.coallocate.CoAllocateOperator`'s barrier. A job not started
+    :class:`~operators.coallocation.CoAllocationOperator`'s barrier. A job not started
     within its lifetime (Eq. 2, at least ``lifetime_floor_s``) is reorganized (held
     pilots shift between deadlocked jobs; slow clusters are released and substituted).
 
@@ -149,7 +149,9 @@ class CoReserveOperator(GridcoreJobOperator):
         )
         return result
 
-    def _submit(self, engine: CoReserveEngine, state: Any, request: CoReservationRequest) -> int:
+    def _submit(
+        self, engine: CoReservationEngine, state: Any, request: CoReservationRequest
+    ) -> int:
         job_id = engine.submit(request)
         if state is not None:
             try:
@@ -169,7 +171,7 @@ class CoReserveOperator(GridcoreJobOperator):
         )
         return job_id
 
-    def _resume(self, engine: CoReserveEngine, state: Any) -> ReservationRecord | None:
+    def _resume(self, engine: CoReservationEngine, state: Any) -> ReservationRecord | None:
         prior = state.get(JOB_KEY) if state is not None else None
         if isinstance(prior, bool) or not isinstance(prior, int):
             return None
