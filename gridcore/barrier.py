@@ -1,49 +1,7 @@
 """The start barrier every co-allocated component passes before its real command.
 
-Seed 000 Sec. 3.3: the components of a job are claimed (started) at their sites possibly
-in different claiming tries; each runs "a small piece of code" that waits on the barrier
-until it hears from all the other components, so the application starts everywhere at
-once. Usage (the KOALA engine writes this command line)::
-
-    GRIDCORE_COMPONENT_TOKEN=... python -m gridcore.barrier --center URL --job ID
-        --component I --epoch E [--bind ADDR] [--advertise HOST] -- COMMAND...
-
-The barrier talks to the VJ center's HTTP API (:mod:`gridcore.api.app`, answered by
-:mod:`gridcore.engine.barrier_pool`) with a bearer token scoped to this one component,
-read from ``$GRIDCORE_COMPONENT_TOKEN`` (never the command line, where the site's other
-users could read it) and removed from the environment COMMAND gets. It never sees the
-state database. STANDARD LIBRARY ONLY (like :mod:`gridcore.pilot`, whose address
-detection it shares): a cluster needs python3 and this package, not SQLAlchemy.
-
-1. Binds the component's data port: a TCP socket listening on ``--bind`` (default
-   127.0.0.1) port 0. The socket stays open and is inherited by COMMAND (``pass_fds``)
-   as ``GRIDCORE_LISTEN_FD``, so no other process can take the port between the barrier
-   and the program; ``GRIDCORE_HOST``/``GRIDCORE_PORT`` name it. The host is
-   ``--advertise``, else the bound address, else (``--bind 0.0.0.0``) the local address
-   of the route to the center.
-2. Registers host and port (``POST .../register``).
-3. Long-polls ``GET .../peers`` until every component of the job's current epoch has
-   registered ("go"), or gives up: at once (exit 75) when the job was aborted, cancelled
-   or re-placed ("abort"; or a token the center accepted before and no longer knows:
-   a re-placement replaced this component's row), after ``--timeout`` seconds (exit 124).
-4. Records its release (``POST .../released``; "abort" there also exits 75), writes
-   ``peers-<job>-<epoch>-<component>.json`` (``{"components": [{"index", "host",
-   "port"}, ...]}``) into its working directory, atomically (temporary name, then
-   rename; components sharing a site's directory each get their own file), and runs
-   COMMAND with ``GRIDCORE_PEERS``, ``GRIDCORE_COMPONENT``, ``GRIDCORE_COMPONENTS``,
-   ``GRIDCORE_JOB``. SIGTERM/SIGINT are passed on to COMMAND; its exit code is the
-   barrier's (128 + N for a command killed by signal N).
-
-Exit codes of a barrier that never starts COMMAND:
-
-- 2: usage (no ``$GRIDCORE_COMPONENT_TOKEN``, bad arguments);
-- 69: the center could not be reached (or answered 5xx) for ``--unreachable-s`` seconds
-  (default 60, or ``$GRIDCORE_BARRIER_UNREACHABLE_S``) in a row;
-- 75: the job is no longer live (aborted, cancelled, re-placed);
-- 76: the center rejected a request as malformed (HTTP 4xx other than 401/403);
-- 77: the center refused the token (HTTP 401: missing or unknown; 403: another
-  component's or a pilot's) before it ever accepted it;
-- 124: the other components did not all register within ``--timeout`` seconds.
+Design, equations and the choices where a paper is ambiguous: ``docs/coallocation.md``
+(section ``gridcore/barrier.py``).
 """
 
 from __future__ import annotations

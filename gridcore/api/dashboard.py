@@ -1,60 +1,7 @@
 """The Grid page's data: one consistent snapshot of the state database, as plain JSON.
 
-Served by the VJ center's app (:mod:`gridcore.api.grid_routes`) as
-
-* ``GET /api/v1/grid?recent=N&window_s=S``: :func:`read_grid`, the whole grid;
-* ``GET /api/v1/grid/task?dag_id=&run_id=&task_id=&map_index=``: :func:`read_task`, what
-  one Airflow task instance decided, placed, reserved or planned.
-
-Everything of one answer is read in ONE transaction (:func:`snapshot`: SQLite's
-``BEGIN IMMEDIATE``, PostgreSQL's ``REPEATABLE READ``), so the numbers agree with each
-other: a site's ``claimed`` is the sum of its claimed holds in the same answer. The rows
-are read by the engines' own readers where they exist (:func:`gridcore.engine.capacity.usage`
-and :func:`~gridcore.engine.capacity.live_holds`, :func:`gridcore.engine.health.read_health`,
-:func:`gridcore.engine.coallocation_records.job_record`, the co-reservation engine's record
-reader); the rest is pure functions of those rows.
-
-``/api/v1/grid`` (``version`` 1)::
-
-    taken_at       epoch seconds of the snapshot
-    sites          [{name, kind, release, api_version, total, idle, free, external_pending,
-                     claimed, queued,
-                     claimed_by_kind {kind: processors}, queued_by_kind {kind: processors},
-                     holds {kind: {holds, processors, bytes}}, storage_used, storage_limit
-                     (null: unlimited), usable, consecutive_errors, unusable_after,
-                     last_error, probe_job_id, health (text: the state and why),
-                     observed_at, mean_queue_wait_s, mean_runtime_s, finished_jobs}]
-    koala          {placement: {high: [job], low: [job]}, staging: [job], claiming: [job]};
-                   job = the co-allocation record (``CoAllocationRecord.as_json``) plus
-                   ``wait_reason`` and ``requested`` (component sizes and sites asked)
-    reservations   [the co-reservation record (``ReservationRecord.as_json``) plus
-                    state, submitted_at, deadline_at, reasons]: live ones, then the
-                    ``recent`` latest finished
-    pilots         [{id, job_id, site, processors, state, site_job_id, submitted_at,
-                     registered_at, heartbeat_at, message}]: every live pilot
-    dataplans      [plan]: data-plan runs in progress (a job not finished, or a live
-                   volume of the run); plan = {run_id, stream, sites, jobs {state: n},
-                   selections [selection], volumes [hold], volume_bytes}
-    decisions      the ``recent`` latest decisions, newest first: {at, kind (selection |
-                   placement | co-reservation | reorganization), ref, subject, sites,
-                   outcome, reasons [text]}
-    utilization    {start, end, sites {name: {total, points [[t, busy processors]]}}}:
-                   the processors our jobs kept busy over time, a step function
-
-Utilization comes from the records' own times, nothing else: a selection's job from
-``started_at`` to ``finished_at``, a co-allocated component from its barrier registration
-(its program started at the site) to ``finished_at``, a pilot from its registration to
-``finished_at``; a record still live runs to ``taken_at``. Others' load on the sites and
-co-allocation epochs that were re-placed have no history in the state database, so they
-are absent, not estimated.
-
-``/api/v1/grid/task``: a task instance's records. Data plans are found by their stream
-(``dataplan:<run_id_from(dag_id-run_id)>``, :mod:`gridcore.engine.dataplan`), exactly per
-DAG run. Selections, co-allocations and co-reservations are found by the ids Airflow
-recorded for the task instance (its task state store, read by the Airflow plugin and
-passed as :class:`TaskIds`), else by the job name the operators give them
-(:func:`task_job_name`: the same name in every DAG run, so ``matched_by`` says
-``name`` and every run's records are listed, newest first).
+How it works, in full: ``docs/grid-page.md``
+(section ``gridcore/api/dashboard.py``).
 """
 
 from __future__ import annotations

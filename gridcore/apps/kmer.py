@@ -1,81 +1,8 @@
 """Per-sample k-mer counting against a shared reference: the computation behind the
 example batch-pipeline workload ``examples/pipelines/kmer_count.toml``.
 
-The pipeline
-------------
-Every sample runs three jobs. Each reads one batch file, shared by all samples, and the
-sample's previous output (CLI: ``python -m gridcore.apps.kmer SUBCOMMAND --help``)::
-
-    lookup --index ref/index-k31.bin   --reads reads/sample-01.fq --out hits.fq
-    count  --table ref/kmer-table.bin  --reads hits.fq            --out counts.bin
-    merge  --taxonomy ref/taxonomy.tsv --counts counts.bin        --out report.tsv
-           --sample sample-01
-
-``lookup`` keeps the reads with at least one k-mer in the reference's index; ``count``
-counts the kept reads' k-mers per taxon of the reference's k-mer table; ``merge`` names
-the taxa from the taxonomy in the sample's report. ``make-data`` writes a synthetic data
-set for it and prints its manifest.
-
-K-mers
-------
-``k = 31``. A base is two bits (A 0, C 1, G 2, T 3; lower case alike), a k-mer the
-62-bit integer of its bases, the first base most significant. Its canonical form is the
-smaller of it and its reverse complement, so a read and its other strand share k-mers. A
-window that holds an N has no k-mer; a k-mer never spans two reads or two taxa.
-
-Files (integers little-endian)
------
-``index-k31.bin``
-    The reference's distinct canonical k-mers: a 16-byte header (``b"GKI1"``, u16 k,
-    u16 0, u64 count), then ``count`` u64 k-mers, strictly increasing.
-    ``16 + 8 count`` bytes.
-``kmer-table.bin``
-    k-mer -> taxon id: a 16-byte header (``b"GKT1"``, u16 k, u16 0, u64 count), then
-    ``count`` u64 k-mers, strictly increasing, then their ``count`` u32 taxon ids (>= 1)
-    in the same order. A k-mer found in two taxa is left out: it names neither.
-    ``16 + 12 count`` bytes.
-``taxonomy.tsv``
-    The line :data:`TAXONOMY_HEADER`, then per taxon ``id<TAB>name<TAB>lineage`` and a
-    newline: id an integer >= 1, the name 1 to :data:`NAME_BYTES` bytes, the lineage
-    (ranks joined by ``;``) padded with spaces to exactly :data:`LINEAGE_BYTES` bytes
-    (readers strip the padding). UTF-8. It lists many more taxa than the reference holds,
-    as a real taxonomy does.
-``*.fq`` (reads; lookup's output)
-    FASTQ: four lines per read (``@`` and the read's id, the bases ``ACGTN`` in either
-    case, ``+``, one quality character ``!`` .. ``~`` per base), every line ending in a
-    newline.
-counts (count's output)
-    A 32-byte header (``b"GKC1"``, u32 taxa, u64 reads, u64 k-mers, u64 k-mers of no
-    taxon), then per taxon of the table, by increasing id, its u32 id and u64 k-mers
-    (12 bytes). The reads' k-mers are every valid window of every read, repeats included.
-report (merge's output)
-    TSV: ``# sample=NAME reads=R kmers=K``, the line ``taxon lineage count fraction``, a
-    line per taxon of the counts by decreasing count (then increasing id), and last the
-    ``unclassified`` k-mers (empty lineage). Fraction: count / K, six decimals.
-
-Output bounds (what a pipeline file declares as a depth's ``output_bytes``)
--------------
-* lookup: at most its input's size (it copies whole records and never adds one);
-* count: exactly :func:`count_output_bytes` ``(T) = 32 + 12 T``, ``T`` the table's taxa;
-* merge: at most :func:`merge_output_bound` ``(T)``: the sample name is at most
-  :data:`SAMPLE_BYTES` bytes, every number at most 20 digits, every row at most a name,
-  a lineage, a count and a fraction.
-
-``make-data`` prints these bounds for the data it wrote (``output_bytes``).
-
-Synthetic data (``make-data``)
-------------------------------
-The same seed, scale and sample count give byte-identical files. At ``--scale X``: a
-reference of ``1,000,000 X`` random bases in :data:`REFERENCE_TAXA` taxa of equal
-length, a taxonomy of ``16,384 X`` taxa (at least 64) among which the reference's are
-drawn, and per sample ``8,000 X`` reads of :data:`READ_BASES` bases. A read is random
-with a probability drawn per sample (20 to 50 %); the others come from the reference,
-from either strand, with a substitution at each base with probability 1 %, their taxa
-weighted per sample (a Dirichlet draw).
-
-Errors: a malformed or unreadable input prints one line on stderr naming the file and
-exits with status 2, as do bad arguments. Success prints one JSON line on stdout (the
-manifest for ``make-data``) and exits 0.
+How it works, in full: ``docs/apps.md``
+(section ``gridcore/apps/kmer.py``).
 """
 
 from __future__ import annotations

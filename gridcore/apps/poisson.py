@@ -1,63 +1,7 @@
 """A 2-D Poisson solver split into vertical strips, one per co-allocated component.
 
-The problem
------------
-``-laplace(u) = f`` on the unit square with ``u = g`` on its boundary, manufactured from
-
-    u*(x, y) = sin(pi x) sin(2 pi y) + x^2 + y^2
-    f(x, y)  = 5 pi^2 sin(pi x) sin(2 pi y) - 4          g = u* on the boundary
-
-so the error against ``u*`` is the discretisation error (second order in ``h``) plus what
-Jacobi has not yet removed. The grid has ``n x n`` interior points at ``x = j h``,
-``y = i h`` (``1 <= i, j <= n``, ``h = 1 / (n + 1)``); arrays are indexed ``[i, j]``, so
-a column of an array is a line of constant ``x``. The 5-point stencil is solved by a
-fixed number of exact Jacobi sweeps from ``u = 0`` inside: every sweep reads only the
-previous iterate, so a split run performs the very same floating-point operations on
-every point as :func:`solve_serial` and agrees with it to the last bit.
-
-The split
----------
-Component ``k`` of ``sizes`` (processor counts, e.g. ``4,8,4``) owns the interior
-columns ``strip_bounds(n, sizes)[k]``, a width proportional to ``sizes[k]`` (largest
-remainder; ties to the lower index). It keeps one ghost column on each side, which its
-neighbour refreshes before every sweep (and once after the last, for the residual):
-``iterations + 1`` exchanges of one float64 column of ``n`` values per link and way.
-
-Protocol (CLI: ``python -m gridcore.apps.poisson --help``)
---------
-1. Component ``k`` opens its listening socket first (``--host``, ``--listen-port``;
-   port 0 picks a free one), so its address is never published before it can be used.
-   Or it adopts one already listening, inherited as ``--listen-fd`` (default
-   ``$GRIDCORE_LISTEN_FD``): that is how ``python -m gridcore.barrier ... -- COMMAND``
-   hands over the port it registered, with ``$GRIDCORE_PEERS`` and
-   ``$GRIDCORE_COMPONENT`` as the defaults of ``--peers`` and ``--index``.
-2. With ``--register FILE`` it then publishes ``{"index": k, "host": H, "port": P}`` to
-   FILE (atomically: a temporary file renamed into place).
-3. It waits, up to ``--timeout`` seconds, for the peers file ``--peers FILE``, published
-   atomically by whoever launches the components::
-
-       {"components": [{"index": 0, "host": "127.0.0.1", "port": 45123}, ...]}
-
-   one entry per component, indices ``0 .. len(sizes) - 1``. Its own entry must carry the
-   port it listens on. A launcher either picks the ports itself (and passes
-   ``--listen-port``), or starts the components with ``--register`` and writes the peers
-   file from their registrations (:func:`collect_peers`, :func:`write_peers`): that is
-   the co-allocation barrier, released once every component is up.
-4. Component ``k`` CONNECTS to its left neighbour ``k - 1`` (retrying with bounded
-   exponential back-off until the timeout) and then ACCEPTS its right neighbour
-   ``k + 1``. Connecting needs only the neighbour's listening socket, never its
-   ``accept``, so no component waits on another in a cycle.
-5. Both ends of a link exchange a hello (``index, n, iterations, lo, hi``) and check it
-   against what they computed themselves, so a stray or misconfigured peer is named.
-6. Per exchange, links are served in two phases, first those whose left end has an even
-   index, then the others; on a link the left end sends first. The links of one phase
-   are disjoint, so no send ever waits for a buffer that nobody drains, whatever ``n``.
-
-Each component writes its strip (``n x width``, ``.npy``) to ``--out`` and prints one
-JSON line: index, bounds, n, iterations, its strip's residual, wall and exchange times.
-``--check --n N --iterations K STRIP_0.npy STRIP_1.npy ...`` reassembles the strips (in
-that order) and prints ``{"max_abs_diff": ...}`` against :func:`solve_serial`. Errors
-print one line on stderr and exit with status 2 (``--check --tolerance``: 1 if above).
+How it works, in full: ``docs/apps.md``
+(section ``gridcore/apps/poisson.py``).
 """
 
 from __future__ import annotations

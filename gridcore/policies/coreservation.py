@@ -1,75 +1,8 @@
 """VJM's co-reservation decisions: expected-wait cluster selection, the reservation
 lifetime, deadlock detection and resource reorganization.
 
-Seed: Wei, Ding, Xing, Yuan, Li, "VJM: A Novel Grid Resource Co-Allocation Model for
-Parallel Jobs" (``shared/seeds/vjm-virtual-job-model.md``).
-
-* Eq. 1 (:func:`expected_wait`): ``T_avail(C_i, VJob_j) = T_w(C_i) - T_ffw(C_i)
-  + dt(C_i) * QL(C_i) + dt(C_i) * VJ_seq(C_i, j)``, the expected wait of virtual job ``j``
-  on cluster ``C_i`` from the cluster's queue statistics (:class:`QueueStats`).
-* The cluster selection algorithm, steps (1)-(3) of Sec. 3.2 (:func:`select_clusters`):
-  each virtual job to the cluster with the smallest ``T_avail``; while the candidate set
-  spans more than ``M`` clusters, drop the one with the smallest virtual-job set and
-  redistribute its virtual jobs over the rest.
-* Eq. 2 (:func:`reservation_lifetime`): ``T_life_time(VS(J_a)) = 2 * max T_avail``; a
-  pilot's time limit (:func:`pilot_time_limit`, not in the paper) is that lifetime plus
-  its command's own limit plus a margin.
-* Definitions 1 and 2 (:func:`relation`): ``J_a > J_b on C``, ``J_a < J_b on C``,
-  ``J_a = J_b on C``.
-* Sec. 3.3 (:func:`reorganize`): after the lifetime, step 1 the indirect deadlock
-  (Eq. 3, :func:`indirect_deadlock`), step 2 the direct deadlock (Eq. 4,
-  :func:`direct_deadlock`), each shifting ``J_a``'s reserved resources on the clusters
-  ``C_n`` to the earliest-submitted ``J_b`` and seeking substitutes for ``C_n``; else
-  step 3 (:func:`release_slower_half`).
-
-Pure: no I/O, no clock, no randomness. The live engine (``gridcore.engine.coreservation``)
-and the simulator (``gridcore.sim.vjm``) both call these functions.
-
-Where the paper is ambiguous, what we chose:
-
-* Eq. 1 can go negative (``T_ffw > T_w``: the head of the queue has waited longer than
-  the average). A wait is not negative: :func:`expected_wait` returns ``max(0, Eq. 1)``;
-  the printed value is :func:`expected_wait_printed`.
-* Ties in step (1) go to the cluster listed first (callers list clusters in the grid
-  file's order); ties in step (3) drop the cluster whose largest ``T_avail`` is largest
-  (the slower of the two), then the one listed last.
-* The paper does not bound how many virtual jobs of one job a cluster receives. A cluster
-  with fewer processors than its share of the job can never hold them all at once and the
-  job would deadlock itself, so a cluster takes at most ``capacity`` virtual jobs of one
-  job (``floor(processors / g)``); a virtual job that fits nowhere makes the selection
-  infeasible (``Outcome.NO_FIT``) with a reason.
-* Definitions 1 and 2 compare "all the required resources on C": a job is complete on C
-  when every virtual job it has there holds its processors.
-* Eq. 3 and Eq. 4 shift what ``J_a`` holds on ``C_n`` to ``J_b``; ``J_b`` takes only as
-  many held virtual jobs as it still lacks there (it cannot use more), and ``J_a``'s
-  other held virtual jobs on ``C_n`` are released, since ``J_a`` seeks a substitute for
-  all of ``C_n`` ("J_a will not release the resources on the clusters other than such
-  C_n").
-* Step 3's index ranges are printed inconsistently (release ``C_[m/2] .. C_m``, keep
-  ``C_1 .. C_floor(m/2)-1``: for odd ``m`` one cluster is in neither set). We read both
-  bounds with ``k = ceil(m / 2)``: release ``C_k .. C_m``, keep ``C_1 .. C_(k-1)``. The
-  mean waiting time that orders the clusters is that of the virtual jobs there that have
-  not acquired their resources.
-
-Rules of :func:`reorganize` (:class:`ReorganizeRule`). :data:`PAPER_RULE` is Sec. 3.3 as
-printed. Three options are not in the paper: ``earlier_only`` (shifts flow only toward
-older jobs, the global order of the paper's refs. [8, 9]), ``held_only`` (Eq. 4 only
-where ``J_a`` holds something to shift) and ``wait_for_younger`` (under the global order
-the oldest job keeps its reservation while a younger job that holds what it lacks will
-yield). :data:`GLOBAL_ORDER` (all three) is :data:`DEFAULT_RULE`, what the live engine
-and the simulator use unless told otherwise. On the simulator's ``vjm-deadlock``
-(``gridcore.sim.vjm_experiments``; 450 cases of 10 jobs, seeds 0-29, 500-529 and
-1000-1029, Eq. 2 capped at :data:`LIFETIME_CEILING_S`) it started every job, with the
-lowest mean co-allocation time of the rules; the paper's rule left 8 jobs of one case
-never started (Eq. 4 fires between jobs that hold nothing on a cluster whose queue head
-waits for processors pilots hold, and every check only sends pilots to the back of the
-queue), ``earlier_only`` alone 10 jobs in 4 cases. Before the ceiling and
-:func:`select_substitutes`, the paper's rule
-left jobs never started in 57 of 300 cases and the global order in none.
-
-Substitutes (Sec. 3.3 "reselect substitute clusters"): :func:`select_substitutes` leaves
-the clusters just released out when the rest can take the virtual jobs (a released
-cluster is where the job waited too long), and falls back to every cluster otherwise.
+Design, equations and the choices where a paper is ambiguous: ``docs/coreservation.md``
+(section ``gridcore/policies/coreservation.py``).
 """
 
 from __future__ import annotations

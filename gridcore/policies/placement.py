@@ -1,56 +1,7 @@
 """Co-allocation placement: on which clusters the components of a parallel job run.
 
-Seeds: Mohamed and Epema, "Experiences with the KOALA co-allocating scheduler in
-multiclusters", CCGrid 2005 (seed 000, ``shared/seeds/koala-coallocation-icp-ccgrid2005.md``)
-and Sonmez, Mohamed and Epema, "Communication-aware job placement policies for the KOALA
-grid scheduler", e-Science 2006 (seed 002,
-``shared/seeds/koala-communication-aware-placement-escience2006.md``).
-
-* ``WF`` Worst Fit (seed 002 Sec. 4): components in decreasing size, each on the cluster
-  with the most (remaining) idle processors; keeps the loads balanced.
-* ``CF`` Close-to-Files (seed 000 Sec. 2.6): among the clusters with room for a component,
-  the one its input file reaches soonest from its best replica.
-* ``CM`` Cluster Minimization (seed 002 Fig. 1): clusters sorted by idle processors once;
-  each component (decreasing size) on the first cluster in that order with room.
-* ``FCM`` Flexible Cluster Minimization (seed 002 Fig. 3): a flexible request is cut
-  into components that fill the emptiest clusters first.
-
-Rules where the papers are silent, exactly as implemented:
-
-* "Idle" always means *usable* idle (:func:`usable_idle`), taken from the snapshot's free
-  processors (:attr:`SiteSnapshot.free_processors`). The quota ``q`` in (0, 1]
-  (seed 002 Sec. 4.1, "filling each of the clusters to more than a certain fraction")
-  keeps processors in use after placement <= floor(q * total):
-  usable = max(0, min(idle, floor(q * total) - (total - idle))). ``None`` means no quota
-  (the same as q = 1). Sorting "by idle" sorts by usable idle.
-* Ties: WF and CM keep the given cluster order among equal idle counts (stable sorts);
-  CF prefers the shorter transfer, then more remaining usable idle, then cluster order.
-* Components are placed in decreasing size; equal sizes keep request order.
-* FIXED requests, under every policy: each component must fit the usable idle its named
-  cluster has left after the request's earlier components; a site missing from the
-  snapshot cannot fit.
-* NON_FIXED under FCM is placed by CM: the sizes are dictated, so there is nothing to cut.
-* FLEXIBLE under WF, CF or CM: the request's ``splits`` are tried in order as non-fixed
-  requests under that policy; without splits only FCM can serve it. FLEXIBLE under FCM
-  with splits: each split in order under CM, first fit wins (seed 002 Sec. 2.2, "a list
-  of options of how a job can be split up, possibly ordered according to preference").
-  Splits are taken as given: ``min_component_size`` and ``max_components`` restrict only
-  the cuts FCM makes itself.
-* FCM cuts with a minimum size m and at most k components (default: one per cluster):
-  clusters with less than m usable idle are skipped; a cluster that cannot hold the whole
-  remainder R gets min(idle, R - m) so that the remainder stays a legal component (and is
-  skipped if that is < m); the k-th component must take the whole remainder.
-* CF without an input file has no transfers to compare: every delay is 0 and it places
-  exactly as WF does.
-* Transfers (seed 000 Sec. 2.3): WHOLE moves the whole file to every component; CHUNKED
-  moves ceil(size * component size / job processors) bytes. A replica at the execution
-  site costs 0 s; a link of bandwidth <= 0 never finishes (inf s). Without a bandwidth
-  function only same-site replicas can be costed (CF ranks the others last) and any
-  other transfer the placement needs raises :class:`RequestError`.
-* A request with an input file and no replica of it among ``replicas`` is NO_FIT
-  ("no replica of <name>").
-
-Pure: no I/O, no clock, no randomness.
+Design, equations and the choices where a paper is ambiguous: ``docs/coallocation.md``
+(section ``gridcore/policies/placement.py``).
 """
 
 from __future__ import annotations

@@ -1,46 +1,7 @@
 """Site selection for independent jobs (ensemble members).
 
-Seed: Lander, Fowler, Thorpe, Ramakrishnan, "Stateful Grid Resource Selection for Related
-Asynchronous Tasks", RENCI TR-08-02 (2008), ``shared/seeds/stateful-site-selection-renci2008.md``.
-
-The paper's protocols, kept exactly for the reproduction (``gridcore experiment
-stateful-selection``):
-
-* ``naive`` (Protocol 1 without the stateful branch): trust the monitored idle count.
-* ``stateful`` (Protocol 1 with "decrement site's free CPU count" / Protocol 2): discount
-  the processors of our own selections that monitoring does not show yet (the hysteresis
-  window), and other users' queued jobs.
-* ``random``: any usable site (the emulator's third selection mode, Table 2).
-
-Each site's estimate follows Protocol 1's "estimate total time on this resource":
-transfer of the inputs over the bandwidth matrix + the reference runtime scaled by the
-site's slowness + transfer of the outputs back. Among sites with enough (effective) idle
-processors the earliest estimated completion wins. When none fits, the insufficient-
-resource mode decides (Table 2): ``random`` (the paper's naive behaviour), ``best`` (the
-largest idle count "even if that number is negative"), or ``earliest`` (beyond the paper:
-the earliest estimated completion, Eq. C).
-
-Beyond the paper, the operators' default (:data:`DEFAULT_PROTOCOL`):
-
-* ``earliest-completion``: the stateful view (ours in flight and others' queued work
-  discounted), then EVERY usable site large enough ranked by Eq. (C); a fitting site
-  wins only a tie. On random grids the paper's ``best`` loses to naive in about a quarter
-  of the cases: with no site fitting it ranks sites by idle processors in absolute numbers
-  (a 4-processor slow site at -1 beats a 32-processor fast one at -3), and any fitting
-  site beats every non-fitting one whatever its speed. Measured by ``gridcore experiment
-  selection-robustness``.
-
-Eq. (C), a member of ``p`` processors and reference runtime ``r`` at site ``s``:
-``C_s = W_s + transfer_s + r * slowness_s`` where ``transfer_s`` is the input and output
-transfer time (:func:`gridcore.policies.transfer.job_transfer_seconds`) and ``W_s`` the
-expected wait before it starts, 0 where it fits, else Eq. (W)
-(:func:`estimated_queue_delay`): ``W_s = max(W_obs, R_s / 2, deficit_s * B_s / T_p)``
-with ``deficit_s = p - free_s``, ``T_p = floor(T_s / p) * p`` of the site's ``T_s``
-processors, ``R_s`` the mean runtime observed there (else ``r * slowness_s``), ``B_s``
-the backlog's runtime (our in-flight processors at ``r * slowness_s``, others' queued
-ones at ``R_s``, weighted by processors) and ``W_obs`` the mean queue wait observed there.
-
-Pure: no I/O, no clock; randomness only through the injected ``rng``.
+Design, equations and the choices where a paper is ambiguous: ``docs/selection.md``
+(section ``gridcore/policies/selection.py``).
 """
 
 from __future__ import annotations

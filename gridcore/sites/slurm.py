@@ -2,45 +2,8 @@
 26.05 (v0.0.45): the version is found by asking the server (:mod:`gridcore.sites.slurm_api`
 holds what each version says and the pure request builder).
 
-Every request goes through :meth:`SlurmSite._send` and :meth:`SlurmSite._check`, which
-translate transport failures, rejected credentials and the body's ``errors[]`` into
-:mod:`gridcore.errors` types; nothing else in this module looks at ``requests``
-exceptions or HTTP codes.
-
-Facts about slurmrestd this adapter relies on (checked against real 22.05, 24.11, 26.05):
-
-* ``errors[]`` must be read even on HTTP 200: 22.05 answers a job asking for more CPUs
-  than the partition has with HTTP 200, ``errors[]`` AND a ``job_id`` (the job is queued
-  and would pend for ever, so :meth:`SlurmSite.submit` cancels it before raising); 26.05
-  accepts such a job with only ``warnings[]``. So a request is first checked against the
-  cluster's partitions and nodes (:func:`gridcore.sites.slurm_api.refusals`) and refused
-  before it reaches Slurm.
-* A token slurmctld rejects: 22.05 answers HTTP 500 with error -1 ("Unspecified error"),
-  exactly as when slurmctld is unreachable; 24.11 and later answer HTTP 511 with error
-  1007 on data calls while ``/ping`` says ``responding: false``. So on 401/403/511/1007
-  the token is read anew (a ``file`` or ``command`` reference renews) and the call made
-  once more; a second refusal is :class:`~gridcore.errors.CredentialRejected`, naming
-  the token reference. A ``/ping`` that says no controller responds is confirmed by a
-  data call before the site is called down.
-* ``end_time`` of a running job is its projected end, and ``start_time`` of a pending
-  job 0 or a forecast; a job cancelled while pending has ``start_time == end_time`` and
-  no ``nodes`` (it never started).
-
-Submission keys (:mod:`gridcore.sites.keys`) travel in the job's ``comment`` (the name
-stays the user's); ``GET /jobs`` returns it and has no filter, so :meth:`SlurmSite.find`
-lists the jobs and picks the key. Slurm itself does not refuse a second job with the
-same comment: exactly-once rests on the caller looking the key up first and recording
-the id conditionally.
-
-Polling: every :class:`SlurmSite` of one process aimed at the same slurmrestd, user and
-credential shares one listing of the cluster's jobs (``GET /jobs``), fetched at most once per
-``listing_max_age_s``; :meth:`SlurmSite.status` reads a job from it, so watching N jobs
-costs one call per poll cycle, not N. A job the listing lacks is asked for by id.
-
-Finished jobs vanish from slurmctld (and from ``GET /jobs``) ``MinJobAge`` seconds after
-they end (300 s in the test grid). A retry made later than that after a job that already
-FINISHED cannot see it and submits again; a retry while the job is pending or running, or
-within MinJobAge of its end, finds it.
+How it works, in full: ``docs/sites.md``
+(section ``gridcore/sites/slurm.py``).
 """
 
 from __future__ import annotations
