@@ -79,10 +79,6 @@ class ClusterSelection:
             counts[choice.cluster] = counts.get(choice.cluster, 0) + 1
         return counts
 
-    @property
-    def max_t_avail(self) -> float:
-        return max((c.t_avail for c in self.choices), default=0.0)
-
 
 # -- Eq. 1 and Eq. 2 -----------------------------------------------------------------------
 
@@ -304,21 +300,22 @@ def static_selection(
     return ClusterSelection(Outcome.FIT, tuple(choices), (f"static machine file: {listed}",))
 
 
-def round_robin_counts(virtual_jobs: int, clusters: Sequence[ClusterView]) -> dict[str, int]:
-    """MPICH-G2's round-robin over the machine file (Sec. 1, Fig. 3's baseline): one
-    virtual job to each cluster in file order, again and again, skipping full ones."""
-    counts = {c.name: 0 for c in clusters}
-    left = virtual_jobs
-    while left > 0:
+def round_robin_order(virtual_jobs: int, capacities: Mapping[str, int]) -> list[str]:
+    """MPICH-G2's round-robin over the machine file (Sec. 1, Fig. 3's baseline): the
+    cluster of each virtual job in issue order, one to each cluster in file order (the
+    order of ``capacities``), again and again, skipping full ones."""
+    room = dict(capacities)
+    order: list[str] = []
+    while len(order) < virtual_jobs:
         progressed = False
-        for c in clusters:
-            if left > 0 and counts[c.name] < c.capacity:
-                counts[c.name] += 1
-                left -= 1
+        for name in room:
+            if len(order) < virtual_jobs and room[name] > 0:
+                room[name] -= 1
+                order.append(name)
                 progressed = True
         if not progressed:
             raise ConfigError(f"{virtual_jobs} virtual jobs exceed the machine file's clusters")
-    return {n: k for n, k in counts.items() if k > 0}
+    return order
 
 
 # -- Definitions 1 and 2, Eq. 3 and Eq. 4 (Sec. 3.3) ----------------------------------------

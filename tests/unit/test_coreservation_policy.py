@@ -32,6 +32,7 @@ from gridcore.policies.coreservation import (
     release_slower_half,
     reorganize,
     reservation_lifetime,
+    round_robin_order,
     select_clusters,
     select_substitutes,
 )
@@ -606,3 +607,24 @@ def test_wait_for_younger_keeps_the_oldest_job_s_reservation(
     if step == "wait":
         assert (plan.shifts, plan.release, plan.substitutes) == ((), (), 0)
         assert "younger job 2 holds 1 on C" in plan.reasons[0]
+
+
+@pytest.mark.parametrize(
+    ("scenario", "virtual_jobs", "capacities", "order"),
+    [
+        ("5 over three roomy clusters: dealt a, b, c, a, b", 5, {"a": 9, "b": 9, "c": 9},
+         ["a", "b", "c", "a", "b"]),
+        ("a full cluster is skipped on the next turns", 5, {"a": 1, "b": 9, "c": 2},
+         ["a", "b", "c", "b", "c"]),
+        ("none", 0, {"a": 1}, []),
+    ],
+)  # fmt: skip
+def test_round_robin_deals_virtual_jobs_over_the_machine_file(
+    scenario: str, virtual_jobs: int, capacities: dict[str, int], order: list[str]
+) -> None:
+    assert round_robin_order(virtual_jobs, capacities) == order, scenario
+
+
+def test_round_robin_refuses_more_virtual_jobs_than_the_machine_file_holds() -> None:
+    with pytest.raises(ConfigError, match="4 virtual jobs exceed"):
+        round_robin_order(4, {"a": 1, "b": 2})
