@@ -8,10 +8,23 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import requests
 from requests.adapters import BaseAdapter
+
+from gridcore.errors import RequestError, UnknownJob
+from gridcore.model import (
+    JobResources,
+    JobState,
+    JobStatus,
+    JobSubmission,
+    ObservedJob,
+    SiteObservation,
+    SiteSpec,
+)
+from gridcore.sites.output import OutputFiles
 
 
 class FakeTaskStateStore:
@@ -28,6 +41,127 @@ class FakeTaskStateStore:
 
     def delete(self, key: str) -> None:
         self.values.pop(key, None)
+
+
+@dataclass
+class FakeJob:
+    """One job as :class:`FakeSite` holds it."""
+
+    job_id: str
+    submission: JobSubmission
+    submitted_at: float
+    state: JobState = JobState.PENDING
+    exit_code: int | None = None
+    polls: int = 0
+    started_at: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def key(self) -> str | None:
+        return self.submission.key
+
+
+@dataclass
+class FakeSite:
+    """A site adapter (:class:`gridcore.sites.base.SiteAdapter`) in memory, for unit
+    tests of engines and operators: no process, no file, no database of its own.
+
+    It does NOT deduplicate by submission key: two submissions with one key are two
+    jobs, as on Slurm, so what a test sees is the engines' own exactly-once logic;
+    ``find(key)`` looks up what was submitted with the key. A job stays pending until
+    the test ends it (:meth:`finish`), or, with ``finish_after_polls`` = N, completes at
+    its N-th status poll. ``after_accept`` runs after the site recorded a submission and
+    before its id is returned (a test's submitter dies there)."""
+
+    spec: SiteSpec
+    finish_after_polls: int | None = None
+    clock: Callable[[], float] = time.time
+    after_accept: Callable[[FakeJob], None] | None = None
+    jobs: dict[str, FakeJob] = field(default_factory=dict)
+    cancelled: list[str] = field(default_factory=list)
+
+    def observe(self) -> SiteObservation:
+        busy = sum(j.submission.processors for j in self.jobs.values() if not j.state.finished)
+        listed = tuple(
+            ObservedJob(
+                j.job_id, j.submission.processors, j.state, j.key, j.submitted_at, j.started_at
+            )
+            for j in self.jobs.values()
+            if not j.state.finished
+        )
+        total = self.spec.processors
+        return SiteObservation(
+            self.spec.name, total, max(0, total - busy), listed, observed_at=self.clock()
+        )
+
+    def submit(self, job: JobSubmission) -> str:
+        self.check_request(job.name, job.processors, job.resources)
+        fake = FakeJob(str(len(self.jobs) + 1), job, self.clock())
+        self.jobs[fake.job_id] = fake
+        if self.after_accept is not None:
+            self.after_accept(fake)
+        return fake.job_id
+
+    def check_request(self, name: str, processors: int, resources: JobResources) -> None:
+        if processors > self.spec.processors:
+            raise RequestError(
+                f"site {self.spec.name}: job {name!r} asks {processors} processors,"
+                f" the site has {self.spec.processors}"
+            )
+
+    def find(self, key: str, since: float | None = None) -> str | None:
+        found = [
+            j.job_id
+            for j in self.jobs.values()
+            if j.key == key and (since is None or j.submitted_at >= since)
+        ]
+        return found[0] if found else None
+
+    def status(self, job_id: str) -> JobStatus:
+        job = self._job(job_id)
+        job.polls += 1
+        if not job.state.finished and job.polls == self.finish_after_polls:
+            self.finish(job_id)
+        return JobStatus(
+            job_id,
+            job.state,
+            job.exit_code,
+            job.submitted_at,
+            job.started_at,
+            job.finished_at,
+        )
+
+    def cancel(self, job_id: str) -> None:
+        job = self._job(job_id)
+        if not job.state.finished:
+            job.state, job.finished_at = JobState.CANCELLED, self.clock()
+            self.cancelled.append(job_id)
+
+    def output_files(self, job_id: str) -> OutputFiles:
+        self._job(job_id)
+        return OutputFiles(
+            f"memory://{self.spec.name}/{job_id}.out", f"memory://{self.spec.name}/{job_id}.err"
+        )
+
+    def finish(self, job_id: str, state: JobState = JobState.COMPLETED) -> None:
+        """End the job as ``state`` (a completed job exits 0, any other 1)."""
+        job = self._job(job_id)
+        job.started_at = job.started_at or self.clock()
+        job.state, job.finished_at = state, self.clock()
+        job.exit_code = 0 if state is JobState.COMPLETED else 1
+
+    def start(self, job_id: str) -> None:
+        job = self._job(job_id)
+        job.state, job.started_at = JobState.RUNNING, self.clock()
+
+    def keyed(self, key: str) -> list[FakeJob]:
+        """Every job submitted with ``key`` (exactly-once: at most one)."""
+        return [j for j in self.jobs.values() if j.key == key]
+
+    def _job(self, job_id: str) -> FakeJob:
+        if job_id not in self.jobs:
+            raise UnknownJob(f"site {self.spec.name}: no job {job_id}")
+        return self.jobs[job_id]
 
 
 class FaultySite:

@@ -29,6 +29,7 @@ from gridcore.state.store import open_store
 from tests.barrier_checks import running_center
 from tests.capacity_checks import assert_capacity_invariant
 from tests.fakes import FaultySite
+from tests.lease_checks import assert_a_retaken_lease_fences_the_old_grant
 
 pytestmark = pytest.mark.postgres
 
@@ -151,6 +152,14 @@ def _scan_slowly(
         time.sleep(0.05)
     out.put((holder, scans, lost))
     store.dispose()
+
+
+def test_the_same_holder_retaking_its_expired_lease_fences_its_old_grant(pg_url: str) -> None:
+    store = open_store(pg_url, upgrade=True)
+    try:
+        assert_a_retaken_lease_fences_the_old_grant(store)
+    finally:
+        store.dispose()
 
 
 @pytest.mark.parametrize(

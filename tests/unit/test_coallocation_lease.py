@@ -25,6 +25,7 @@ from gridcore.state.store import Store, open_store
 from tests.barrier_checks import running_center
 from tests.capacity_checks import assert_capacity_invariant
 from tests.fakes import FaultySite
+from tests.lease_checks import assert_a_retaken_lease_fences_the_old_grant
 
 PARAMS = CoAllocationParams(scan_interval_s=1.0)
 # Two components; component 0 goes to local-a, whose submissions the test holds.
@@ -87,6 +88,10 @@ def test_a_fenced_transaction_of_a_lost_lease_commits_nothing(store: Store) -> N
     assert names == {"scan", "marker-1"}
     assert (holder, token) == ("b", 2)
     assert_capacity_invariant(store, no_live_holds=True)
+
+
+def test_the_same_holder_retaking_its_expired_lease_fences_its_old_grant(store: Store) -> None:
+    assert_a_retaken_lease_fences_the_old_grant(store)
 
 
 def test_fenced_renewal_extends_and_never_shortens(store: Store) -> None:
