@@ -72,8 +72,13 @@ lint: $(VENV)/.dev
 typecheck: $(VENV)/.dev
 	$(BIN)/mypy
 
+# The tiers run side by side on $(TEST_WORKERS) pytest-xdist workers; the Slurm grid and
+# the deployment each stay on one worker (tests/conftest.py). The third worker keeps both
+# cores busy while the other two mostly wait on Slurm jobs and Airflow's services.
+TEST_WORKERS ?= 3
+
 test: $(VENV)/.dev system-packages slurm-chroots lint typecheck
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS)
 
 experiment: $(VENV)/.core
 	$(BIN)/gridcore experiment stateful-selection --json
