@@ -1246,7 +1246,7 @@ def reservation_record(conn: Connection, job_id: int) -> ReservationRecord:
         .one_or_none()
     )
     if row is None:
-        raise RequestError(f"no co-reserved job {job_id}")
+        raise StateError(f"no co-reserved job {job_id} in the state database")
     owned = (
         conn.execute(select(pilots).where(pilots.c.job_id == job_id).order_by(pilots.c.id))
         .mappings()
