@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from gridcore.errors import ConfigError, GridError, RequestError
+from gridcore.experiments import registry
 from gridcore.progress import progress_mode
-from gridcore.sim import registry
 
 if TYPE_CHECKING:
     from gridcore.dataplan_format import CanonicalWorkload, PipelineSpec, SitePlan

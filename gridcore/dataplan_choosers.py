@@ -32,7 +32,7 @@ What :func:`choose_by_simulation` does instead:
   the pipeline or barrier it hits has fetched and computed, so on most seeds two plans
   fare alike and on a few one loses a barrier the other does not: an interval from three
   seeds that happen to hold no such reset is narrow and wrong. In case 67 of
-  :mod:`gridcore.sim.dataplan_robustness` Minimal is 0-0.9 % faster than Slice on the
+  :mod:`gridcore.experiments.dataplan_robustness` Minimal is 0-0.9 % faster than Slice on the
   first 8 choosing seeds and 21 % to five times slower on 8 of the 30, so three seeds
   picked Minimal, 14 % slower over 30 (20.7 % on the experiment's measurement seeds); a
   swing that hits a share ``p`` of the seeds is missed by ``n`` seeds with probability
@@ -40,13 +40,13 @@ What :func:`choose_by_simulation` does instead:
   each round of seeds, a plan other than the leader (the smallest mean) stays in the
   race while the 95 % Student t interval of its paired differences to the leader, ``mean
   +- t(0.975, n - 1) * s / sqrt(n)`` over the ``n`` seeds (:func:`paired_interval`, as
-  :mod:`gridcore.sim.seeds` bounds a mean), reaches below ``-INDIFFERENCE`` (1 %) of the
+  :mod:`gridcore.experiments.seeds` bounds a mean), reaches below ``-INDIFFERENCE`` (1 %) of the
   leader's mean, i.e. while it might still be more than 1 % faster. A plan whose
   interval stays above that leaves the race: it is slower, or at most 1 % faster, so
   choosing the leader costs at most 1 % against it, half the issue's 2 % median bound.
   While plans are in the race beside the leader, the seeds double (3, 6, 12, 24; 10, 20)
   for those plans and the leader only, up to :data:`MAX_CHOOSING_SEEDS` = 30 (the
-  paper's runs per point, which :mod:`gridcore.sim.dataplan_experiments` measures its
+  paper's runs per point, which :mod:`gridcore.experiments.dataplan` measures its
   ``failure`` sweep with) or the job budget (below). Doubling rather than one seed at a
   time: fewer looks at the interval, each a chance to stop on a lucky draw, for at most
   twice the seeds needed. Plans well apart, or running identically (a difference of 0 on
@@ -57,7 +57,7 @@ What :func:`choose_by_simulation` does instead:
   When ``SD_R = 0`` and ``F = 0`` every seed runs the same simulation, so one seed is
   used and there is no race. The seeds are 1,000,001 onwards, far from 0, so that an
   experiment measuring the pick on seeds ``0, 1, ...`` measures it on seeds it did not
-  choose with (:func:`gridcore.sim.dataplan_experiments.measurement_seeds` refuses all
+  choose with (:func:`gridcore.experiments.dataplan.measurement_seeds` refuses all
   30).
 * **Pick**: the smallest mean simulated makespan among the plans still in the race at
   the end, all over the same seeds (``trace=False``); ties go to the first candidate in
@@ -86,6 +86,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gridcore.errors import ConfigError
+from gridcore.experiments.seeds import student_t_975
 from gridcore.model import Outcome
 from gridcore.policies.dataplan import (
     TIE_ORDER,
@@ -98,7 +99,6 @@ from gridcore.policies.dataplan import (
     minimal_concurrency,
 )
 from gridcore.sim.dataplan import WanSharing, simulate_dataplan
-from gridcore.sim.seeds import student_t_975
 
 FIRST_SEEDS = 3
 """The seeds every candidate runs on before the race, nodes not failing (module

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import create_engine, text
 
-from gridcore.bench import pg_schema
+from gridcore.experiments.bench_selection import pg_schema
 
 PG_URL = os.environ.get("GRIDCORE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from gridcore.bench import pg_schema
 from gridcore.config import default_grid
 from gridcore.engine import capacity
 from gridcore.engine.runtime import GridRuntime
+from gridcore.experiments.bench_selection import pg_schema
 from gridcore.model import JobRequest, JobSubmission
 from gridcore.sites.keys import selection_key
 from gridcore.sites.local import LocalSite

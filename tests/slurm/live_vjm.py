@@ -41,8 +41,8 @@ from gridcore.config import load_grid
 from gridcore.engine.coreservation import CoReservationEngine, CoReservationParams
 from gridcore.engine.phases import ReservationPhase
 from gridcore.engine.runtime import GridRuntime
+from gridcore.experiments.coreservation import expected_max_uniform, half_width
 from gridcore.model import CoReservationRequest, JobSubmission
-from gridcore.sim.vjm_experiments import expected_max_uniform, half_width
 from gridcore.state.store import open_store
 from tests.slurmgrid import (
     ClusterLayout,
@@ -58,7 +58,7 @@ B_INTERVALS_S = (10, 30, 60, 90, 120)
 PROCESSORS = 10
 PROBES = 3
 # Each probe is a batch of 5 one-processor jobs at one instant: what a 10-processor job
-# dealt round-robin sends (as the simulated warm-up, gridcore/sim/vjm_experiments.py).
+# dealt round-robin sends (as the simulated warm-up, gridcore/experiments/coreservation.py).
 # Single probes (the first live run, 2026-11-23) left Eq. 1's dt at the gap between
 # ticks, so VJM spread a 10-pilot job over both clusters although the fast one's pilots
 # all start at its next tick.
@@ -202,7 +202,7 @@ def _until_done(engine: CoReservationEngine, ids: list[int], timeout: float) -> 
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from gridcore.sim.vjm_experiments import plot_coallocation
+    from gridcore.experiments.coreservation import plot_coallocation
 
     parser = argparse.ArgumentParser(prog="python -m tests.slurm.live_vjm", description=__doc__)
     parser.add_argument("--runs", type=int, default=2, help="pairs per point (default 2)")

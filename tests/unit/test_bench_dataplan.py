@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gridcore import bench_dataplan as bd
 from gridcore.cli import main
+from gridcore.experiments import bench_dataplan as bd
 from gridcore.policies.dataplan import STORAGE_STRATEGIES, check_feasibility, table2_environment
 
 FIGURES = {

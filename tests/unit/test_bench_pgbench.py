@@ -9,8 +9,8 @@ from types import MappingProxyType
 
 import pytest
 
-from gridcore import bench
 from gridcore.engine import selection as selection_engine
+from gridcore.experiments import bench_selection as bench
 from gridcore.model import GridSpec, SiteKind, SiteSpec
 
 

@@ -23,8 +23,8 @@ from gridcore.dataplan_choosers import (
     race,
 )
 from gridcore.errors import ConfigError
+from gridcore.experiments import dataplan as dx
 from gridcore.policies.dataplan import TABLE1_WORKLOADS, Strategy, table2_environment
-from gridcore.sim import dataplan_experiments as dx
 
 SLICE = Candidate(Strategy.SLICE)
 MINIMAL = Candidate(Strategy.MINIMAL)

@@ -16,14 +16,14 @@ from gridcore.dataplan_choosers import (
     wide_minimal_width,
 )
 from gridcore.errors import ConfigError
+from gridcore.experiments import dataplan as dx
+from gridcore.experiments import registry
 from gridcore.policies.dataplan import (
     TABLE1_WORKLOADS,
     Strategy,
     choose_bent2009,
     table2_environment,
 )
-from gridcore.sim import dataplan_experiments as dx
-from gridcore.sim import registry
 from gridcore.sim.dataplan import simulate_dataplan
 
 ENV = table2_environment()

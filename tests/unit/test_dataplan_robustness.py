@@ -14,9 +14,9 @@ import pytest
 from gridcore.cli import main
 from gridcore.dataplan_choosers import CHOOSING_SEEDS
 from gridcore.errors import ConfigError
+from gridcore.experiments import dataplan_robustness as dr
+from gridcore.experiments.dataplan import CHOOSERS, MEASUREMENT_SEEDS
 from gridcore.model import MB
-from gridcore.sim import dataplan_robustness as dr
-from gridcore.sim.dataplan_experiments import CHOOSERS, MEASUREMENT_SEEDS
 
 
 @pytest.mark.parametrize("seed", range(0, 600, 2))

@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from gridcore.policies.claiming import CoAllocationParams
-from gridcore.sim.koala_experiments import (
+from gridcore.experiments.bench_coallocation import bench_scan
+from gridcore.experiments.coallocation_claiming import (
     PAPER_PARAMS,
-    bench_scan,
     koala_claiming_experiment,
     koala_workload,
     plot_koala_claiming,
 )
+from gridcore.policies.claiming import CoAllocationParams
 
 
 @pytest.fixture(scope="module")

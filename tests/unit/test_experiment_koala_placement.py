@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gridcore.errors import ConfigError
-from gridcore.sim.coalloc_experiments import (
+from gridcore.experiments.coallocation_placement import (
     METRICS,
     component_counts,
     koala_placement_experiment,

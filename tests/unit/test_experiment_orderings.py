@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from gridcore.cli import main
+from gridcore.experiments import selection_robustness as rb
+from gridcore.experiments.selection import PROTOCOLS, TABLE1_SITES, all_orderings, canonical_trace
 from gridcore.policies.selection import DEFAULT_PROTOCOL
-from gridcore.sim import robustness as rb
-from gridcore.sim.experiments import PROTOCOLS, TABLE1_SITES, all_orderings, canonical_trace
 from gridcore.sim.selection import simulate_selection
 
 

@@ -14,11 +14,11 @@ import pytest
 
 from gridcore.cli import main
 from gridcore.errors import ConfigError
-from gridcore.sim import registry
-from gridcore.sim.coalloc_experiments import koala_placement_experiment
+from gridcore.experiments import registry
+from gridcore.experiments.coallocation_placement import koala_placement_experiment
+from gridcore.experiments.registry import BENCHMARKS, EXPERIMENTS, RunOptions, text_table
+from gridcore.experiments.seeds import MeanInterval, estimate, student_t_975
 from gridcore.sim.coallocation import FIG5_EXECUTION_S
-from gridcore.sim.registry import BENCHMARKS, EXPERIMENTS, RunOptions, text_table
-from gridcore.sim.seeds import MeanInterval, estimate, student_t_975
 
 
 def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:

@@ -11,8 +11,8 @@ import pytest
 
 from gridcore.cli import main
 from gridcore.errors import ConfigError
-from gridcore.sim import registry
-from gridcore.sim.registry import BENCHMARKS, EXPERIMENTS, Experiment, RunOptions
+from gridcore.experiments import registry
+from gridcore.experiments.registry import BENCHMARKS, EXPERIMENTS, Experiment, RunOptions
 
 
 @pytest.mark.parametrize("table", [EXPERIMENTS, BENCHMARKS], ids=["experiments", "benchmarks"])

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from gridcore.errors import ConfigError
+from gridcore.experiments import selection_robustness as rb
 from gridcore.policies.selection import DEFAULT_PROTOCOL
-from gridcore.sim import robustness as rb
 
 
 @pytest.mark.parametrize("seed", range(0, 400, 7))

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gridcore.errors import ConfigError
-from gridcore.sim.experiments import (
+from gridcore.experiments.selection import (
     METRICS,
     canonical_trace,
     compare_protocols,

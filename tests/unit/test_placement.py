@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from gridcore import bench
-from gridcore.bench import bench_close_to_files
 from gridcore.errors import RequestError
+from gridcore.experiments import bench_coallocation as bench
+from gridcore.experiments.bench_coallocation import bench_close_to_files
 from gridcore.model import (
     MB,
     CoAllocationRequest,
@@ -779,8 +779,8 @@ def test_valid_requests_pass(request_: CoAllocationRequest) -> None:
 
 
 class SteppedClock:
-    """Stands in for the ``time`` module in gridcore.bench: ``perf_counter()`` returns the
-    given readings in turn; everything else is the real module."""
+    """Stands in for the ``time`` module in gridcore.experiments.bench_coallocation:
+    ``perf_counter()`` returns the given readings in turn; everything else is the real module."""
 
     def __init__(self, readings: list[float]) -> None:
         self._readings = iter(readings)

@@ -56,12 +56,13 @@ def test_no_bar_into_a_pipe_by_default_nor_when_disabled() -> None:
 
 def test_benchmark_stages_are_shown_on_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
     # in-process: `gridcore bench placement` itself takes minutes of CPU
-    import gridcore.bench
+    import gridcore.experiments.bench_coallocation
     from gridcore.cli import main
 
     monkeypatch.setenv(PROGRESS_ENV, "always")
-    monkeypatch.setattr(gridcore.bench, "bench_close_to_files", lambda: {"cf_ms": 1.0})
-    monkeypatch.setattr("gridcore.sim.koala_experiments.bench_scan", lambda jobs, sites: {})
+    bench = gridcore.experiments.bench_coallocation
+    monkeypatch.setattr(bench, "bench_close_to_files", lambda: {"cf_ms": 1.0})
+    monkeypatch.setattr(bench, "bench_scan", lambda jobs, sites: {})
     out, err = _run_cli(["bench", "placement", "--json"], main)
     assert json.loads(out) == {"cf_ms": 1.0}
     assert "bench placement:" in err and "CF latency" in err and "queue scan" in err, err

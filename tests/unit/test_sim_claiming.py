@@ -6,16 +6,16 @@ from __future__ import annotations
 import pytest
 
 from gridcore.errors import ConfigError
-from gridcore.model import Priority
-from gridcore.policies.claiming import CoAllocationParams
-from gridcore.policies.transfer import transfer_seconds, uniform_bandwidth
-from gridcore.sim.claiming import KoalaJob, KoalaRun, simulate_koala
-from gridcore.sim.koala_experiments import (
+from gridcore.experiments.coallocation_claiming import (
     PAPER_PARAMS,
     background_loads,
     das_sites,
     koala_workload,
 )
+from gridcore.model import Priority
+from gridcore.policies.claiming import CoAllocationParams
+from gridcore.policies.transfer import transfer_seconds, uniform_bandwidth
+from gridcore.sim.claiming import KoalaJob, KoalaRun, simulate_koala
 from gridcore.sim.workload import BackgroundLoad, LocalJob, SimSite
 
 GB = 10**9

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from gridcore.errors import ConfigError
+from gridcore.experiments.coallocation_placement import das_clusters, workload_trace
 from gridcore.model import RequestKind
 from gridcore.policies.placement import PlacementPolicy
-from gridcore.sim.coalloc_experiments import das_clusters, workload_trace
 from gridcore.sim.coallocation import (
     FIG5_EXECUTION_S,
     CoallocRun,

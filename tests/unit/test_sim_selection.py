@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import pytest
 
 from gridcore.errors import ConfigError
+from gridcore.experiments.selection import canonical_trace
 from gridcore.model import JobState, ObservedJob
 from gridcore.policies.selection import InsufficientMode, SelectionProtocol
-from gridcore.sim.experiments import canonical_trace
 from gridcore.sim.selection import (
     JobRecord,
     SelectionRun,

@@ -9,6 +9,13 @@ from typing import Any
 import pytest
 
 from gridcore.errors import ConfigError
+from gridcore.experiments.coreservation import (
+    B_INTERVALS_S,
+    coallocation_experiment,
+    deadlock_case,
+    deadlock_experiment,
+    expected_max_uniform,
+)
 from gridcore.policies.coreservation import GLOBAL_ORDER, PAPER_RULE, ReorganizeRule
 from gridcore.sim.cluster import Cluster, Owner, Queued, ScheduleTicks
 from gridcore.sim.core import SimulationError, Simulator
@@ -20,13 +27,6 @@ from gridcore.sim.vjm import (
     VjmParams,
     VjmRun,
     simulate_vjm,
-)
-from gridcore.sim.vjm_experiments import (
-    B_INTERVALS_S,
-    coallocation_experiment,
-    deadlock_case,
-    deadlock_experiment,
-    expected_max_uniform,
 )
 from gridcore.sim.workload import LocalJob, SimSite
 
@@ -259,7 +259,7 @@ def test_koala_baseline_components_also_deadlock_on_the_indirect_trace(mode: Mod
 
 @pytest.mark.parametrize("variant", ["reorganize", "no_reorganize", "koala"])
 def test_processors_never_exceed_a_cluster_on_a_deadlock_case(variant: str) -> None:
-    from gridcore.sim.vjm_experiments import HORIZON_S, VARIANTS
+    from gridcore.experiments.coreservation import HORIZON_S, VARIANTS
 
     clusters, jobs, background = deadlock_case(0, 0)
     run = simulate_vjm(

@@ -26,9 +26,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from gridcore.experiments.registry import Experiment
 from gridcore.policies.coreservation import ClusterView, QueueStats, select_clusters
 from gridcore.progress import run_stages
-from gridcore.sim.registry import Experiment
 
 SELECTION_REPEATS = 200
 OVERHEAD_JOBS = 12

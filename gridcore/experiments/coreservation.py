@@ -100,10 +100,10 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from gridcore.experiments.registry import Experiment, RunOptions, text_table
+from gridcore.experiments.seeds import Claim, OverSeeds, student_t_975
 from gridcore.policies.coreservation import PAPER_RULE, ReorganizeRule
 from gridcore.progress import progress
-from gridcore.sim.registry import Experiment, RunOptions, text_table
-from gridcore.sim.seeds import Claim, OverSeeds, student_t_975
 from gridcore.sim.vjm import (
     Mode,
     ParallelJob,

@@ -25,8 +25,8 @@ from typing import Any
 
 from gridcore import credentials
 from gridcore.errors import ConfigError, GridError
+from gridcore.experiments.registry import Experiment, RunOptions, text_table
 from gridcore.model import JobResources, JobSubmission, SiteKind, SiteSpec
-from gridcore.sim.registry import Experiment, RunOptions, text_table
 
 log = logging.getLogger(__name__)
 

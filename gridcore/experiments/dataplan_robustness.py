@@ -3,13 +3,13 @@
 
 Seed: Bent et al., "Data-Driven Batch Scheduling", DADC 2009
 (``shared/seeds/data-driven-batch-scheduling-dadc2009.md``). The ``dataplan`` experiment
-(:mod:`gridcore.sim.dataplan_experiments`) sweeps one variable at a time around Table 1's
+(:mod:`gridcore.experiments.dataplan`) sweeps one variable at a time around Table 1's
 three workloads on Table 2's cluster, the setting the simulation chooser was built on. A
 user's workload is not one of them. This experiment draws ``cases`` random canonical
 workloads and clusters from the ranges below (each case from its own seed: cases ``seed ..
 seed + cases - 1``, ``--seed`` and ``--cases``), measures every candidate plan on the
 simulator as the ``dataplan`` experiment measures a point
-(:func:`~gridcore.sim.dataplan_experiments.measure_point`), and reports per chooser the
+(:func:`~gridcore.experiments.dataplan.measure_point`), and reports per chooser the
 distribution of its regret over the cases.
 
 Ranges, fixed before this experiment was first run (uniform unless said; integers where
@@ -43,7 +43,7 @@ Per case, as the ``dataplan`` experiment does per point: the feasible set, the m
 simulated makespan of every candidate plan
 (:func:`~gridcore.dataplan_choosers.candidate_plans`, a wide Minimal included) over the
 measurement seeds ``0 .. MEASUREMENT_SEEDS - 1``
-(:func:`~gridcore.sim.dataplan_experiments.measurement_seeds`, which refuses seeds that
+(:func:`~gridcore.experiments.dataplan.measurement_seeds`, which refuses seeds that
 meet the simulation chooser's :data:`~gridcore.dataplan_choosers.CHOOSING_SEEDS`), each
 chooser's pick and its regret ``(simulated(pick) - simulated(best)) / simulated(best)``,
 ``None`` in the JSON when the pick never ended within the simulation horizon. The
@@ -77,6 +77,16 @@ from typing import Any
 from gridcore.dataplan_choosers import CHOOSING_SEEDS
 from gridcore.dataplan_format import DEFAULT_CHOOSER
 from gridcore.errors import ConfigError
+from gridcore.experiments.dataplan import (
+    CHOOSERS,
+    MAX_REGRET_MAX,
+    MEASUREMENT_SEEDS,
+    MEDIAN_REGRET_MAX,
+    measure_point,
+    measurement_seeds,
+)
+from gridcore.experiments.registry import Experiment, RunOptions, text_table
+from gridcore.experiments.seeds import Claim
 from gridcore.model import MB
 from gridcore.policies.dataplan import (
     GB,
@@ -86,16 +96,6 @@ from gridcore.policies.dataplan import (
     check_feasibility,
 )
 from gridcore.progress import progress
-from gridcore.sim.dataplan_experiments import (
-    CHOOSERS,
-    MAX_REGRET_MAX,
-    MEASUREMENT_SEEDS,
-    MEDIAN_REGRET_MAX,
-    measure_point,
-    measurement_seeds,
-)
-from gridcore.sim.registry import Experiment, RunOptions, text_table
-from gridcore.sim.seeds import Claim
 
 N_CPU = (8, 64)
 WIDTH_RATIO = (0.5, 8.0)

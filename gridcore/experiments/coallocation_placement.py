@@ -92,6 +92,8 @@ from types import MappingProxyType
 from typing import Any
 
 from gridcore.errors import ConfigError
+from gridcore.experiments.registry import Experiment, RunOptions, text_table
+from gridcore.experiments.seeds import OverSeeds, increasing
 from gridcore.model import RequestKind
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.progress import progress
@@ -105,8 +107,6 @@ from gridcore.sim.coallocation import (
     coallocation_request,
     simulate_coallocation,
 )
-from gridcore.sim.registry import Experiment, RunOptions, text_table
-from gridcore.sim.seeds import OverSeeds, increasing
 from gridcore.sim.workload import BackgroundLoad, SimSite
 
 DAS_TABLE1: tuple[tuple[str, str, int, int], ...] = (

@@ -1,4 +1,4 @@
-"""Benchmarks: ``gridcore bench selection``.
+"""``gridcore bench selection``: the live selection engine's decisions per second.
 
 Each decision is the live engine's hot path: read a snapshot of every site in one
 transaction, run the stateful policy, and commit the claim and the selection row
@@ -35,7 +35,6 @@ import os
 import random
 import re
 import shutil
-import statistics
 import subprocess
 import tempfile
 import time
@@ -52,25 +51,18 @@ from sqlalchemy.engine import make_url
 from gridcore.engine import capacity
 from gridcore.engine import selection as selection_engine
 from gridcore.engine.capacity import HolderKind, Ledger
+from gridcore.experiments.registry import Experiment
 from gridcore.model import (
     ORIGIN,
-    CoAllocationRequest,
-    Component,
     GridSpec,
-    InputFile,
     JobRequest,
     JobState,
     Outcome,
-    Replica,
-    RequestKind,
     SiteKind,
-    SiteSnapshot,
     SiteSpec,
 )
-from gridcore.policies.placement import close_to_files
 from gridcore.policies.selection import DEFAULT_PROTOCOL, InsufficientMode, SelectionProtocol
 from gridcore.progress import run_stages
-from gridcore.sim.registry import Experiment
 from gridcore.state.schema import selections, sites
 from gridcore.state.store import Store, open_store
 
@@ -534,58 +526,6 @@ def _ratio(rate: float, tps: float | None) -> float | None:
     return None if tps is None else round(rate / tps, 3)
 
 
-def bench_close_to_files(
-    clusters: int = 1000, components: int = 8, repeats: int = 2000, seed: int = 0
-) -> dict[str, float]:
-    """Median milliseconds of one CF decision: a non-fixed request of ``components``
-    equal components (as in seed 000 Sec. 4.2) with a 4 GB input file replicated at 3
-    sites, over ``clusters`` random clusters and a grid bandwidth matrix."""
-    rng = random.Random(seed)
-    snapshot = []
-    for i in range(clusters):
-        total = rng.choice((32, 64, 128, 256))
-        snapshot.append(SiteSnapshot(f"C{i:04d}", total, rng.randint(total // 8, total)))
-    holders = rng.sample(snapshot, min(3, clusters))
-    replicas = tuple(
-        Replica("bench.dat", c.site, f"file:///{c.site}/bench.dat", 4 * 10**9, "sha256:" + "0" * 64)
-        for c in holders
-    )
-    # A grid description that lists the links from the file sites to every cluster.
-    links = {(r.site, c.site): rng.uniform(10.0, 1000.0) for r in replicas for c in snapshot}
-    grid = GridSpec(
-        tuple(SiteSpec(c.site, SiteKind.LOCAL, c.total_processors) for c in snapshot),
-        MappingProxyType(links),
-        100.0,
-        "<bench>",
-    )
-    size = rng.choice((4, 8, 16))
-    request = CoAllocationRequest(
-        "bench",
-        RequestKind.NON_FIXED,
-        (Component(size),) * components,
-        input_file=InputFile("bench.dat"),
-    )
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        close_to_files(request, snapshot, replicas=replicas, bandwidth=grid.bandwidth)
-        samples.append(time.perf_counter() - start)
-    return {f"cf_{components}comp_{clusters}sites_p50_ms": statistics.median(samples) * 1e3}
-
-
-def bench_placement(scan_jobs: int = 10_000, scan_sites: int = 100) -> dict[str, Any]:
-    """``gridcore bench placement``: CF latency (1000 sites, 8 components) and one full
-    scan of a 10,000-job placement queue over 100 sites (seed 000 Sec. 3.1)."""
-    from gridcore.sim.koala_experiments import bench_scan
-
-    stages: dict[str, Callable[[], dict[str, float]]] = {
-        "CF latency": bench_close_to_files,
-        "queue scan": lambda: bench_scan(jobs=scan_jobs, sites=scan_sites),
-    }
-    results = run_stages("bench placement", stages)
-    return {key: value for result in results.values() for key, value in result.items()}
-
-
 def _selection_table(result: Mapping[str, Any]) -> str:
     keys = (
         "decisions_per_s",
@@ -604,10 +544,6 @@ def _selection_table(result: Mapping[str, Any]) -> str:
     return table
 
 
-def _placement_table(result: Mapping[str, Any]) -> str:
-    return " ".join(f"{key}={value:.4g}" for key, value in result.items())
-
-
 SELECTION = Experiment(
     "selection decisions per second: one process on SQLite, 8 on PostgreSQL",
     lambda options: bench_selection(options.pg_url, options.decisions, options.per_process),
@@ -623,10 +559,4 @@ SELECTION = Experiment(
             )
         )
     ),
-)
-
-PLACEMENT = Experiment(
-    "CF latency over 1000 sites and one scan of a 10,000-job placement queue",
-    lambda options: bench_placement(),
-    _placement_table,
 )

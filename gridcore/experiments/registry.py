@@ -7,10 +7,10 @@ defines that object; the tables below name it by ``"module:attribute"`` and impo
 only when it runs, so the CLI starts without the simulator or the database drivers.
 Adding an experiment is one module and one line here.
 
-A paper experiment that declares :class:`gridcore.sim.seeds.OverSeeds` also runs over
+A paper experiment that declares :class:`gridcore.experiments.seeds.OverSeeds` also runs over
 several seeds (``--seeds N``): the first seed's full result plus ``over_seeds``, the mean
 and 95 % interval of every figure and how many seeds keep the paper's ordering, computed
-once for every such entry by :mod:`gridcore.sim.seeds`.
+once for every such entry by :mod:`gridcore.experiments.seeds`.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from types import MappingProxyType
 from typing import Any
 
 from gridcore.errors import ConfigError
+from gridcore.experiments.seeds import OverSeeds, render_table
 from gridcore.progress import progress
-from gridcore.sim.seeds import OverSeeds, render_table
 
 Result = dict[str, Any]
 
@@ -120,7 +120,7 @@ class Experiment:
 
     def execute(self, options: RunOptions) -> Result:
         """Run with ``options``, ``runs`` resolved (:meth:`runs`). Over N > 1 seeds: the
-        result of the first seed with ``over_seeds`` added (:mod:`gridcore.sim.seeds`);
+        result of the first seed with ``over_seeds`` added (:mod:`gridcore.experiments.seeds`);
         the plot, if any, is then the first seed's."""
         self._refuse_unread(options)
         options = replace(options, runs=self.runs(options))
@@ -191,25 +191,25 @@ def _cell(value: object, spec: str) -> tuple[str, str]:
 
 EXPERIMENTS: Mapping[str, str] = MappingProxyType(
     {
-        "stateful-selection": "gridcore.sim.experiments:STATEFUL_SELECTION",
-        "koala-placement": "gridcore.sim.coalloc_experiments:KOALA_PLACEMENT",
-        "koala-claiming": "gridcore.sim.koala_experiments:KOALA_CLAIMING",
-        "selection-robustness": "gridcore.sim.robustness:SELECTION_ROBUSTNESS",
-        "vjm-coallocation": "gridcore.sim.vjm_experiments:VJM_COALLOCATION",
-        "vjm-deadlock": "gridcore.sim.vjm_experiments:VJM_DEADLOCK",
-        "dataplan": "gridcore.sim.dataplan_experiments:DATAPLAN",
-        "dataplan-robustness": "gridcore.sim.dataplan_robustness:DATAPLAN_ROBUSTNESS",
+        "stateful-selection": "gridcore.experiments.selection:STATEFUL_SELECTION",
+        "koala-placement": "gridcore.experiments.coallocation_placement:KOALA_PLACEMENT",
+        "koala-claiming": "gridcore.experiments.coallocation_claiming:KOALA_CLAIMING",
+        "selection-robustness": "gridcore.experiments.selection_robustness:SELECTION_ROBUSTNESS",
+        "vjm-coallocation": "gridcore.experiments.coreservation:VJM_COALLOCATION",
+        "vjm-deadlock": "gridcore.experiments.coreservation:VJM_DEADLOCK",
+        "dataplan": "gridcore.experiments.dataplan:DATAPLAN",
+        "dataplan-robustness": "gridcore.experiments.dataplan_robustness:DATAPLAN_ROBUSTNESS",
     }
 )
 """``gridcore experiment NAME``: the seed papers' experiments on the simulator."""
 
 BENCHMARKS: Mapping[str, str] = MappingProxyType(
     {
-        "selection": "gridcore.bench:SELECTION",
-        "placement": "gridcore.bench:PLACEMENT",
-        "coreservation": "gridcore.bench_coreservation:CORESERVATION",
-        "dataplan": "gridcore.bench_dataplan:DATAPLAN",
-        "slurm-polling": "gridcore.bench_slurm:SLURM_POLLING",
+        "selection": "gridcore.experiments.bench_selection:SELECTION",
+        "placement": "gridcore.experiments.bench_coallocation:PLACEMENT",
+        "coreservation": "gridcore.experiments.bench_coreservation:CORESERVATION",
+        "dataplan": "gridcore.experiments.bench_dataplan:DATAPLAN",
+        "slurm-polling": "gridcore.experiments.bench_slurm:SLURM_POLLING",
     }
 )
 """``gridcore bench NAME``: decision throughput and latency."""

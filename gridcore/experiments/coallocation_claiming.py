@@ -59,7 +59,7 @@ Metrics, on Fig. 1's timeline (A submission, B placement, C claiming, D JST):
 
 The paper's outcome to reproduce: every job completes despite the failures, and high-
 priority jobs start sooner than low-priority ones (Sec. 5.3). Over seeds (``--seeds N``,
-:mod:`gridcore.sim.seeds`) the figures above and the per-priority ones are reported as
+:mod:`gridcore.experiments.seeds`) the figures above and the per-priority ones are reported as
 means with 95 % intervals, and the paper's ordering is counted per seed as three claims:
 every submitted job completes, and high-priority jobs have the shorter mean start delay
 and the shorter mean placement time.
@@ -69,25 +69,18 @@ from __future__ import annotations
 
 import random
 import statistics
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gridcore.experiments.registry import Experiment, RunOptions
+from gridcore.experiments.seeds import Claim, OverSeeds, increasing
 from gridcore.model import (
-    CoAllocationRequest,
-    Component,
-    InputFile,
     Priority,
-    Replica,
-    RequestKind,
-    SiteSnapshot,
 )
-from gridcore.policies.claiming import CoAllocationParams, QueuedJob, scan_placement_queue
+from gridcore.policies.claiming import CoAllocationParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.policies.transfer import transfer_seconds, uniform_bandwidth
 from gridcore.sim.claiming import JobOutcome, KoalaJob, KoalaJobRecord, KoalaRun, simulate_koala
-from gridcore.sim.registry import Experiment, RunOptions
-from gridcore.sim.seeds import Claim, OverSeeds, increasing
 from gridcore.sim.workload import BackgroundLoad, SimSite
 
 GB = 10**9
@@ -278,44 +271,6 @@ def plot_koala_claiming(result: Mapping[str, Any], path: str) -> None:
     )
     figure.tight_layout()
     figure.savefig(path, format="png", dpi=100)
-
-
-def bench_scan(jobs: int = 10_000, sites: int = 100, seed: int = 0) -> dict[str, float]:
-    """Seconds for one scan of a ``jobs``-long placement queue over ``sites`` clusters with
-    CF: Sec. 4.2's jobs with files replicated at 2 clusters, 100 Mbit/s links, clusters of
-    the DAS's sizes partly busy."""
-    rng = random.Random(f"gridcore.sim.koala_experiments.bench_scan:{seed}")
-    clusters = []
-    for number in range(sites):
-        total = rng.choice((64, 144))
-        clusters.append(SiteSnapshot(f"c{number:03d}", total, rng.randint(0, total)))
-    names = [c.site for c in clusters]
-    queue = []
-    for number in range(jobs):
-        size = rng.choice(JOB_SIZES)
-        count = rng.choice(component_counts(size))
-        logical = f"job{number}.in"
-        request = CoAllocationRequest(
-            f"job{number}",
-            RequestKind.NON_FIXED,
-            (Component(size // count),) * count,
-            input_file=InputFile(logical),
-            priority=Priority.HIGH,
-        )
-        file_bytes = rng.choice(FILE_SIZES_GB) * GB
-        replicas = tuple(
-            Replica(logical, site, f"gsiftp://{site}/{logical}", file_bytes, "")
-            for site in rng.sample(names, REPLICAS)
-        )
-        queue.append(QueuedJob(request, replicas))
-    bandwidth = uniform_bandwidth(BACKBONE_MB_S)
-    start = time.perf_counter()
-    result = scan_placement_queue(queue, clusters, POLICY, bandwidth=bandwidth)
-    elapsed = time.perf_counter() - start
-    return {
-        f"scan_{jobs}jobs_{sites}sites_s": elapsed,
-        "placed": float(len(result.placed)),
-    }
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -71,6 +71,8 @@ from gridcore.dataplan_choosers import (
 )
 from gridcore.dataplan_format import DEFAULT_CHOOSER
 from gridcore.errors import ConfigError
+from gridcore.experiments.registry import Experiment, RunOptions, text_table
+from gridcore.experiments.seeds import Claim
 from gridcore.policies.dataplan import (
     TABLE1_WORKLOADS,
     BandwidthReading,
@@ -81,8 +83,6 @@ from gridcore.policies.dataplan import (
     table2_environment,
 )
 from gridcore.progress import note, progress
-from gridcore.sim.registry import Experiment, RunOptions, text_table
-from gridcore.sim.seeds import Claim
 
 Chooser = Callable[[Workload, Environment], DataPlan]
 

@@ -1,6 +1,6 @@
 """Site selection on grids and bursts nobody tuned: every protocol against naive.
 
-The paper's Fig. 2 comparison (:mod:`gridcore.sim.experiments`) runs one canonical trace
+The paper's Fig. 2 comparison (:mod:`gridcore.experiments.selection`) runs one canonical trace
 whose favoured site is small. A user's grid is not that trace. This experiment draws
 ``cases`` random grids and workloads from the documented ranges below (each case from its
 own seed: case ``seed .. seed + cases - 1``, so any case replays alone with
@@ -39,9 +39,9 @@ from types import MappingProxyType
 from typing import Any
 
 from gridcore.errors import ConfigError
+from gridcore.experiments.registry import Experiment, RunOptions, text_table
 from gridcore.policies.selection import DEFAULT_PROTOCOL, InsufficientMode, SelectionProtocol
 from gridcore.progress import progress
-from gridcore.sim.registry import Experiment, RunOptions, text_table
 from gridcore.sim.selection import SimJob, StreamConfig, simulate_selection
 from gridcore.sim.workload import LocalJob, SimSite
 

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from gridcore.dataplan_choosers import choose_by_simulation
+from gridcore.experiments.registry import Experiment
 from gridcore.policies.dataplan import (
     GB,
     TABLE1_WORKLOADS,
@@ -51,7 +52,6 @@ from gridcore.policies.dataplan import (
     table2_environment,
 )
 from gridcore.progress import run_stages
-from gridcore.sim.registry import Experiment
 
 CANONICAL_WORKLOAD = Workload(W=100_000, D=50, S_B=2 * GB, S_P=GB / 1000, R_bar=5000.0, SD_R=500.0)
 """W = 100,000 pipelines of D = 50 jobs, Table 1's runtimes (5,000 s, SD 500 s); 2 GB batch
@@ -65,7 +65,7 @@ BASELINE_LOOP_N = 10_000
 SIMULATION_REPEATS = 3
 DAG_PARSE_REPEATS = 3
 DAG_PARSE_TIMEOUT_S = 300.0
-DAG_FILE = Path(__file__).resolve().parent.parent / "dags" / "batch_pipeline.py"
+DAG_FILE = Path(__file__).resolve().parents[2] / "dags" / "batch_pipeline.py"
 """The example DAG the lead writes; its parse time is measured only if it exists."""
 
 

@@ -45,10 +45,10 @@ protocols, on one stream like naive. ``--all-orderings`` runs the canonical trac
 Table 1's four slowness values in each of their 24 orderings over the sites (the order
 this trace was chosen for is one of them) and reports per ordering the mean completion
 over the seeds of the default and of ``stateful_best`` over naive's; ``--case SEED``
-replays a selection-robustness case (:mod:`gridcore.sim.robustness`) instead of the
-canonical trace.
+replays a selection-robustness case (:mod:`gridcore.experiments.selection_robustness`)
+instead of the canonical trace.
 
-Over seeds (``--seeds N``, :mod:`gridcore.sim.seeds`): each trace seed is one sample, and
+Over seeds (``--seeds N``, :mod:`gridcore.experiments.seeds`): each trace seed is one sample, and
 the paper's ordering counted per seed is Sec. 4.2's "the naive selection protocol,
 measured by ensemble time to completion, is indeed worse than either of the stateful
 protocols": naive's ``completion_s`` above both ``stateful_best``'s and
@@ -92,10 +92,10 @@ from types import MappingProxyType
 from typing import Any
 
 from gridcore.errors import ConfigError
+from gridcore.experiments.registry import Experiment, RunOptions, text_table
+from gridcore.experiments.seeds import OverSeeds, increasing
 from gridcore.policies.selection import DEFAULT_PROTOCOL, InsufficientMode, SelectionProtocol
 from gridcore.progress import progress
-from gridcore.sim.registry import Experiment, RunOptions, text_table
-from gridcore.sim.seeds import OverSeeds, increasing
 from gridcore.sim.selection import (
     MDS_INTERVAL_S,
     SelectionRun,
@@ -187,7 +187,7 @@ def robustness_case_trace(case: int) -> SelectionTrace:
     """selection-robustness's case ``case`` as a trace: its sites, members (alternating
     between two streams in arrival order, for the split protocols), external load and
     monitor interval."""
-    from gridcore.sim.robustness import random_case
+    from gridcore.experiments.selection_robustness import random_case
 
     drawn = random_case(case)
     ordered = sorted(drawn.jobs, key=lambda job: (job.arrival_s, job.name))
