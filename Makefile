@@ -16,7 +16,7 @@ SYSTEM_PACKAGES := $(SLURM_PACKAGES) openssh-server chromium debootstrap mariadb
 # make demo and make airflow keep everything here (Airflow's home and metadata DB,
 # gridcore's state DB and sites' storage), so the demo's runs show in the UI
 DEMO_HOME ?= $(CURDIR)/.gridcore-demo
-DEMO := AIRFLOW_HOME=$(DEMO_HOME)/airflow $(BIN)/python -m gridcore_airflow.operators.demo \
+DEMO := AIRFLOW_HOME=$(DEMO_HOME)/airflow $(BIN)/python -m gridcore_airflow.demo \
 	--home $(DEMO_HOME)
 
 .PHONY: demo airflow test lint typecheck system-packages slurm-chroots experiment bench clean
@@ -38,7 +38,7 @@ $(VENV)/.dev: pyproject.toml | $(BIN)/python
 	touch $@ $(VENV)/.core $(VENV)/.airflow
 
 # Every example DAG of dags/ through Airflow's dag.test(): per DAG what ran where and
-# the result; exits non-zero if one fails (gridcore_airflow.operators.demo).
+# the result; exits non-zero if one fails (gridcore_airflow.demo).
 demo: $(VENV)/.airflow
 	$(DEMO)
 

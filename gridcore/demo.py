@@ -6,7 +6,7 @@ numpy, a stand-in for a surge model) as a subprocess on its site, and the demo p
 where each member ran and how long it queued.
 
 It also says where the embedded default keeps its state for a demo or a test session
-(:class:`GridcoreEnv`): ``make demo`` (``gridcore_airflow.operators.demo``, the example
+(:class:`GridcoreEnv`): ``make demo`` (``gridcore_airflow.demo``, the example
 DAGs through Airflow) and the integration tests prepare with it.
 """
 

@@ -26,7 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from gridcore_airflow.operators.demo import (  # noqa: F401  (re-exported for the tests)
+from gridcore_airflow.demo.harness import (  # noqa: F401  (re-exported for the tests)
     AIRFLOW_BIN,
     migrate_metadata_db,
     rendered_map_indexes,

@@ -5,7 +5,7 @@ directory and ``AIRFLOW__CORE__DAGS_FOLDER`` at this repository's ``dags/`` befo
 anything imported Airflow. Here, once per session: gridcore's own state (SQLite, local
 site storage, the forcing inbox) goes to a temporary directory, and ``airflow db
 migrate`` creates the metadata DB (a subprocess, as an operator would run it). This is
-the preparation ``make demo`` does too (``gridcore_airflow.operators.demo``): the same
+the preparation ``make demo`` does too (``gridcore_airflow.demo``): the same
 functions, so the demo runs what these tests check.
 """
 
@@ -21,14 +21,14 @@ from gridcore.demo import UNSET_FOR_DEFAULT
 from gridcore.demo import GridcoreEnv as IntegrationEnv
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
-# The Airflow layer (gridcore_airflow.operators.demo) is imported inside the fixtures:
+# The Airflow layer (gridcore_airflow.demo) is imported inside the fixtures:
 # importing it imports Airflow, whose home tests/conftest.py sets in pytest_configure,
 # after this file may have been imported.
 
 
 @pytest.fixture(scope="session")
 def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[IntegrationEnv]:
-    from gridcore_airflow.operators.demo import migrate_metadata_db
+    from gridcore_airflow.demo.harness import migrate_metadata_db
 
     env = IntegrationEnv.under(tmp_path_factory.mktemp("integration"))
     with pytest.MonkeyPatch.context() as mp:
@@ -43,6 +43,6 @@ def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Integratio
 @pytest.fixture(scope="session")
 def dagbag(airflow_env: IntegrationEnv) -> Any:
     # Parsed after airflow_env: the DAG reads GRIDCORE_FORCING_DIR at parse time.
-    from gridcore_airflow.operators.demo import dag_bag
+    from gridcore_airflow.demo.harness import dag_bag
 
     return dag_bag(DAGS)

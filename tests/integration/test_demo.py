@@ -1,4 +1,4 @@
-"""``make demo`` (``python -m gridcore_airflow.operators.demo``) end to end, as a user
+"""``make demo`` (``python -m gridcore_airflow.demo``) end to end, as a user
 runs it: a fresh home, Airflow's metadata migrated, a DAG run through ``dag.test()``, the
 report on stdout, the run's own output in the home's log; a failing DAG makes it exit 1.
 (Every example DAG's own checks are the other tests of this tier, which prepare with the
@@ -41,7 +41,7 @@ def demo(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GRIDCORE_"))}
     env["AIRFLOW_HOME"] = str(home / "airflow")
     return subprocess.run(
-        [sys.executable, "-m", "gridcore_airflow.operators.demo", "--home", str(home), *args],
+        [sys.executable, "-m", "gridcore_airflow.demo", "--home", str(home), *args],
         env=env,
         capture_output=True,
         text=True,

@@ -57,7 +57,7 @@ RESULT_KEYS = {
 def test_dag_test_decides_the_burst_at_once_and_runs_every_member(
     dagbag: Any, airflow_env: IntegrationEnv
 ) -> None:
-    from gridcore_airflow.operators.demo import RUN_CONF
+    from gridcore_airflow.demo.harness import RUN_CONF
 
     dag = dagbag.dags[DAG_ID]
     conf = dict(RUN_CONF[DAG_ID])  # what make demo runs

@@ -1,4 +1,4 @@
-"""``make airflow``'s preparation (``gridcore_airflow.operators.demo --standalone``): the
+"""``make airflow``'s preparation (``gridcore_airflow.demo --standalone``): the
 fixed login in the simple auth manager's passwords file, and a configuration Airflow
 reads as the example DAGs, no examples, SQLite on the demo's home and that login. Run
 without starting anything (``--prepare-only``); the demo's report is rendered from a
@@ -28,7 +28,7 @@ def test_make_airflow_runs_the_standalone_preparation() -> None:
         text=True,
         check=True,
     )
-    (line,) = [ln for ln in done.stdout.splitlines() if "gridcore_airflow.operators.demo" in ln]
+    (line,) = [ln for ln in done.stdout.splitlines() if "gridcore_airflow.demo" in ln]
     assert shlex.split(line)[0] == "AIRFLOW_HOME=/somewhere/demo/airflow"
     assert shlex.split(line)[-3:] == ["--home", "/somewhere/demo", "--standalone"]
 
@@ -37,7 +37,7 @@ def test_preparation_writes_the_login_and_a_config_airflow_reads(tmp_path: Path)
     home = tmp_path / "demo"
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
     env["AIRFLOW_HOME"] = str(home / "airflow")
-    command = [sys.executable, "-m", "gridcore_airflow.operators.demo", "--home", str(home)]
+    command = [sys.executable, "-m", "gridcore_airflow.demo", "--home", str(home)]
     done = subprocess.run(
         [*command, "--standalone", "--prepare-only"],
         env=env,
@@ -102,7 +102,7 @@ print(json.dumps({
 
 
 def test_the_report_shows_each_task_with_its_label_state_and_sites() -> None:
-    from gridcore_airflow.operators.demo import DagReport, TaskInstanceRow, format_report, sites_of
+    from gridcore_airflow.demo.harness import DagReport, TaskInstanceRow, format_report, sites_of
 
     at = datetime(2026, 1, 1, tzinfo=UTC)
     tasks = (

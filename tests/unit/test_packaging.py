@@ -27,8 +27,13 @@ def test_every_gridcore_package_is_installed() -> None:
         for init in (REPO / "gridcore").rglob("__init__.py")
     }
     assert on_disk <= listed, f"packages missing from pyproject.toml: {on_disk - listed}"
-    assert {"gridcore_airflow.operators", "gridcore_airflow.sensors"} <= listed
+    assert {
+        "gridcore_airflow.demo",
+        "gridcore_airflow.operators",
+        "gridcore_airflow.sensors",
+    } <= listed
     assert _setuptools()["package-dir"] == {
+        "gridcore_airflow.demo": "demo",
         "gridcore_airflow.operators": "operators",
         "gridcore_airflow.sensors": "sensors",
     }
@@ -47,10 +52,10 @@ def _imports(path: Path) -> list[str]:
 def test_nothing_imports_the_airflow_layer_as_top_level_packages() -> None:
     found = [
         f"{path.relative_to(REPO)}: {name}"
-        for folder in ("gridcore", "operators", "sensors", "dags", "tests")
+        for folder in ("gridcore", "operators", "sensors", "demo", "dags", "tests")
         for path in sorted((REPO / folder).rglob("*.py"))
         for name in _imports(path)
-        if name.split(".")[0] in ("operators", "sensors")
+        if name.split(".")[0] in ("operators", "sensors", "demo")
     ]
     assert found == []
     assert "from gridcore_airflow.operators" in (REPO / "README.md").read_text()
@@ -60,7 +65,7 @@ def test_nothing_installed_imports_the_tests() -> None:
     """An installed gridcore has no tests/: nothing shipped may import from it."""
     found = [
         f"{path.relative_to(REPO)}: {name}"
-        for folder in ("gridcore", "operators", "sensors")
+        for folder in ("gridcore", "operators", "sensors", "demo")
         for path in sorted((REPO / folder).rglob("*.py"))
         for name in _imports(path)
         if name.split(".")[0] == "tests"
@@ -77,6 +82,7 @@ def test_the_installed_package_imports_without_the_checkout_on_the_path(
         "import importlib.util, sys\n"
         "import gridcore_airflow.operators.site_job, gridcore_airflow.sensors.triggers\n"
         "from gridcore_airflow.operators.plugin import GridcorePlugin\n"
+        "import gridcore_airflow.demo.harness\n"
         "print(importlib.util.find_spec('operators'), importlib.util.find_spec('sensors'))\n"
     )
     done = subprocess.run(

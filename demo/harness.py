@@ -11,7 +11,7 @@ the process that needs it. Everything lives under one directory, ``--home``
     <home>/forcing/           the ensemble's watched forcing directory
     <home>/logs/<dag>.log     what each demo run printed (Airflow's task logs included)
 
-``python -m gridcore_airflow.operators.demo --home H`` runs every DAG of ``dags/``
+``python -m gridcore_airflow.demo --home H`` runs every DAG of ``dags/``
 through Airflow's real ``dag.test()`` (tasks in this process, each deferred trigger
 inline) and prints, per DAG, each task instance (a mapped one by its label) with its
 state and the site(s) it ran at, the DAG's result read from its XComs and gridcore's
@@ -506,7 +506,7 @@ def _standalone(home: Path, dags: Path, start: bool = True) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m gridcore_airflow.operators.demo", description=__doc__.split("\n")[0]
+        prog="python -m gridcore_airflow.demo", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--home", default=".gridcore-demo", help="where everything is kept")
     parser.add_argument("--dags", default=str(CHECKOUT_DAGS), help="the DAGs folder")
@@ -535,11 +535,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Airflow read its home and its DAGs folder when this package imported it: run
         # again in a process whose environment is the demo's from the start.
         given = sys.argv[1:] if argv is None else argv
-        command = [sys.executable, "-m", "gridcore_airflow.operators.demo", *given]
+        command = [sys.executable, "-m", "gridcore_airflow.demo", *given]
         child = {k: v for k, v in os.environ.items() if k not in UNSET_FOR_DEFAULT} | wanted
         return subprocess.run(command, env=child, check=False).returncode
     return run_demo(dags, env, args.only)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
