@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,21 @@ def wait(rt: GridRuntime, sid: int, timeout: float = 30.0) -> JobRecord:
     raise AssertionError(f"selection {sid} not finished: {rt.record(sid)}")
 
 
+def _wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Poll ``condition`` until it holds; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not true within {timeout} s"
+        time.sleep(0.02)
+
+
+def _workdir(rt: GridRuntime, sid: int) -> Path:
+    rec = rt.record(sid)
+    site = rt.adapter(str(rec.site))
+    assert isinstance(site, LocalSite)
+    return site.workdir(str(rec.job_id))
+
+
 def in_flight_zero(rt: GridRuntime) -> None:
     with rt.store.begin() as conn:
         assert all(v == (0, 0, 0, 0) for v in selection_engine.ledger_totals(conn).values())
@@ -79,9 +95,11 @@ def test_cancel_kills_the_process_group(tmp_path: Path) -> None:
     rt = runtime(tmp_path)
     marker = tmp_path / "survived"
     sid = run(rt, "long", 1, f"sleep 3; touch {marker}")
-    time.sleep(0.3)
+    workdir = _workdir(rt, sid)
+    _wait_until(lambda: any("sleep 3" in cmd for cmd in _processes_in(workdir)))
     assert rt.cancel(sid).state == "cancelled"
-    time.sleep(3.5)
+    # a survivor of the group would touch the marker once its sleep ends, then exit
+    _wait_until(lambda: not _processes_in(workdir))
     assert not marker.exists()
     in_flight_zero(rt)
     assert_capacity_invariant(rt.store, no_live_holds=True)
@@ -216,6 +234,26 @@ def _counting_submission(counter: Path, name: str = "once") -> JobSubmission:
     return JobSubmission(name, f"echo ran >> {counter}", 1)
 
 
+class _SiteClock:
+    """local-a's clock: moved past the spawn grace instead of sleeping through it."""
+
+    def __init__(self) -> None:
+        self.skew = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.skew
+
+    def past_the_spawn_grace(self) -> None:
+        self.skew = local_site.SPAWN_GRACE_S + 1.0  # and short of twice the grace
+
+
+def _site_clock(rt: GridRuntime) -> _SiteClock:
+    site = rt.adapter("local-a")
+    assert isinstance(site, LocalSite)
+    site.clock = clock = _SiteClock()
+    return clock
+
+
 def _retry(rt: GridRuntime, sid: int, counter: Path) -> JobRecord:
     """What the retried task does: submit the selection again (its key finds the job
     the dead worker left at the site), then wait for it."""
@@ -236,13 +274,13 @@ def test_a_job_whose_worker_died_before_spawning_it_is_started_again_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rt, counter = runtime(tmp_path), tmp_path / "count"
-    monkeypatch.setattr(local_site, "SPAWN_GRACE_S", 0.5)
+    clock = _site_clock(rt)
     with monkeypatch.context() as patched:
         patched.setattr(LocalSite, "_spawn", lambda *a: (_ for _ in ()).throw(_Died()))
         sid = _counting_job(rt, counter)
     row = _row(rt)
     assert (row["state"], row["pid"], row["attempt"]) == ("running", None, 1)
-    time.sleep(0.6)
+    clock.past_the_spawn_grace()
     rec = _retry(rt, sid, counter)  # the next look fences attempt 1, starts attempt 2
     assert rec.state == "completed" and _runs(counter) == 1
     assert _row(rt)["attempt"] == 2
@@ -254,13 +292,16 @@ def test_a_job_spawned_by_a_worker_that_died_before_recording_its_pid_is_adopted
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rt, counter = runtime(tmp_path), tmp_path / "count"
-    monkeypatch.setattr(local_site, "SPAWN_GRACE_S", 0.5)
+    clock = _site_clock(rt)
     with monkeypatch.context() as patched:
         # _pgid runs after the wrapper started and before the pid is written
         patched.setattr(local_site, "_pgid", lambda pid: (_ for _ in ()).throw(_Died()))
         sid = _counting_job(rt, counter)
-    assert _row(rt)["pid"] is None
-    time.sleep(0.6)
+    row = _row(rt)
+    assert row["pid"] is None
+    # the wrapper has taken attempt 1 (its fence directory holds its pid) ...
+    _wait_until((Path(str(row["workdir"])) / "start.1" / "pid").exists)
+    clock.past_the_spawn_grace()  # ... when the next look comes, after the grace
     rec = _retry(rt, sid, counter)
     assert rec.state == "completed" and _runs(counter) == 1
     assert _row(rt)["attempt"] == 1  # adopted, not started again
@@ -270,16 +311,16 @@ def test_a_spawn_slower_than_the_grace_is_fenced_and_never_runs_twice(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rt, counter = runtime(tmp_path), tmp_path / "count"
-    monkeypatch.setattr(local_site, "SPAWN_GRACE_S", 0.5)
+    clock = _site_clock(rt)
     real_spawn = LocalSite._spawn
     slow: list[tuple[object, ...]] = []
     with monkeypatch.context() as patched:
         patched.setattr(LocalSite, "_spawn", lambda *a: slow.append(a))
         sid = _counting_job(rt, counter)
-    time.sleep(0.6)
+    clock.past_the_spawn_grace()
     rec = wait(rt, sid)  # attempt 1 fenced, attempt 2 ran
     real_spawn(*slow[0])  # ... and now the slow worker spawns attempt 1
-    time.sleep(0.5)
+    _wait_until(lambda: not _processes_in(_workdir(rt, sid)))  # it has run, or given up
     assert rec.state == "completed" and _runs(counter) == 1
     assert _row(rt)["state"] == "completed"
 
@@ -295,7 +336,7 @@ def test_a_job_cancelled_while_its_spawn_is_under_way_never_runs(
         sid = _counting_job(rt, counter)
     assert rt.cancel(sid).state == "cancelled"
     real_spawn(*slow[0])
-    time.sleep(0.5)
+    _wait_until(lambda: not _processes_in(_workdir(rt, sid)))  # it has run, or given up
     assert _runs(counter) == 0 and _row(rt)["state"] == "cancelled"
     in_flight_zero(rt)
 
