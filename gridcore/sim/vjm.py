@@ -89,6 +89,7 @@ from gridcore.policies.coreservation import (
     ReorganizeRule,
     reorganize,
     reservation_lifetime,
+    round_robin_order,
     select_substitutes,
 )
 from gridcore.policies.queue_stats import QueueRecord, estimate_queue_stats
@@ -449,20 +450,9 @@ class _VjmModel:
         return [c.cluster for c in selection.choices], [c.t_avail for c in selection.choices]
 
     def _round_robin(self, count: int) -> list[str]:
-        """MPICH-G2's machine file: the virtual jobs dealt over the clusters in file
-        order, a full cluster skipped (validation guarantees they all fit)."""
+        """MPICH-G2's machine file (validation guarantees every virtual job fits)."""
         g = self._params.vj_processors
-        room = {name: c.processors // g for name, c in self._clusters.items()}
-        names = list(room)
-        order: list[str] = []
-        turn = 0
-        while len(order) < count:
-            name = names[turn % len(names)]
-            turn += 1
-            if room[name] > 0:
-                room[name] -= 1
-                order.append(name)
-        return order
+        return round_robin_order(count, {n: c.processors // g for n, c in self._clusters.items()})
 
     def _send_pilots(self, job: _Job, order: Sequence[str]) -> None:
         g = self._params.vj_processors
