@@ -26,7 +26,7 @@ redirections, ``$VAR`` and ``~`` are not expanded; write ``sh -c '...'`` when th
 needed. It runs with this process's environment, no standard input and a timeout.
 
 gridcore never imports Airflow. Airflow connection ids are resolved by a resolver that
-the Airflow layer registers (``sensors/connections.py`` registers one backed by
+the Airflow layer registers (``operators/hooks.py`` registers one backed by
 ``BaseHook``); without it, the standard ``AIRFLOW_CONN_<ID>`` environment variable is read
 (URI or JSON form), which is also how Airflow itself supplies connections from the
 environment.

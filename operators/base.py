@@ -1,24 +1,44 @@
-"""What every gridcore operator shares: where gridcore is, and how a wait ends.
+"""What every gridcore operator shares: where gridcore is, how a wait ends, and the one
+lifecycle of the operators that run jobs.
 
 Operators stay thin: they validate, call a gridcore engine opened by
 :class:`~operators.hooks.GridcoreHook`, and hand the waiting to a
 :class:`~sensors.base.GridcoreTrigger`, deferring to it (the triggerer waits) or running
 it inline (the worker waits): one wait loop and one event either way.
+
+:class:`JobLifecycleOperator` is that lifecycle, written once: resume an earlier try's
+job through the task state store or submit a new one, defer (or wait inline), complete
+from the trigger's event, cancel on kill; gridcore's errors translated once
+(:func:`translated`) and states compared through their enums. An operator on it gives
+only how to plan, submit, read and cancel its kind of job, and the XCom result;
+:class:`EngineJobOperator` gives the rest for a job of an engine of
+:class:`~operators.hooks.EngineKind`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import enum
+from abc import abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 from airflow.sdk import BaseOperator, Context
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from gridcore.api.dashboard import task_job_name
 from gridcore.engine.submission import resources_at
-from gridcore.errors import GridError
+from gridcore.errors import ConfigError, GridError, RequestError, StateError
 from gridcore.model import GridSpec, JobResources
 from gridcore.validation import RESOURCE_KEYS, check_resources
-from gridcore_airflow.operators.hooks import GridcoreHook
-from gridcore_airflow.sensors.base import GridcoreTrigger, wait_inline
+from gridcore_airflow.operators.hooks import EngineKind, GridcoreHook, ScanEngine
+from gridcore_airflow.sensors.base import (
+    EventContract,
+    GridcoreTrigger,
+    output_files_of,
+    wait_inline,
+)
+from gridcore_airflow.sensors.triggers import ENGINE_WAITS, EngineTrigger
 
 RESOURCE_FIELDS: tuple[str, ...] = RESOURCE_KEYS
 """The resource arguments, templated wherever an operator templates its other arguments."""
@@ -147,3 +167,273 @@ class GridcoreJobOperator(GridcoreOperator):
         except GridError as exc:
             self.log.warning("the grid's site defaults are not known: %s", exc)
             return None
+
+
+class JobRecord(Protocol):
+    """What the lifecycle reads of a record: the selection's, or an engine's job's."""
+
+    @property
+    def finished(self) -> bool: ...
+
+    @property
+    def state(self) -> str: ...
+
+    def as_json(self) -> dict[str, Any]: ...
+
+
+class EngineRecord(JobRecord, Protocol):
+    """An engine's job record (``CoAllocationRecord``, ``ReservationRecord``)."""
+
+    @property
+    def job_id(self) -> int: ...
+
+
+class JobPlan(Protocol):
+    """A validated plan; its ``name`` (``dag.task.map_index``) prefixes its failures."""
+
+    @property
+    def name(self) -> str: ...
+
+
+H = TypeVar("H")  # what the operator opens: the runtime, an engine
+R = TypeVar("R", bound=JobRecord)
+E = TypeVar("E", bound=ScanEngine)
+ER = TypeVar("ER", bound=EngineRecord)
+P = TypeVar("P", bound=JobPlan)
+
+
+class JobLifecycleOperator(GridcoreJobOperator, Generic[H, R, P]):
+    """The lifecycle of an operator that runs one job (see the module doc).
+
+    A subclass names its job in logs (``noun``), its key in the task state store
+    (``state_key``) and the state whose result stands (``completed``, a member of the
+    state's enum), and gives :meth:`plan`, :meth:`opened`, :meth:`submit`,
+    :meth:`status`, :meth:`cancel`, :meth:`trigger`, :meth:`contract`, :meth:`ident_of`
+    and :meth:`result`; it sets ``poll_interval`` and ``deferrable``.
+
+    Tries of one task instance share the job through Airflow 3.3's task state store (the
+    ``ResumableJobMixin`` convention): a retry reattaches to a job still live, returns
+    the result of one that completed, and submits afresh only after one that failed or
+    was cancelled. A cleared task instance follows the same rule; a new DAG run always
+    starts new jobs.
+    """
+
+    noun: ClassVar[str]
+    state_key: ClassVar[str]
+    completed: ClassVar[enum.StrEnum]
+    poll_interval: float
+    deferrable: bool
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._ident: int | None = None  # the job this try runs or waits on (on_kill)
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        plan = self.plan(context)
+        state = state_store(context)
+        # The first job on a fresh state DB creates its tables (upgrade).
+        with translated(plan.name), self.opened(upgrade=True) as handle:
+            record = self.resume_or_submit(handle, state, plan)
+        self._ident = self.ident_of(record)
+        self.attach(context, record)
+        if record.finished:  # an earlier try's job completed: its result stands
+            event = self.contract().event_for(record, self.earlier_output(record))
+            return self.execute_complete(context, dict(event))
+        result: dict[str, Any] = self.wait_for(
+            context, self.trigger(self._ident), deferrable=self.defers()
+        )
+        return result
+
+    def execute_complete(self, context: Context, event: Any = None) -> dict[str, Any]:
+        """Map the trigger's event to the XCom result or an Airflow failure. Everything
+        comes from the event: ``dag.test()`` in Airflow 3.3.2 drops ``defer(kwargs=)``."""
+        contract = self.contract()
+        record = contract.completed_record(event, self.log)
+        return self.result(context, record, output_files_of(contract.checked_event(event)))
+
+    def on_kill(self) -> None:
+        # Runs on the worker only while execute() is still here (planning, submitting or
+        # waiting without deferral); a deferred wait is cancelled by the trigger's on_kill.
+        if self._ident is None:
+            return
+        try:
+            with self.opened(upgrade=False) as handle:
+                said = self.cancel(handle, self._ident)
+            self.log.info("cancelled %s %s: %s", self.noun, self._ident, said)
+        except GridError as exc:
+            self.log.warning("could not cancel %s %s: %s", self.noun, self._ident, exc)
+
+    # -- resume or submit -------------------------------------------------------------
+
+    def resume_or_submit(self, handle: H, state: Any, plan: P) -> R:
+        """The earlier try's job if it still counts (:meth:`resume`), else a new one."""
+        return self.resume(handle, state, plan) or self.submit(handle, state, plan)
+
+    def resume(self, handle: H, state: Any, plan: P) -> R | None:
+        """The job an earlier try of this task instance submitted, if it still counts:
+        live (reattach) or completed (its result stands). None when there is none, it
+        failed or was cancelled, or the state database does not know it (a different one
+        than the earlier try used): start afresh."""
+        prior = state.get(self.state_key) if state is not None else None
+        if isinstance(prior, bool) or not isinstance(prior, int):
+            return None
+        try:
+            record = self.status(handle, prior)
+        except StateError:
+            return None
+        if record.finished and not self.succeeded(record):
+            self.log.info(
+                "%s %s of an earlier try %s; starting afresh", self.noun, prior, record.state
+            )
+            return None
+        record = self.reattach(handle, plan, record)
+        self.log.info("resuming %s %s: %s", self.noun, prior, self.describe(record))
+        return record
+
+    def remember(self, handle: H, state: Any, ident: int) -> None:
+        """Put ``ident`` into the task state store, so a retry (a worker crash, or
+        Airflow 3.3.2 failing a deferred task whose trigger fired early) reattaches
+        instead of running the job twice; a job nobody could find again is cancelled
+        (its claimed processors released)."""
+        if state is None:
+            return
+        try:
+            state.set(self.state_key, ident)
+        except Exception:
+            self.cancel(handle, ident)
+            raise
+
+    def succeeded(self, record: R) -> bool:
+        return type(self.completed)(record.state) is self.completed
+
+    # -- what an operator gives --------------------------------------------------------
+
+    @abstractmethod
+    def plan(self, context: Context) -> P:
+        """The (rendered) arguments validated; AirflowFailException naming the field."""
+
+    @abstractmethod
+    def opened(self, *, upgrade: bool) -> AbstractContextManager[H]:
+        """What jobs are submitted, read and cancelled through (closed on exit)."""
+
+    @abstractmethod
+    def submit(self, handle: H, state: Any, plan: P) -> R:
+        """Submit a new job; :meth:`remember` it as soon as it has an id."""
+
+    @abstractmethod
+    def status(self, handle: H, ident: int) -> R:
+        """The job's record; StateError if the state database does not know it."""
+
+    @abstractmethod
+    def cancel(self, handle: H, ident: int) -> str:
+        """Cancel the job; what happened, for the log."""
+
+    @abstractmethod
+    def trigger(self, ident: int) -> GridcoreTrigger[Any, Any]:
+        """The trigger that waits on job ``ident``."""
+
+    @abstractmethod
+    def contract(self) -> EventContract[Any]:
+        """The event contract of :meth:`trigger` (also read without a trigger)."""
+
+    @abstractmethod
+    def ident_of(self, record: R) -> int:
+        """The job's id, as the state store and the trigger know it."""
+
+    @abstractmethod
+    def result(
+        self, context: Context, record: dict[str, Any], output: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """The XCom result of a completed job, from its record (``as_json``) and the
+        output files its event names (:func:`~sensors.base.output_files_of`)."""
+
+    def reattach(self, handle: H, plan: P, record: R) -> R:
+        """An earlier try's job that still counts, made ready to wait on."""
+        return record
+
+    def describe(self, record: R) -> str:
+        """The job as the log says it on resuming."""
+        return record.state
+
+    def attach(self, context: Context, record: R) -> None:
+        """Called once this try has its job (resumed or new)."""
+
+    def earlier_output(self, record: R) -> list[dict[str, Any]]:
+        """The output files of an earlier try's completed job, for its result."""
+        return []
+
+    def defers(self) -> bool:
+        """Whether the wait is deferred to the triggerer (else it runs in this worker)."""
+        return self.deferrable
+
+
+class EngineJobOperator(JobLifecycleOperator[E, ER, P]):
+    """A job of the engine ``engine``: opened through :meth:`GridcoreHook.engine`, waited
+    on by :class:`~sensors.triggers.EngineTrigger`. A subclass gives :meth:`plan`,
+    :meth:`submit` and :meth:`result`.
+
+    The job's site jobs call the VJ center (connection ``extra.center_url`` or
+    ``$GRIDCORE_CENTER_URL``); without one configured the center runs inside this
+    worker, which then waits on the job itself instead of deferring.
+    """
+
+    engine: ClassVar[EngineKind]
+
+    def opened(self, *, upgrade: bool) -> AbstractContextManager[E]:
+        # the hook opens the engine of self.engine, which is the subclass's E
+        opened = self.hook().engine(self.engine, self.poll_interval, upgrade=upgrade)
+        return cast("AbstractContextManager[E]", opened)
+
+    def status(self, handle: E, ident: int) -> ER:
+        record: ER = handle.status(ident)
+        return record
+
+    def cancel(self, handle: E, ident: int) -> str:
+        return f"{handle.cancel(ident).state}"
+
+    def trigger(self, ident: int) -> EngineTrigger:
+        where = self.location()
+        return EngineTrigger(ident, self.engine, poll_interval=self.poll_interval, **where)
+
+    def contract(self) -> EventContract[Any]:
+        return ENGINE_WAITS[self.engine]
+
+    def ident_of(self, record: ER) -> int:
+        return record.job_id
+
+    def defers(self) -> bool:
+        # One embedded center lives only as long as this process: wait here.
+        embedded = self.hook().center_is_embedded()
+        if embedded and self.deferrable:
+            self.log.info("no VJ center configured: it runs in this worker, which waits")
+        return self.deferrable and not embedded
+
+
+@contextmanager
+def translated(name: str) -> Iterator[None]:
+    """gridcore errors as Airflow failures: bad input (a malformed grid, an impossible
+    request) fails without retries, anything else (a site, the state DB) may be retried."""
+    try:
+        yield
+    except (ConfigError, RequestError) as exc:
+        raise AirflowFailException(f"{name}: {exc}") from exc
+    except GridError as exc:
+        raise AirflowException(f"{name}: {exc}") from exc
+
+
+def job_name(dag_id: str, task_id: str, map_index: int) -> str:
+    """``dag.task.map_index`` with anything a batch system might mangle replaced by ``_``
+    (one formula, :func:`gridcore.api.dashboard.task_job_name`, which the Grid page uses
+    to find a task instance's records)."""
+    return task_job_name(dag_id, task_id, map_index)
+
+
+def state_store(context: Mapping[str, Any] | None) -> Any:
+    """Airflow 3.3's per-task-instance store (shared by all tries); None outside a task."""
+    return context.get("task_state_store") if context else None
+
+
+def map_index(context: Mapping[str, Any]) -> int:
+    ti = context.get("ti") if context else None
+    index = getattr(ti, "map_index", None)
+    return index if isinstance(index, int) else -1

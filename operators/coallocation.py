@@ -3,27 +3,32 @@
 The operator is thin: validate into a :class:`~gridcore.model.CoAllocationRequest`,
 ``CoAllocationEngine.submit`` through :class:`~operators.hooks.GridcoreHook` (the job joins its
 placement queue), then defer (or, with the VJ center embedded in this worker, wait here) to
-:class:`~sensors.coallocation_trigger.CoAllocationTrigger`, which drives KOALA's scans until
-the job ends; the result is plain JSON for XCom.
+:class:`~sensors.triggers.EngineTrigger`, which drives KOALA's scans until the job ends;
+the result is plain JSON for XCom. Everything but planning, submitting and the result is
+the one job lifecycle (:class:`~operators.base.EngineJobOperator`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowFailException
 
 from gridcore.engine.coallocation import CoAllocationEngine, CoAllocationRecord
-from gridcore.errors import GridError, StateError
+from gridcore.engine.phases import JobPhase
 from gridcore.model import CoAllocationRequest, FileDelivery, Priority, RequestKind
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.validation import check_choice, check_coallocation_submission
-from gridcore_airflow.operators.base import RESOURCE_FIELDS, GridcoreJobOperator
-from gridcore_airflow.operators.site_job import job_name, map_index, state_store, translated
-from gridcore_airflow.sensors.base import output_files_of
-from gridcore_airflow.sensors.coallocation_trigger import CoAllocationTrigger
+from gridcore_airflow.operators.base import (
+    RESOURCE_FIELDS,
+    EngineJobOperator,
+    job_name,
+    map_index,
+    translated,
+)
+from gridcore_airflow.operators.hooks import EngineKind
 
 JOB_KEY = "gridcore_coalloc_job_id"  # in the task state store, shared by all tries
 # Per component, in component order (the order of ``components``).
@@ -52,7 +57,21 @@ _JOB_KEYS = (
 )
 
 
-class CoAllocationOperator(GridcoreJobOperator):
+class CoAllocationPlan(NamedTuple):
+    """A co-allocated job as validated: the request, its placement policy and quota."""
+
+    request: CoAllocationRequest
+    policy: PlacementPolicy
+    quota: float | None
+
+    @property
+    def name(self) -> str:
+        return self.request.name
+
+
+class CoAllocationOperator(
+    EngineJobOperator[CoAllocationEngine, CoAllocationRecord, CoAllocationPlan]
+):
     """Run ``command`` as a co-allocated job placed by KOALA (seed 000, 002).
 
     Every component runs ``command`` after the start barrier, which releases them only
@@ -94,11 +113,17 @@ class CoAllocationOperator(GridcoreJobOperator):
     prefixed ``[component i @ site]``; a failed job's log ends with the stderr tails of
     its failed components.
 
-    Tries of one task instance share the job through Airflow 3.3's task state store: a
-    retry reattaches to a job still queued, placed or running, returns the result of one
-    that completed, and submits afresh only after one that failed or was cancelled.
-    (``retries`` in the result are KOALA's own: re-placements after a component failed.)
+    Tries of one task instance share the job through Airflow 3.3's task state store
+    (:class:`~operators.base.JobLifecycleOperator`): a retry reattaches to a job still
+    queued, placed or running, returns the result of one that completed, and submits
+    afresh only after one that failed or was cancelled. (``retries`` in the result are
+    KOALA's own: re-placements after a component failed.)
     """
+
+    engine = EngineKind.COALLOCATION
+    noun = "co-allocated job"
+    state_key = JOB_KEY
+    completed = JobPhase.COMPLETED
 
     template_fields: Sequence[str] = (
         "command",
@@ -143,97 +168,30 @@ class CoAllocationOperator(GridcoreJobOperator):
         self.quota = quota
         self.poll_interval = poll_interval
         self.deferrable = deferrable
-        self._job_id: int | None = None
 
-    def execute(self, context: Context) -> dict[str, Any]:
-        request, policy, quota = self.plan_request(context)
-        state = state_store(context)
-        # The first job on a fresh state DB creates its tables (upgrade).
-        with (
-            translated(request.name),
-            self.hook().koala_engine(self.poll_interval, upgrade=True) as engine,
-        ):
-            record = self._resume(engine, state)
-            if record is None:
-                self._job_id = self._submit(engine, state, request, policy, quota)
-            else:
-                self._job_id = record.job_id
-        if record is not None and record.finished:  # an earlier try's job completed
-            return self.execute_complete(context, dict(CoAllocationTrigger.event_for(record)))
-        trigger = CoAllocationTrigger(
-            self._job_id, poll_interval=self.poll_interval, **self.location()
-        )
-        # The barriers call the VJ center; one embedded in this worker lives only as
-        # long as this process, so the job is waited on here, not in the triggerer.
-        embedded = self.hook().center_is_embedded()
-        if embedded and self.deferrable:
-            self.log.info("no VJ center configured: it runs in this worker, which waits")
-        result: dict[str, Any] = self.wait_for(
-            context, trigger, deferrable=self.deferrable and not embedded
-        )
-        return result
+    def plan(self, context: Context) -> CoAllocationPlan:
+        return CoAllocationPlan(*self.plan_request(context))
 
-    def _submit(
-        self,
-        engine: CoAllocationEngine,
-        state: Any,
-        request: CoAllocationRequest,
-        policy: PlacementPolicy,
-        quota: float | None,
-    ) -> int:
-        job_id = engine.submit(request, policy, self.command, quota)
-        if state is not None:
-            # So a retry (a worker crash, or Airflow 3.3.2 failing a deferred task whose
-            # trigger fired early) reattaches instead of co-allocating the job twice.
-            try:
-                state.set(JOB_KEY, job_id)
-            except Exception:
-                engine.cancel(job_id)  # nobody would ever wait on it
-                raise
+    def submit(
+        self, engine: CoAllocationEngine, state: Any, plan: CoAllocationPlan
+    ) -> CoAllocationRecord:
+        request = plan.request
+        job_id = engine.submit(request, plan.policy, self.command, plan.quota)
+        self.remember(engine, state, job_id)
         self.log.info(
             "co-allocated job %s: %s (%s, %s processors) queued for %s placement",
             job_id,
             request.name,
             request.kind.value,
             request.processors,
-            policy.value,
+            plan.policy.value,
         )
-        return job_id
+        return self.status(engine, job_id)
 
-    def _resume(self, engine: CoAllocationEngine, state: Any) -> CoAllocationRecord | None:
-        """The job an earlier try of this task instance submitted, if it still counts:
-        live (reattach) or completed (its result stands). None when there is none or it
-        failed or was cancelled (start afresh)."""
-        prior = state.get(JOB_KEY) if state is not None else None
-        if isinstance(prior, bool) or not isinstance(prior, int):
-            return None
-        try:
-            record = engine.status(prior)
-        except StateError:
-            return None  # a different state database than the earlier try used
-        if record.finished and record.state != "completed":
-            self.log.info("co-allocated job %s of an earlier try %s; afresh", prior, record.state)
-            return None
-        self.log.info("resuming co-allocated job %s (%s)", prior, record.state)
-        return record
-
-    def execute_complete(self, context: Context, event: Any = None) -> dict[str, Any]:
-        """Map the trigger's event to the XCom result or an Airflow failure. Everything
-        comes from the event: ``dag.test()`` in Airflow 3.3.2 drops ``defer(kwargs=)``."""
-        record = CoAllocationTrigger.completed_record(event, self.log)
-        return result_of(record, output_files_of(CoAllocationTrigger.checked_event(event)))
-
-    def on_kill(self) -> None:
-        # Runs on the worker only while execute() is still here (non-deferrable); a
-        # deferred wait is cancelled by CoAllocationTrigger.on_kill.
-        if self._job_id is None:
-            return
-        try:
-            with self.hook().koala_engine(self.poll_interval) as engine:
-                record = engine.cancel(self._job_id)
-            self.log.info("cancelled co-allocated job %s: %s", record.job_id, record.state)
-        except GridError as exc:
-            self.log.warning("could not cancel co-allocated job %s: %s", self._job_id, exc)
+    def result(
+        self, context: Context, record: dict[str, Any], output: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        return result_of(record, output)
 
     # -- validation: everything is checked before anything is written ------------------
 

@@ -4,8 +4,10 @@
 The operator is thin: validate into a :class:`~gridcore.model.CoReservationRequest`,
 ``CoReservationEngine.submit`` (cluster selection by Eq. 1, pilots submitted) through
 :class:`~operators.hooks.GridcoreHook`, then wait with
-:class:`~sensors.coreservation_trigger.CoReservationTrigger`, which drives the VJM scans
-(dispatch, lost pilots, reorganization after the lifetime) until the job ends.
+:class:`~sensors.triggers.EngineTrigger`, which drives the VJM scans (dispatch, lost
+pilots, reorganization after the lifetime) until the job ends. Everything but planning,
+submitting and the result is the one job lifecycle
+(:class:`~operators.base.EngineJobOperator`).
 """
 
 from __future__ import annotations
@@ -16,13 +18,17 @@ from typing import Any
 from airflow.sdk import Context
 
 from gridcore.engine.coreservation import CoReservationEngine, ReservationRecord
-from gridcore.errors import GridError, StateError
+from gridcore.engine.phases import ReservationPhase
 from gridcore.model import CoReservationRequest
 from gridcore.validation import check_coreservation_request
-from gridcore_airflow.operators.base import RESOURCE_FIELDS, GridcoreJobOperator
-from gridcore_airflow.operators.site_job import job_name, map_index, state_store, translated
-from gridcore_airflow.sensors.base import output_files_of
-from gridcore_airflow.sensors.coreservation_trigger import CoReservationTrigger
+from gridcore_airflow.operators.base import (
+    RESOURCE_FIELDS,
+    EngineJobOperator,
+    job_name,
+    map_index,
+    translated,
+)
+from gridcore_airflow.operators.hooks import EngineKind
 
 JOB_KEY = "gridcore_coreserved_job_id"  # in the task state store, shared by all tries
 _RESULT_KEYS = (
@@ -41,7 +47,9 @@ _RESULT_KEYS = (
 )
 
 
-class CoReservationOperator(GridcoreJobOperator):
+class CoReservationOperator(
+    EngineJobOperator[CoReservationEngine, ReservationRecord, CoReservationRequest]
+):
     """Run ``command`` on ``processors`` processors co-reserved by pilots (VJM).
 
     ``processors / vj_size`` pilots (virtual jobs of ``vj_size`` processors) go to the
@@ -85,7 +93,15 @@ class CoReservationOperator(GridcoreJobOperator):
     job runs, each rank's new output lines go into the task log prefixed
     ``[component i @ site]``; a failed job's log ends with the stderr tails of its
     failed ranks.
+
+    Tries of one task instance share the job through Airflow 3.3's task state store
+    (:class:`~operators.base.JobLifecycleOperator`).
     """
+
+    engine = EngineKind.CORESERVATION
+    noun = "co-reserved job"
+    state_key = JOB_KEY
+    completed = ReservationPhase.COMPLETED
 
     template_fields: Sequence[str] = (
         "command",
@@ -124,41 +140,15 @@ class CoReservationOperator(GridcoreJobOperator):
         self.workdir = workdir
         self.poll_interval = poll_interval
         self.deferrable = deferrable
-        self._job_id: int | None = None
 
-    def execute(self, context: Context) -> dict[str, Any]:
-        request = self.plan_request(context)
-        state = state_store(context)
-        hook = self.hook()
-        with translated(request.name), hook.coreserve_engine(upgrade=True) as engine:
-            record = self._resume(engine, state)
-            if record is None:
-                self._job_id = self._submit(engine, state, request)
-            else:
-                self._job_id = record.job_id
-        if record is not None and record.finished:
-            return self.execute_complete(context, dict(CoReservationTrigger.event_for(record)))
-        trigger = CoReservationTrigger(
-            self._job_id, poll_interval=self.poll_interval, **self.location()
-        )
-        embedded = hook.center_is_embedded()
-        if embedded and self.deferrable:
-            self.log.info("no VJ center configured: it runs in this worker, which waits")
-        result: dict[str, Any] = self.wait_for(
-            context, trigger, deferrable=self.deferrable and not embedded
-        )
-        return result
+    def plan(self, context: Context) -> CoReservationRequest:
+        return self.plan_request(context)
 
-    def _submit(
+    def submit(
         self, engine: CoReservationEngine, state: Any, request: CoReservationRequest
-    ) -> int:
+    ) -> ReservationRecord:
         job_id = engine.submit(request)
-        if state is not None:
-            try:
-                state.set(JOB_KEY, job_id)
-            except Exception:
-                engine.cancel(job_id)
-                raise
+        self.remember(engine, state, job_id)
         record = engine.status(job_id)
         self.log.info(
             "co-reserved job %s: %s (%s processors in %s pilots) on %s, lifetime %.0f s",
@@ -169,35 +159,12 @@ class CoReservationOperator(GridcoreJobOperator):
             record.clusters,
             record.lifetime_s or 0.0,
         )
-        return job_id
-
-    def _resume(self, engine: CoReservationEngine, state: Any) -> ReservationRecord | None:
-        prior = state.get(JOB_KEY) if state is not None else None
-        if isinstance(prior, bool) or not isinstance(prior, int):
-            return None
-        try:
-            record = engine.status(prior)
-        except (StateError, GridError):
-            return None
-        if record.finished and record.state != "completed":
-            self.log.info("co-reserved job %s of an earlier try %s; afresh", prior, record.state)
-            return None
-        self.log.info("resuming co-reserved job %s (%s)", prior, record.state)
         return record
 
-    def execute_complete(self, context: Context, event: Any = None) -> dict[str, Any]:
-        record = CoReservationTrigger.completed_record(event, self.log)
-        return result_of(record, output_files_of(CoReservationTrigger.checked_event(event)))
-
-    def on_kill(self) -> None:
-        if self._job_id is None:
-            return
-        try:
-            with self.hook().coreserve_engine() as engine:
-                record = engine.cancel(self._job_id)
-            self.log.info("cancelled co-reserved job %s: %s", record.job_id, record.state)
-        except GridError as exc:
-            self.log.warning("could not cancel co-reserved job %s: %s", self._job_id, exc)
+    def result(
+        self, context: Context, record: dict[str, Any], output: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        return result_of(record, output)
 
     def plan_request(self, context: Context) -> CoReservationRequest:
         """Validate the rendered arguments through gridcore's request model;

@@ -41,11 +41,7 @@ def get_provider_info() -> dict[str, Any]:
         "triggers": [
             {
                 "integration-name": _INTEGRATION,
-                "python-modules": [
-                    "gridcore_airflow.sensors.triggers",
-                    "gridcore_airflow.sensors.coallocation_trigger",
-                    "gridcore_airflow.sensors.coreservation_trigger",
-                ],
+                "python-modules": ["gridcore_airflow.sensors.triggers"],
             }
         ],
         "hooks": [

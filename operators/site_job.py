@@ -2,7 +2,8 @@
 
 The operator is thin: validate, ``GridRuntime.select`` + ``submit`` (through
 :class:`~operators.hooks.GridcoreHook`), then defer to
-:class:`~sensors.triggers.SiteJobTrigger`; the result is plain JSON for XCom. Given a
+:class:`~sensors.triggers.SiteJobTrigger`, on the one job lifecycle
+(:class:`~operators.base.JobLifecycleOperator`); the result is plain JSON for XCom. Given a
 ``selection_id`` (a burst decided by :class:`~operators.select_sites.SelectSitesOperator`)
 it submits that selection instead of selecting.
 """
@@ -10,18 +11,17 @@ it submits that selection instead of selecting.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from airflow.sdk import Context
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException
 
-from gridcore.api.dashboard import task_job_name
 from gridcore.engine.runtime import GridRuntime, JobRecord
-from gridcore.errors import ConfigError, GridError, RequestError, StateError
+from gridcore.errors import GridError, RequestError, StateError
 from gridcore.model import JobRequest, JobState, JobSubmission
 from gridcore.policies.selection import DEFAULT_PROTOCOL, InsufficientMode, SelectionProtocol
 from gridcore.validation import (
@@ -30,9 +30,27 @@ from gridcore.validation import (
     check_job_submission,
     check_selection_stream,
 )
-from gridcore_airflow.operators.base import RESOURCE_FIELDS, GridcoreJobOperator
-from gridcore_airflow.sensors.base import output_files_of
+from gridcore_airflow.operators.base import (
+    RESOURCE_FIELDS,
+    JobLifecycleOperator,
+    job_name,
+    map_index,
+    state_store,
+    translated,
+)
+from gridcore_airflow.sensors.base import EventContract
 from gridcore_airflow.sensors.triggers import SiteJobTrigger
+
+__all__ = [
+    "AUTO_SITE",
+    "SELECTION_KEY",
+    "JobPlan",
+    "SiteJobOperator",
+    "job_name",
+    "map_index",
+    "state_store",
+    "translated",
+]
 
 AUTO_SITE = "auto"
 INPUTS_ENV = "GRIDCORE_INPUTS"
@@ -54,8 +72,12 @@ class JobPlan:
     stream: str
     selection_id: int | None = None  # a selection made for this member beforehand
 
+    @property
+    def name(self) -> str:
+        return self.request.name
 
-class SiteJobOperator(GridcoreJobOperator):
+
+class SiteJobOperator(JobLifecycleOperator[GridRuntime, JobRecord, JobPlan]):
     """Run ``command`` with ``processors`` processors on a gridcore site.
 
     :param command: shell command run at the site (templated). The job sees
@@ -100,11 +122,15 @@ class SiteJobOperator(GridcoreJobOperator):
     its stderr logged before the task fails.
 
     Tries of one task instance share its selection through Airflow 3.3's task state store
-    (the ``ResumableJobMixin`` convention): a retry reattaches to a job still queued or
-    running, returns the result of one that completed, and starts afresh only after a
-    failed or cancelled job. A cleared task instance follows the same rule; a new DAG run
-    always starts new jobs.
+    (:class:`~operators.base.JobLifecycleOperator`): a retry reattaches to a job still
+    queued or running (or submits a selection an earlier try made but did not submit),
+    returns the result of one that completed, and starts afresh only after a failed or
+    cancelled job.
     """
+
+    noun = "selection"
+    state_key = SELECTION_KEY
+    completed = JobState.COMPLETED
 
     template_fields: Sequence[str] = (
         "command",
@@ -147,30 +173,56 @@ class SiteJobOperator(GridcoreJobOperator):
         self.env = env
         self.poll_interval = poll_interval
         self.deferrable = deferrable
-        self._selection_id: int | None = None
 
-    def execute(self, context: Context) -> dict[str, Any]:
-        job = self.plan_job(context)
-        state = state_store(context)
-        with translated(job.request.name), self.hook().runtime() as runtime:
-            if job.selection_id is not None:
-                record = self._run_given(runtime, state, job, job.selection_id)
-            else:
-                record = self._resume(runtime, state, job)
-                if record is None:
-                    record = self._select_and_submit(runtime, state, job)
-        self._selection_id = record.selection_id
+    @property
+    def _selection_id(self) -> int | None:
+        """The selection this try runs or waits on."""
+        return self._ident
+
+    # -- the lifecycle's specifics -----------------------------------------------------
+
+    def plan(self, context: Context) -> JobPlan:
+        return self.plan_job(context)
+
+    def opened(self, *, upgrade: bool) -> AbstractContextManager[GridRuntime]:
+        return self.hook().runtime(upgrade=upgrade)
+
+    def resume_or_submit(self, runtime: GridRuntime, state: Any, job: JobPlan) -> JobRecord:
+        if job.selection_id is not None:
+            return self._run_given(runtime, state, job, job.selection_id)
+        return super().resume_or_submit(runtime, state, job)
+
+    def submit(self, runtime: GridRuntime, state: Any, job: JobPlan) -> JobRecord:
+        return self._select_and_submit(runtime, state, job)
+
+    def status(self, runtime: GridRuntime, ident: int) -> JobRecord:
+        return runtime.record(ident)
+
+    def reattach(self, runtime: GridRuntime, job: JobPlan, record: JobRecord) -> JobRecord:
+        if record.job_id is None and not record.finished:  # selected, never submitted
+            return runtime.submit(record.selection_id, job.submission)
+        return record
+
+    def describe(self, record: JobRecord) -> str:
+        return f"job {record.job_id} on site {record.site} is {record.state}"
+
+    def cancel(self, runtime: GridRuntime, ident: int) -> str:
+        record = runtime.cancel(ident)
+        return f"job {record.job_id} is {record.state}"
+
+    def trigger(self, ident: int) -> SiteJobTrigger:
+        return SiteJobTrigger(ident, poll_interval=self.poll_interval, **self.location())
+
+    def contract(self) -> EventContract[Any]:
+        return SiteJobTrigger.contract
+
+    def ident_of(self, record: JobRecord) -> int:
+        return record.selection_id
+
+    def attach(self, context: Context, record: JobRecord) -> None:
         context[SITE_CONTEXT_KEY] = record.site  # type: ignore[literal-required]
-        if record.finished:  # an earlier try's job completed: its result stands
-            event = SiteJobTrigger.event_for(record, self._earlier_output(record))
-            return self.execute_complete(context, dict(event))
-        trigger = SiteJobTrigger(
-            record.selection_id, poll_interval=self.poll_interval, **self.location()
-        )
-        result: dict[str, Any] = self.wait_for(context, trigger, deferrable=self.deferrable)
-        return result
 
-    def _earlier_output(self, record: JobRecord) -> list[dict[str, Any]]:
+    def earlier_output(self, record: JobRecord) -> list[dict[str, Any]]:
         """The files of an earlier try's job (for the result); none if the site forgot it."""
         if record.job_id is None:
             return []
@@ -203,7 +255,7 @@ class SiteJobOperator(GridcoreJobOperator):
         """Submit the selection made for this member, or resume it (see ``selection_id``)."""
         given = _given_selection(runtime, job, selection_id)
         prior = state.get(SELECTION_KEY) if state is not None else None
-        if given.finished and given.state != JobState.COMPLETED.value:
+        if given.finished and not self.succeeded(given):
             # It will never run; nothing of it can run twice, so decide as a retry does
             # (an earlier try's own fresh selection first, if it still counts).
             self.log.warning(
@@ -213,9 +265,9 @@ class SiteJobOperator(GridcoreJobOperator):
                 given.state,
                 given.message,
             )
-            return self._resume(runtime, state, job) or self._select_and_submit(runtime, state, job)
+            return super().resume_or_submit(runtime, state, job)
         if prior == selection_id:
-            resumed = self._resume(runtime, state, job)
+            resumed = self.resume(runtime, state, job)
             if resumed is not None:
                 return resumed
         if given.job_id is not None or given.finished:
@@ -229,15 +281,10 @@ class SiteJobOperator(GridcoreJobOperator):
     def _submit(
         self, runtime: GridRuntime, state: Any, job: JobPlan, selection_id: int
     ) -> JobRecord:
-        if state is not None:
-            # Persisted between select and submit, so a retry after a worker crash (or
-            # after Airflow failing the task on a stale executor event) finds the job
-            # instead of submitting a duplicate; submit() itself never submits twice.
-            try:
-                state.set(SELECTION_KEY, selection_id)
-            except Exception:
-                runtime.cancel(selection_id)  # release the claimed processors
-                raise
+        # Remembered between select and submit, so a retry after a worker crash (or after
+        # Airflow failing the task on a stale executor event) finds the job instead of
+        # submitting a duplicate; submit() itself never submits twice.
+        self.remember(runtime, state, selection_id)
         record = runtime.submit(selection_id, job.submission)
         self.log.info(
             "selection %s: %s on site %s as job %s (%s)",
@@ -249,59 +296,20 @@ class SiteJobOperator(GridcoreJobOperator):
         )
         return record
 
-    def _resume(self, runtime: GridRuntime, state: Any, job: JobPlan) -> JobRecord | None:
-        """The selection an earlier try of this task instance made, if it still counts:
-        running or queued (reattach), not yet submitted (submit it now), or completed
-        (its result stands). None when there is none or its job failed (start afresh)."""
-        prior = state.get(SELECTION_KEY) if state is not None else None
-        if isinstance(prior, bool) or not isinstance(prior, int):
-            return None
-        try:
-            record = runtime.record(prior)
-        except StateError:
-            return None  # a different state database than the earlier try used
-        if record.finished and record.state != JobState.COMPLETED.value:
-            self.log.info("selection %s of an earlier try %s; starting afresh", prior, record.state)
-            return None
-        if record.job_id is None and not record.finished:
-            record = runtime.submit(prior, job.submission)
-        self.log.info(
-            "resuming selection %s: job %s on site %s is %s",
-            prior,
-            record.job_id,
-            record.site,
-            record.state,
-        )
-        return record
-
-    def execute_complete(self, context: Context, event: Any = None) -> dict[str, Any]:
-        """Map the trigger's event to the XCom result or an Airflow failure. Everything
-        comes from the event: ``dag.test()`` in Airflow 3.3.2 drops ``defer(kwargs=)``."""
-        record = SiteJobTrigger.completed_record(event, self.log)
+    def result(
+        self, context: Context, record: dict[str, Any], output: list[dict[str, Any]]
+    ) -> dict[str, Any]:
         # a resumed task has a fresh context: the site again, for the label rendered now
         context[SITE_CONTEXT_KEY] = record.get("site")  # type: ignore[literal-required]
         result = {key: record.get(key) for key in RESULT_KEYS}
         result["selection_id"] = record["selection_id"]
-        files = output_files_of(SiteJobTrigger.checked_event(event))
         result["output_files"] = (
-            {"stdout": files[0]["stdout"], "stderr": files[0]["stderr"]} if files else None
+            {"stdout": output[0]["stdout"], "stderr": output[0]["stderr"]} if output else None
         )
         with translated(str(record.get("name") or self.task_id)):
             asked = self.plan_resources()
         result["resources"] = self.resources_sent(asked, [str(record.get("site"))])[0]
         return result
-
-    def on_kill(self) -> None:
-        # Runs on the worker only while execute() is still here (selecting, submitting or
-        # polling without deferral); a deferred wait is cancelled by SiteJobTrigger.on_kill.
-        if self._selection_id is None:
-            return
-        try:
-            with self.hook().runtime(upgrade=False) as runtime:
-                record = runtime.cancel(self._selection_id)
-            self.log.info("cancelled selection %s (job %s)", record.selection_id, record.job_id)
-        except GridError as exc:
-            self.log.warning("could not cancel selection %s: %s", self._selection_id, exc)
 
     # -- validation: everything is checked before anything is selected or submitted ---
 
@@ -329,36 +337,6 @@ class SiteJobOperator(GridcoreJobOperator):
             mode = check_choice(InsufficientMode, self.insufficient_mode, "insufficient_mode")
             stream = check_selection_stream(str(stream))
         return JobPlan(request, submission, protocol, mode, stream, selection_id)
-
-
-@contextmanager
-def translated(name: str) -> Iterator[None]:
-    """gridcore errors as Airflow failures: bad input (a malformed grid, an impossible
-    request) fails without retries, anything else (a site, the state DB) may be retried."""
-    try:
-        yield
-    except (ConfigError, RequestError) as exc:
-        raise AirflowFailException(f"{name}: {exc}") from exc
-    except GridError as exc:
-        raise AirflowException(f"{name}: {exc}") from exc
-
-
-def job_name(dag_id: str, task_id: str, map_index: int) -> str:
-    """``dag.task.map_index`` with anything a batch system might mangle replaced by ``_``
-    (one formula, :func:`gridcore.api.dashboard.task_job_name`, which the Grid page uses
-    to find a task instance's records)."""
-    return task_job_name(dag_id, task_id, map_index)
-
-
-def state_store(context: Mapping[str, Any] | None) -> Any:
-    """Airflow 3.3's per-task-instance store (shared by all tries); None outside a task."""
-    return context.get("task_state_store") if context else None
-
-
-def map_index(context: Mapping[str, Any]) -> int:
-    ti = context.get("ti") if context else None
-    index = getattr(ti, "map_index", None)
-    return index if isinstance(index, int) else -1
 
 
 def _given_selection_id(name: str, value: Any, site: Any) -> int | None:

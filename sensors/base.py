@@ -1,9 +1,10 @@
 """The one trigger base every gridcore trigger subclasses, and the one event contract.
 
-A gridcore trigger waits on one thing gridcore runs (a selection's site job, a
-co-allocated job; next pilots and data-plan jobs): it opens an engine once
-(:meth:`GridcoreTrigger._connect`), calls a poll function on it until the record it
-returns is finished, and turns that record into exactly one :class:`GridcoreEvent`.
+A gridcore trigger waits on one thing gridcore runs (a selection's site job, a job of
+one of the engines): it opens an engine once through
+:class:`~gridcore_airflow.operators.hooks.GridcoreHook` (:meth:`GridcoreTrigger._connect`),
+calls a poll function on it until the record it returns is finished, and turns that
+record into exactly one :class:`GridcoreEvent`, as its :class:`EventContract` says.
 The base owns everything else, once: the wait loop, bounded retries of transient
 ``SiteError``s with jittered exponential back-off, errors reported as an ``"error"``
 event instead of raised out of ``run()``, ``serialize()``, ``on_kill()`` (cancel) and
@@ -28,7 +29,8 @@ import asyncio
 import functools
 import random
 from abc import abstractmethod
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Literal, NamedTuple, Protocol, TypedDict, TypeVar
 
 from airflow.sdk.exceptions import AirflowException
@@ -36,7 +38,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from gridcore.errors import CredentialRejected, GridError, SiteError
 from gridcore.sites.output import JobOutputs, OutputFiles, SiteJob, failure_tails
-from gridcore_airflow.sensors.connections import GridLocation
+from gridcore_airflow.operators.hooks import GridcoreHook, GridLocation
 
 EventStatus = Literal["success", "failed", "error"]
 EVENT_STATUSES: tuple[EventStatus, ...] = ("success", "failed", "error")
@@ -92,17 +94,67 @@ class Outcome(NamedTuple):
     message: str
 
 
-H = TypeVar("H")  # the engine a trigger opens once and polls (GridRuntime, CoAllocationEngine)
+H = TypeVar("H")  # the engine a trigger opens once and polls (GridRuntime, an engine)
 R = TypeVar("R", bound=FinishedRecord)
 
 
-class GridcoreTrigger(BaseTrigger, Generic[H, R]):
-    """Wait until the ``subject`` with id ``ident`` is finished; yield exactly one event.
+@dataclass(frozen=True)
+class EventContract(Generic[R]):
+    """The event of one kind of wait: what is waited on (``subject``: "selection",
+    "co-allocated job", ...), how a finished record ends the wait (``outcome``), and the
+    trigger's name for messages. The trigger yields events through it and the operators
+    and sensors that deferred read them back through the same one."""
 
-    Subclasses name their ``subject`` and the constructor argument holding the id
-    (``id_field``) and give the synchronous pieces: :meth:`_connect`, :meth:`_poll`,
-    :meth:`outcome`, :meth:`_cancel`, :meth:`_close` (and :meth:`_finished` if the
-    engine holds something to give up as soon as the wait ends).
+    subject: str
+    trigger: str
+    outcome: Callable[[R], Outcome]
+
+    def event_for(self, record: R, output: Sequence[dict[str, Any]] = ()) -> GridcoreEvent:
+        """The event for a finished record (also for the non-deferrable code paths);
+        ``output``: the site jobs' files, as :meth:`JobOutputs.as_json` gives them."""
+        ident, succeeded, message = self.outcome(record)
+        return GridcoreEvent(
+            status="success" if succeeded else "failed",
+            message=message,
+            subject=self.subject,
+            id=ident,
+            record=record.as_json(),
+            output=list(output),
+        )
+
+    def error_event(
+        self, ident: int, message: str, output: Sequence[dict[str, Any]] = ()
+    ) -> GridcoreEvent:
+        return GridcoreEvent(
+            status="error",
+            message=message,
+            subject=self.subject,
+            id=ident,
+            record=None,
+            output=list(output),
+        )
+
+    def checked_event(self, event: Any) -> GridcoreEvent:
+        """``event`` as a :class:`GridcoreEvent` of this contract, or ``ValueError``
+        naming what is wrong (a trigger from another version, a hand-made event)."""
+        return checked_event(event, self.subject, self.trigger)
+
+    def completed_record(self, event: Any, log: Any = None) -> dict[str, Any]:
+        """The record of a successful event; any other event becomes the Airflow failure
+        that ``execute_complete`` of the operators and sensors raise, after the stderr
+        tail of the job(s) that failed is written to ``log`` (the task's)."""
+        return completed_record(event, self.subject, self.trigger, log)
+
+
+class GridcoreTrigger(BaseTrigger, Generic[H, R]):
+    """Wait until the contract's subject with id ``ident`` is finished; yield exactly one
+    event.
+
+    Subclasses give their :class:`EventContract` (``contract``: a class attribute, or set
+    per instance by a trigger parametrized by an engine), the constructor argument
+    holding the id (``id_field``) and the synchronous pieces: :meth:`_connect`,
+    :meth:`_poll`, :meth:`_cancel`, :meth:`_close` (and :meth:`_finished` if the engine
+    holds something to give up as soon as the wait ends).
 
     A user killing the task (mark failed/success, clear) cancels the remote work in
     :meth:`on_kill`, NOT in :meth:`cleanup`: Airflow calls ``cleanup()`` on every exit,
@@ -110,7 +162,7 @@ class GridcoreTrigger(BaseTrigger, Generic[H, R]):
     another triggerer resumes waiting on it.
     """
 
-    subject: ClassVar[str]
+    contract: EventContract[Any]
     id_field: ClassVar[str]  # the constructor argument (and attribute) holding the id
     default_poll_interval: ClassVar[float] = 2.0
     poll_noun: ClassVar[str] = "polls"
@@ -126,7 +178,7 @@ class GridcoreTrigger(BaseTrigger, Generic[H, R]):
         **named_id: int,
     ) -> None:
         """The id comes first, or by its name (``selection_id=7``, as ``serialize`` gives
-        it); where gridcore is: :class:`~sensors.connections.GridLocation`."""
+        it); where gridcore is: :class:`~operators.hooks.GridLocation`."""
         super().__init__()
         if named_id and (ident is not None or set(named_id) != {self.id_field}):
             raise TypeError(f"{type(self).__name__}: unexpected {sorted(named_id)}")
@@ -141,6 +193,11 @@ class GridcoreTrigger(BaseTrigger, Generic[H, R]):
         self._handle: H | None = None
         self._outputs: JobOutputs | None = None
         self._last_note = ""
+
+    def hook(self) -> GridcoreHook:
+        """The hook this trigger opens gridcore through (resolved in the triggerer)."""
+        where = self.location
+        return GridcoreHook(where.conn_id, where.grid_file, where.db_url)
 
     @property
     def grid_file(self) -> str | None:
@@ -159,11 +216,6 @@ class GridcoreTrigger(BaseTrigger, Generic[H, R]):
     @abstractmethod
     def _poll(self, handle: H) -> R:
         """One poll: the record as it is now. ``SiteError`` means try again later."""
-
-    @classmethod
-    @abstractmethod
-    def outcome(cls, record: R) -> Outcome:
-        """How a finished record ends the wait."""
 
     @abstractmethod
     def _cancel(self, handle: H) -> str:
@@ -184,48 +236,6 @@ class GridcoreTrigger(BaseTrigger, Generic[H, R]):
     def _output_files(self, handle: H, site: str, job_id: str) -> OutputFiles:
         """Where a site job of :meth:`_output_jobs` writes its output."""
 
-    # -- the contract, shared by every subclass ------------------------------------------
-
-    @classmethod
-    def event_for(cls, record: R, output: Sequence[dict[str, Any]] = ()) -> GridcoreEvent:
-        """The event for a finished record (also for the non-deferrable code paths);
-        ``output``: the site jobs' files, as :meth:`JobOutputs.as_json` gives them."""
-        ident, succeeded, message = cls.outcome(record)
-        return GridcoreEvent(
-            status="success" if succeeded else "failed",
-            message=message,
-            subject=cls.subject,
-            id=ident,
-            record=record.as_json(),
-            output=list(output),
-        )
-
-    @classmethod
-    def error_event(
-        cls, ident: int, message: str, output: Sequence[dict[str, Any]] = ()
-    ) -> GridcoreEvent:
-        return GridcoreEvent(
-            status="error",
-            message=message,
-            subject=cls.subject,
-            id=ident,
-            record=None,
-            output=list(output),
-        )
-
-    @classmethod
-    def checked_event(cls, event: Any) -> GridcoreEvent:
-        """``event`` as a :class:`GridcoreEvent` of this trigger, or ``ValueError``
-        naming what is wrong (a trigger from another version, a hand-made event)."""
-        return checked_event(event, cls.subject, cls.__name__)
-
-    @classmethod
-    def completed_record(cls, event: Any, log: Any = None) -> dict[str, Any]:
-        """The record of a successful event; any other event becomes the Airflow failure
-        that ``execute_complete`` of the operators and sensors raise, after the stderr
-        tail of the job(s) that failed is written to ``log`` (the task's)."""
-        return completed_record(event, cls.subject, cls.__name__, log)
-
     # -- Airflow's trigger interface ----------------------------------------------------
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -245,17 +255,17 @@ class GridcoreTrigger(BaseTrigger, Generic[H, R]):
         try:
             event = await self._wait_until_finished()
         except GridError as exc:
-            event = self.error_event(self.ident, f"gridcore: {exc}", self._output_so_far())
+            event = self.contract.error_event(self.ident, f"gridcore: {exc}", self._output_so_far())
         except Exception as exc:  # the event contract: errors are reported, never raised
-            self.log.exception("waiting on %s %s failed", self.subject, self.ident)
+            self.log.exception("waiting on %s %s failed", self.contract.subject, self.ident)
             message = f"{type(exc).__name__}: {exc}"
-            event = self.error_event(self.ident, message, self._output_so_far())
+            event = self.contract.error_event(self.ident, message, self._output_so_far())
         yield TriggerEvent(dict(event))
 
     async def on_kill(self) -> None:
         handle = await self._handle_once()
         said = await asyncio.wait_for(asyncio.to_thread(self._cancel, handle), _CANCEL_TIMEOUT_S)
-        self.log.info("cancelled %s %s: %s", self.subject, self.ident, said)
+        self.log.info("cancelled %s %s: %s", self.contract.subject, self.ident, said)
 
     async def cleanup(self) -> None:
         # Local resources only: the remote work must survive a triggerer restart.
@@ -274,11 +284,13 @@ class GridcoreTrigger(BaseTrigger, Generic[H, R]):
             except CredentialRejected as exc:
                 # refused even renewed once: waiting will not mend it, and it is not the
                 # site's fault (gridcore.sites.slurm)
-                return self.error_event(self.ident, f"gridcore: {exc}", self._output_so_far())
+                return self.contract.error_event(
+                    self.ident, f"gridcore: {exc}", self._output_so_far()
+                )
             except SiteError as exc:
                 failures += 1
                 if failures > self.max_retries:
-                    return self.error_event(
+                    return self.contract.error_event(
                         self.ident,
                         f"gave up after {failures} failed {self.poll_noun} in a row: {exc}",
                         self._output_so_far(),
@@ -294,7 +306,7 @@ class GridcoreTrigger(BaseTrigger, Generic[H, R]):
             await self._copy_output(handle, record)
             if record.finished:
                 await asyncio.to_thread(self._finished, handle)
-                return self.event_for(record, self._output_so_far())
+                return self.contract.event_for(record, self._output_so_far())
             await asyncio.sleep(self.poll_interval)
 
     def _progress_note(self, record: R) -> str:
@@ -305,7 +317,7 @@ class GridcoreTrigger(BaseTrigger, Generic[H, R]):
     def _say_progress(self, record: R) -> None:
         note = self._progress_note(record)
         if note and note != self._last_note:
-            self.log.info("%s %s: %s", self.subject, self.ident, note)
+            self.log.info("%s %s: %s", self.contract.subject, self.ident, note)
         self._last_note = note
 
     async def _copy_output(self, handle: H, record: R) -> None:
@@ -320,7 +332,9 @@ class GridcoreTrigger(BaseTrigger, Generic[H, R]):
         try:
             lines = await asyncio.to_thread(self._outputs.read, jobs)
         except Exception as exc:
-            self.log.warning("cannot copy the output of %s %s: %r", self.subject, self.ident, exc)
+            self.log.warning(
+                "cannot copy the output of %s %s: %r", self.contract.subject, self.ident, exc
+            )
             return
         for line in lines:
             self.log.info("%s", line)

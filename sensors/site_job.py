@@ -10,7 +10,7 @@ from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from gridcore.errors import GridError, SiteError
-from gridcore_airflow.sensors.connections import GridLocation
+from gridcore_airflow.operators.hooks import GridcoreHook
 from gridcore_airflow.sensors.triggers import SiteJobTrigger
 
 
@@ -70,8 +70,8 @@ class SiteJobSensor(BaseSensorOperator):
     def poke(self, context: Context) -> bool | PokeReturnValue:
         selection_id = self._selection()
         try:
-            location = GridLocation(self.grid_file, self.db_url, self.gridcore_conn_id)
-            runtime = location.open_runtime(upgrade=False)
+            hook = GridcoreHook(self.gridcore_conn_id, self.grid_file, self.db_url)
+            runtime = hook.open_runtime(upgrade=False)
         except GridError as exc:
             raise AirflowException(f"selection {selection_id}: {exc}") from exc
         try:
@@ -86,11 +86,11 @@ class SiteJobSensor(BaseSensorOperator):
             runtime.store.dispose()
         if not record.finished:
             return False
-        event = SiteJobTrigger.event_for(record)
+        event = SiteJobTrigger.contract.event_for(record)
         return PokeReturnValue(True, self.execute_complete(context, dict(event)))
 
     def execute_complete(self, context: Context, event: Any = None) -> dict[str, Any]:
-        return SiteJobTrigger.completed_record(event, self.log)
+        return SiteJobTrigger.contract.completed_record(event, self.log)
 
     def _selection(self) -> int:
         value = self.selection_id

@@ -1,11 +1,13 @@
 """Every trigger gridcore runs in Airflow's triggerer: waiting on site jobs and on data.
 
-Triggers live in this installed package (the triggerer never loads DAG bundles). The
-ones that wait on gridcore's work subclass
-:class:`gridcore_airflow.sensors.base.GridcoreTrigger` (one wait loop, one event
-contract); :class:`ForcingFileTrigger` watches a directory for an asset. Synchronous
-calls run in a worker thread via ``asyncio.to_thread``, so the triggerer's event loop is
-never blocked.
+Triggers live in this installed package (the triggerer never loads DAG bundles, and
+stores each trigger by its classpath here). The ones that wait on gridcore's work
+subclass :class:`gridcore_airflow.sensors.base.GridcoreTrigger` (one wait loop, one event
+contract): :class:`SiteJobTrigger` for a selection's site job, :class:`EngineTrigger`
+for a job of any engine of :class:`~operators.hooks.EngineKind` (one line per engine in
+:data:`ENGINE_WAITS`). :class:`ForcingFileTrigger` watches a directory for an asset.
+Synchronous calls run in a worker thread via ``asyncio.to_thread``, so the triggerer's
+event loop is never blocked.
 """
 
 from __future__ import annotations
@@ -16,15 +18,25 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
+from gridcore.engine.coallocation import CoAllocationRecord
+from gridcore.engine.coreservation import ReservationRecord
+from gridcore.engine.phases import ComponentState, JobPhase, PilotState, ReservationPhase
 from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.model import JobState
 from gridcore.sites.output import OutputFiles, SiteJob
-from gridcore_airflow.sensors.base import GridcoreTrigger, Outcome
+from gridcore_airflow.operators.hooks import EngineKind, GridcoreHook, ScanEngine
+from gridcore_airflow.sensors.base import (
+    DEFAULT_MAX_RETRIES,
+    EventContract,
+    GridcoreTrigger,
+    Outcome,
+)
 
 CLAIMED_DIR = "claimed"
 CONSUMED_DIR = "consumed"
@@ -40,37 +52,27 @@ class SiteJobTrigger(GridcoreTrigger[GridRuntime, JobRecord]):
     on_kill and cleanup).
     """
 
-    subject = "selection"
     id_field = "selection_id"
     selection_id: int
 
     def _connect(self) -> GridRuntime:
         # The selection exists, so its database is migrated; skipping Alembic keeps
         # CPU-bound work (and the GIL) away from the triggerer's event loop.
-        return self.location.open_runtime(upgrade=False)
+        return self.hook().open_runtime(upgrade=False)
 
     def _poll(self, handle: GridRuntime) -> JobRecord:
         return handle.poll(self.selection_id)
 
-    @classmethod
-    def outcome(cls, record: JobRecord) -> Outcome:
-        where = f"job {record.job_id} on site {record.site}"
-        if record.state == JobState.COMPLETED.value:
-            return Outcome(record.selection_id, True, f"{where} completed")
-        code = "" if record.exit_code is None else f", exit code {record.exit_code}"
-        detail = f": {record.message}" if record.message else ""
-        return Outcome(record.selection_id, False, f"{where} {record.state}{code}{detail}")
-
     def _progress_note(self, record: JobRecord) -> str:
         # a requeued or held job is pending again: the record's message says why
-        if record.state == JobState.PENDING.value and record.message:
+        if JobState(record.state) is JobState.PENDING and record.message:
             return f"job {record.job_id} on site {record.site}: {record.message}"
         return ""
 
     def _output_jobs(self, record: JobRecord) -> list[SiteJob]:
         if record.job_id is None:
             return []
-        failed = record.finished and record.state != JobState.COMPLETED.value
+        failed = record.finished and JobState(record.state) is not JobState.COMPLETED
         return [SiteJob(record.site, record.job_id, finished=record.finished, failed=failed)]
 
     def _output_files(self, handle: GridRuntime, site: str, job_id: str) -> OutputFiles:
@@ -82,6 +84,158 @@ class SiteJobTrigger(GridcoreTrigger[GridRuntime, JobRecord]):
 
     def _close(self, handle: GridRuntime) -> None:
         handle.store.dispose()
+
+
+def _selection_outcome(record: JobRecord) -> Outcome:
+    where = f"job {record.job_id} on site {record.site}"
+    if JobState(record.state) is JobState.COMPLETED:
+        return Outcome(record.selection_id, True, f"{where} completed")
+    code = "" if record.exit_code is None else f", exit code {record.exit_code}"
+    detail = f": {record.message}" if record.message else ""
+    return Outcome(record.selection_id, False, f"{where} {record.state}{code}{detail}")
+
+
+SiteJobTrigger.contract = EventContract("selection", "SiteJobTrigger", _selection_outcome)
+
+
+class EngineTrigger(GridcoreTrigger[ScanEngine, Any]):
+    """Scan the ``engine`` until its job ``job_id`` ends; yield exactly one event.
+
+    ``EngineTrigger(job_id, engine, grid_file=None, db_url=None, poll_interval=1.0,
+    max_retries=5, gridcore_conn_id=None)``. The engines have no daemon: whoever waits on
+    a job runs the engine's ``scan`` (KOALA: placement, claiming, the start barrier, fault
+    tolerance; VJM: pilots followed, dispatch, reorganization after the lifetime), and the
+    engine's fenced scan lease lets one scan run at a time; each poll is one ``scan``
+    (skipped while another holder has the lease) and one ``status``. The job's site jobs
+    call the VJ center (``gridcore serve``, or the app mounted in Airflow's api-server)
+    that the connection or ``$GRIDCORE_CENTER_URL`` names. ``on_kill`` cancels the job
+    (its started site jobs with it); the lease is given up as soon as the wait ends.
+
+    What differs between engines is one :class:`EngineWait` in :data:`ENGINE_WAITS`:
+    what is waited on, how a finished job reads, and which site jobs' output goes into
+    the task log, prefixed ``[component i @ site]``.
+    """
+
+    id_field = "job_id"
+    job_id: int
+    default_poll_interval = 1.0
+    poll_noun = "scans"
+
+    def __init__(
+        self,
+        job_id: int,
+        engine: EngineKind | str,
+        grid_file: str | None = None,
+        db_url: str | None = None,
+        poll_interval: float | None = None,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        gridcore_conn_id: str | None = None,
+    ) -> None:
+        self.engine = EngineKind(engine)
+        self.contract = self.wait = ENGINE_WAITS[self.engine]
+        super().__init__(job_id, grid_file, db_url, poll_interval, max_retries, gridcore_conn_id)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        classpath, kwargs = super().serialize()
+        return classpath, {**kwargs, "engine": self.engine.value}
+
+    def _connect(self) -> ScanEngine:
+        return self.hook().open_engine(self.engine, self.poll_interval, upgrade=False)
+
+    def _poll(self, handle: ScanEngine) -> Any:
+        handle.scan()
+        return handle.status(self.job_id)
+
+    def _output_jobs(self, record: Any) -> list[SiteJob]:
+        return self.wait.output_jobs(record)
+
+    def _output_files(self, handle: ScanEngine, site: str, job_id: str) -> OutputFiles:
+        return handle.runtime.output_files(site, job_id)
+
+    def _finished(self, handle: ScanEngine) -> None:
+        # Give the scan lease up now: other waiters should not sit out its expiry, and
+        # cleanup() is not called everywhere (dag.test() skips it).
+        handle.release_lease()
+
+    def _cancel(self, handle: ScanEngine) -> str:
+        return f"{handle.cancel(self.job_id).state}"
+
+    def _close(self, handle: ScanEngine) -> None:
+        GridcoreHook.close_engine(handle)
+
+
+@dataclass(frozen=True)
+class EngineWait(EventContract[Any]):
+    """How :class:`EngineTrigger` waits on one engine's jobs: its event contract and
+    the site jobs of a record whose output goes into the task log."""
+
+    output_jobs: Callable[[Any], list[SiteJob]]
+
+
+def _coallocation_outcome(record: CoAllocationRecord) -> Outcome:
+    where = f"co-allocated job {record.job_id} ({record.name})"
+    if JobPhase(record.state) is JobPhase.COMPLETED:
+        sites = ", ".join(c.site for c in record.components)
+        return Outcome(record.job_id, True, f"{where} completed on {sites}")
+    detail = f": {record.message}" if record.message else ""
+    return Outcome(record.job_id, False, f"{where} {record.state}{detail}")
+
+
+def _coallocation_output(record: CoAllocationRecord) -> list[SiteJob]:
+    """Every component the sites have (a re-placed job: its current epoch's)."""
+    return [
+        SiteJob(
+            c.site,
+            c.site_job_id,
+            f"component {c.index} @ {c.site}",
+            finished=record.finished or c.state in _COMPONENT_ENDED,
+            failed=c.state == ComponentState.FAILED,
+        )
+        for c in record.components
+        if c.site_job_id is not None
+    ]
+
+
+def _coreservation_outcome(record: ReservationRecord) -> Outcome:
+    where = f"co-reserved job {record.job_id} ({record.name})"
+    if record.state is ReservationPhase.COMPLETED:
+        sites = ", ".join(f"{site} x{n}" for site, n in record.clusters.items())
+        return Outcome(record.job_id, True, f"{where} completed through pilots on {sites}")
+    detail = f": {record.message}" if record.message else ""
+    return Outcome(record.job_id, False, f"{where} {record.state}{detail}")
+
+
+def _coreservation_output(record: ReservationRecord) -> list[SiteJob]:
+    """The pilots given a rank: the command runs inside them and writes to their site
+    job's files (with the pilot's own few ``gridcore pilot N: ...`` lines on stderr).
+    Pilots that only held (released, shifted or lost) ran nothing and are not shown."""
+    return [
+        SiteJob(
+            p.site,
+            p.site_job_id,
+            f"component {p.component} @ {p.site}",
+            finished=record.finished or p.state.finished,
+            failed=p.state is PilotState.FAILED,
+        )
+        for p in sorted(record.pilots, key=lambda p: p.component or 0)
+        if p.component is not None and p.site_job_id is not None
+    ]
+
+
+# A component in these states writes nothing more.
+_COMPONENT_ENDED = frozenset(
+    {ComponentState.COMPLETED, ComponentState.FAILED, ComponentState.ABORTED}
+)
+
+# One line per engine of EngineKind.
+ENGINE_WAITS: dict[EngineKind, EngineWait] = {
+    EngineKind.COALLOCATION: EngineWait(
+        "co-allocated job", "EngineTrigger", _coallocation_outcome, _coallocation_output
+    ),
+    EngineKind.CORESERVATION: EngineWait(
+        "co-reserved job", "EngineTrigger", _coreservation_outcome, _coreservation_output
+    ),
+}
 
 
 class ForcingFileEvent(TypedDict):

@@ -48,14 +48,11 @@ def test_dag_test_solves_across_three_sites_in_step(
     # gridcore's own state DB agrees with the XCom. (No VJ center is configured: the
     # operator waited in this process, whose embedded center the barriers called.)
     # Imported here: at collection, Airflow's provider discovery imports operators/,
-    # which imports sensors.connections itself.
-    from gridcore_airflow.sensors.connections import GridLocation, close_coallocation
+    # which imports the hook itself.
+    from gridcore_airflow.operators.hooks import EngineKind, GridcoreHook
 
-    koala = GridLocation(db_url=airflow_env.db_url).open_coallocation(1.0, upgrade=False)
-    try:
+    with GridcoreHook(db_url=airflow_env.db_url).engine(EngineKind.COALLOCATION, 1.0) as koala:
         record = koala.status(placed["job_id"])
-    finally:
-        close_coallocation(koala)
     assert [c.site for c in record.components] == placed["sites"]
     assert all(c.state == "completed" and c.exit_code == 0 for c in record.components)
     assert_capacity_invariant(airflow_env.db_url, no_live_holds=True)

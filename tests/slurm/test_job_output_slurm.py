@@ -106,7 +106,7 @@ async def test_a_slurm_jobs_output_reaches_the_log_as_it_runs_and_its_tail_the_f
 
     task_log = LogLines()
     with pytest.raises(AirflowException, match="exit code 3"):
-        SiteJobTrigger.completed_record(payload, logger_into(task_log))
+        SiteJobTrigger.contract.completed_record(payload, logger_into(task_log))
     assert task_log.lines == [
         f"[gridcore] stderr of the job (whole, 43 bytes in {output['stderr']}):",
         "[stderr] careful: coarse mesh",

@@ -1,4 +1,4 @@
-"""CoAllocationOperator and CoAllocationTrigger against a real CoAllocationEngine: temp SQLite and
+"""CoAllocationOperator and its EngineTrigger against a real CoAllocationEngine: temp SQLite and
 the embedded local sites (local-a 8, local-b 4, local-c 4 processors).
 
 The components' barriers call a VJ center: a test on a state DB (``db_url``) gets one
@@ -25,14 +25,14 @@ from gridcore.sites.local import TIME_LIMIT_FILE, LocalSite
 from gridcore.state.schema import coalloc_components, coalloc_jobs
 from gridcore.state.store import open_store
 from gridcore_airflow.operators.coallocation import JOB_KEY, CoAllocationOperator
-from gridcore_airflow.operators.hooks import GridcoreHook
+from gridcore_airflow.operators.hooks import CENTER_ENV, EngineKind, GridcoreHook
 from gridcore_airflow.sensors.base import EVENT_KEYS
-from gridcore_airflow.sensors.coallocation_trigger import CoAllocationTrigger
-from gridcore_airflow.sensors.connections import CENTER_ENV, GridLocation, close_coallocation
+from gridcore_airflow.sensors.triggers import ENGINE_WAITS, EngineTrigger
 from tests.barrier_checks import assert_released_after_every_registration, running_center
 from tests.fakes import FakeTaskStateStore
 
 WAIT_S = 60.0
+COALLOCATION = EngineKind.COALLOCATION
 
 
 @pytest.fixture(autouse=True)
@@ -60,13 +60,12 @@ def operator(**kwargs: Any) -> CoAllocationOperator:
     return CoAllocationOperator(**{**defaults, **kwargs})
 
 
-def deferred(
-    op: CoAllocationOperator, context: dict[str, Any] | None = None
-) -> CoAllocationTrigger:
+def deferred(op: CoAllocationOperator, context: dict[str, Any] | None = None) -> EngineTrigger:
     with pytest.raises(TaskDeferred) as exc:
         op.execute(context=context or {})
     assert exc.value.method_name == "execute_complete"
-    assert isinstance(exc.value.trigger, CoAllocationTrigger)
+    assert isinstance(exc.value.trigger, EngineTrigger)
+    assert exc.value.trigger.engine is COALLOCATION
     return exc.value.trigger
 
 
@@ -90,12 +89,18 @@ def job_rows(db_url: str) -> int:
 
 def engine_of(db_url: str, scan_interval: float = 1.0) -> Any:
     """A KOALA engine on the test's state DB, opened as operators open it."""
-    return GridcoreHook(db_url=db_url).koala_engine(scan_interval)
+    return GridcoreHook(db_url=db_url).engine(COALLOCATION, scan_interval)
 
 
 def open_coallocation(db_url: str, scan_interval: float) -> CoAllocationEngine:
     """A KOALA engine opened as triggers open it (close with close_coallocation)."""
-    return GridLocation(db_url=db_url).open_coallocation(scan_interval, upgrade=False)
+    engine = GridcoreHook(db_url=db_url).open_engine(COALLOCATION, scan_interval, upgrade=False)
+    assert isinstance(engine, CoAllocationEngine)
+    return engine
+
+
+def close_coallocation(engine: CoAllocationEngine) -> None:
+    GridcoreHook.close_engine(engine)
 
 
 def test_execute_submits_a_queued_job_and_defers(db_url: str) -> None:
@@ -254,7 +259,7 @@ def test_execute_complete_maps_failed_error_and_malformed_events_to_failures() -
     with pytest.raises(AirflowException, match="job 7: failed: component 1: exit 3"):
         op.execute_complete({}, failed)
     with pytest.raises(AirflowException, match="error: gridcore: boom"):
-        op.execute_complete({}, dict(CoAllocationTrigger.error_event(7, "gridcore: boom")))
+        op.execute_complete({}, dict(ENGINE_WAITS[COALLOCATION].error_event(7, "gridcore: boom")))
     with pytest.raises(AirflowException, match="lacks key"):
         op.execute_complete({}, {"status": "success"})
     with pytest.raises(AirflowException, match="about a 'selection'"):
@@ -262,16 +267,23 @@ def test_execute_complete_maps_failed_error_and_malformed_events_to_failures() -
 
 
 def test_trigger_serialize_round_trips_through_its_class_path() -> None:
-    trigger = CoAllocationTrigger(
-        5, "/g.toml", "sqlite:////x.db", 0.5, max_retries=2, gridcore_conn_id="gridcore_lab"
+    trigger = EngineTrigger(
+        5,
+        COALLOCATION,
+        "/g.toml",
+        "sqlite:////x.db",
+        0.5,
+        max_retries=2,
+        gridcore_conn_id="gridcore_lab",
     )
     path, kwargs = trigger.serialize()
     module, _, name = path.rpartition(".")
     clone = getattr(importlib.import_module(module), name)(**kwargs)
 
-    assert path == "gridcore_airflow.sensors.coallocation_trigger.CoAllocationTrigger"
+    assert path == "gridcore_airflow.sensors.triggers.EngineTrigger"
     assert kwargs == {
         "job_id": 5,
+        "engine": "coallocation",
         "grid_file": "/g.toml",
         "db_url": "sqlite:////x.db",
         "poll_interval": 0.5,
@@ -280,13 +292,14 @@ def test_trigger_serialize_round_trips_through_its_class_path() -> None:
     }
     assert json.loads(json.dumps(kwargs)) == kwargs  # plain JSON, as the triggerer stores it
     assert clone.serialize() == trigger.serialize()
-    assert (clone.job_id, clone.location) == (5, trigger.location)
+    assert (clone.job_id, clone.engine, clone.location) == (5, COALLOCATION, trigger.location)
+    assert clone.contract.subject == "co-allocated job"
 
 
 @pytest.mark.asyncio
 async def test_an_unknown_job_is_one_error_event(db_url: str) -> None:
     await asyncio.to_thread(deferred, operator())  # migrates the database
-    trigger = CoAllocationTrigger(999, None, db_url, 0.05)
+    trigger = EngineTrigger(999, COALLOCATION, None, db_url, 0.05)
 
     events = await all_events(trigger.run())
     await trigger.cleanup()
@@ -426,7 +439,7 @@ def test_the_engine_of_a_location_calls_the_configured_center(
         close_coallocation(engine)
 
 
-def run_trigger(trigger: CoAllocationTrigger) -> dict[str, Any]:
+def run_trigger(trigger: EngineTrigger) -> dict[str, Any]:
     async def one() -> list[Any]:
         try:
             return await all_events(trigger.run())

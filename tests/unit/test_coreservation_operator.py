@@ -1,4 +1,4 @@
-"""CoReservationOperator and CoReservationTrigger with Airflow's real classes against a real
+"""CoReservationOperator and its EngineTrigger with Airflow's real classes against a real
 CoReservationEngine: temp SQLite, the embedded local sites (local-a 8, local-b 4, local-c 4
 processors), real pilot processes and a real VJ center (embedded in this process when
 none is configured, else one the test serves and names in ``$GRIDCORE_CENTER_URL``)."""
@@ -31,12 +31,14 @@ from gridcore.sites.local import TIME_LIMIT_FILE, LocalSite
 from gridcore.state.schema import local_jobs, reservations
 from gridcore.state.store import open_store
 from gridcore_airflow.operators.coreservation import JOB_KEY, CoReservationOperator
+from gridcore_airflow.operators.hooks import EngineKind
 from gridcore_airflow.sensors.base import EVENT_KEYS
-from gridcore_airflow.sensors.coreservation_trigger import CoReservationTrigger
+from gridcore_airflow.sensors.triggers import ENGINE_WAITS, EngineTrigger
 from tests.capacity_checks import assert_capacity_invariant
 from tests.fakes import FakeTaskStateStore
 
 WAIT_S = 60.0
+CORESERVATION = EngineKind.CORESERVATION
 # The XCom keys the operator's docstring promises ("Returns (XCom)").
 DOCUMENTED_KEYS = {
     "job_id",
@@ -94,13 +96,12 @@ def engine_on(db_url: str, center_url: str) -> Iterator[CoReservationEngine]:
         engine.store.dispose()
 
 
-def deferred(
-    op: CoReservationOperator, context: dict[str, Any] | None = None
-) -> CoReservationTrigger:
+def deferred(op: CoReservationOperator, context: dict[str, Any] | None = None) -> EngineTrigger:
     with pytest.raises(TaskDeferred) as exc:
         op.execute(context=context or {})
     assert exc.value.method_name == "execute_complete"
-    assert isinstance(exc.value.trigger, CoReservationTrigger)
+    assert isinstance(exc.value.trigger, EngineTrigger)
+    assert exc.value.trigger.engine is CORESERVATION
     return exc.value.trigger
 
 
@@ -111,7 +112,7 @@ async def all_events(run: AsyncIterator[Any]) -> list[Any]:
     return await asyncio.wait_for(collect(), WAIT_S)
 
 
-def run_trigger(trigger: CoReservationTrigger) -> dict[str, Any]:
+def run_trigger(trigger: EngineTrigger) -> dict[str, Any]:
     async def one() -> list[Any]:
         try:
             return await all_events(trigger.run())
@@ -331,16 +332,23 @@ def test_each_ranks_output_is_copied_and_a_failed_ranks_stderr_tail_ends_the_log
 
 
 def test_trigger_serialize_round_trips_through_its_class_path() -> None:
-    trigger = CoReservationTrigger(
-        5, "/g.toml", "sqlite:////x.db", 0.5, max_retries=2, gridcore_conn_id="gridcore_lab"
+    trigger = EngineTrigger(
+        5,
+        CORESERVATION,
+        "/g.toml",
+        "sqlite:////x.db",
+        0.5,
+        max_retries=2,
+        gridcore_conn_id="gridcore_lab",
     )
     path, kwargs = trigger.serialize()
     module, _, name = path.rpartition(".")
     clone = getattr(importlib.import_module(module), name)(**kwargs)
 
-    assert path == "gridcore_airflow.sensors.coreservation_trigger.CoReservationTrigger"
+    assert path == "gridcore_airflow.sensors.triggers.EngineTrigger"
     assert kwargs == {
         "job_id": 5,
+        "engine": "coreservation",
         "grid_file": "/g.toml",
         "db_url": "sqlite:////x.db",
         "poll_interval": 0.5,
@@ -349,8 +357,9 @@ def test_trigger_serialize_round_trips_through_its_class_path() -> None:
     }
     assert json.loads(json.dumps(kwargs)) == kwargs  # plain JSON, as the triggerer stores it
     assert clone.serialize() == trigger.serialize()
-    assert (clone.job_id, clone.location) == (5, trigger.location)
-    assert CoReservationTrigger(job_id=5).poll_interval == 1.0  # its own default
+    assert (clone.job_id, clone.engine, clone.location) == (5, CORESERVATION, trigger.location)
+    assert clone.contract.subject == "co-reserved job"
+    assert EngineTrigger(5, CORESERVATION).poll_interval == 1.0  # the engines' default
 
 
 @pytest.mark.asyncio
@@ -391,7 +400,7 @@ def test_execute_complete_maps_failed_error_and_malformed_events_to_failures() -
     with pytest.raises(AirflowException, match=r"job 7: failed: component 1 .* exited 3"):
         op.execute_complete({}, failed)
     with pytest.raises(AirflowException, match="error: gridcore: boom"):
-        op.execute_complete({}, dict(CoReservationTrigger.error_event(7, "gridcore: boom")))
+        op.execute_complete({}, dict(ENGINE_WAITS[CORESERVATION].error_event(7, "gridcore: boom")))
     with pytest.raises(AirflowException, match="lacks key"):
         op.execute_complete({}, {"status": "success"})
     with pytest.raises(AirflowException, match="about a 'co-allocated job'"):

@@ -162,7 +162,7 @@ def test_execute_complete_raises_the_sites_message_for_a_failed_job(db_url: str)
 def test_execute_complete_raises_for_an_error_event() -> None:
     with pytest.raises(AirflowException, match="selection 4: error: site alpha: unreachable"):
         operator().execute_complete(
-            {}, dict(SiteJobTrigger.error_event(4, "site alpha: unreachable"))
+            {}, dict(SiteJobTrigger.contract.error_event(4, "site alpha: unreachable"))
         )
 
 

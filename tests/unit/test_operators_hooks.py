@@ -14,9 +14,8 @@ from airflow.sdk.exceptions import AirflowException
 from gridcore.errors import CredentialError
 from gridcore.model import JobRequest, JobSubmission
 from gridcore.sites.slurm import SlurmSite
-from gridcore_airflow.operators.hooks import GridcoreHook
+from gridcore_airflow.operators.hooks import EngineKind, GridcoreHook, GridLocation
 from gridcore_airflow.operators.site_job import SiteJobOperator
-from gridcore_airflow.sensors.connections import GridLocation
 from gridcore_airflow.sensors.triggers import SiteJobTrigger
 
 GRID = """\
@@ -110,10 +109,10 @@ def test_a_host_connection_is_a_postgresql_url_with_its_password_escaped(
     )
 
 
-def test_the_koala_engine_and_catalog_share_the_connections_state_db(lab: dict[str, str]) -> None:
+def test_the_engine_and_catalog_share_the_connections_state_db(lab: dict[str, str]) -> None:
     hook = GridcoreHook("gridcore_lab")
 
-    with hook.koala_engine(0.5, upgrade=True) as engine:
+    with hook.engine(EngineKind.COALLOCATION, 0.5, upgrade=True) as engine:
         assert engine.catalog is not None
         assert str(engine.store.engine.url) == lab["db_url"]
         assert not engine.scan().skipped
@@ -121,7 +120,7 @@ def test_the_koala_engine_and_catalog_share_the_connections_state_db(lab: dict[s
         assert catalog.replicas("nothing.dat") == ()
         assert str(runtime.store.engine.url) == lab["db_url"]
     # The first engine gave its scan lease up on exit: a second one scans at once.
-    with hook.koala_engine(0.5) as engine:
+    with hook.engine(EngineKind.COALLOCATION, 0.5) as engine:
         assert not engine.scan().skipped
 
 

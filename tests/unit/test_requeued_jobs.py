@@ -117,14 +117,14 @@ def test_what_a_finished_job_used_goes_into_its_record_and_the_task_logs_last_li
     done = rt.poll(record.selection_id)
     assert done.usage == usage.as_json()
     assert rt.record(record.selection_id).as_json()["usage"]["cpu_efficiency"] == 30.5 / 80
-    event = SiteJobTrigger.event_for(done)
+    event = SiteJobTrigger.contract.event_for(done)
     lines: list[str] = []
 
     class TaskLog:
         def info(self, fmt: str, *args: object) -> None:
             lines.append(fmt % args)
 
-    SiteJobTrigger.completed_record(dict(event), TaskLog())
+    SiteJobTrigger.contract.completed_record(dict(event), TaskLog())
     assert lines[-1] == (
         "job used (site accounting): elapsed 40 s, CPU time 30.5 s on 2 CPU(s), "
         "CPU efficiency 38.1%, max RSS 50.0 MiB"

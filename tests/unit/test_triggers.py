@@ -304,24 +304,40 @@ async def test_engine_calls_never_run_on_the_event_loops_thread(finished: JobRec
     assert loop_thread not in trigger.site.threads
 
 
-def test_sensors_never_import_operators() -> None:
-    # The Airflow layers point one way: operators -> sensors -> gridcore.
+def test_sensors_reach_operators_only_through_the_hook() -> None:
+    # The Airflow layers point one way: operators -> sensors -> the hook -> gridcore. The
+    # hook owns the connections (as the SSH provider's does), so triggers and sensors use
+    # it; it (and the package's __init__, which imports it) import nothing else of ours.
     sensors_dir = Path(base.__file__).parent
-    upward = []
-    for path in sorted(sensors_dir.glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                names = [node.module or ""]
-            upward += [
-                f"{path.name}: {n}"
-                for n in names
-                if n.split(".")[0] == "operators" or n.startswith("gridcore_airflow.operators")
-            ]
-    assert {p.name for p in sensors_dir.glob("*.py")} >= {"base.py", "coallocation_trigger.py"}
+    operators_dir = sensors_dir.parent / "operators"
+    hook = "gridcore_airflow.operators.hooks"
+    upward = [
+        f"{path.name}: {name}"
+        for path in sorted(sensors_dir.glob("*.py"))
+        for name in _imported(path)
+        if name.split(".")[0] == "operators"
+        or (name.startswith("gridcore_airflow.operators") and name != hook)
+    ]
+    below_hook = [
+        f"{path.name}: {name}"
+        for path in (operators_dir / "hooks.py", operators_dir / "__init__.py")
+        for name in _imported(path)
+        if name.startswith("gridcore_airflow") and name != hook
+    ]
+    assert {p.name for p in sensors_dir.glob("*.py")} >= {"base.py", "triggers.py"}
+    assert hook in _imported(sensors_dir / "base.py")
     assert upward == []
+    assert below_hook == []
+
+
+def _imported(path: Path) -> list[str]:
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names.append(node.module or "")
+    return names
 
 
 async def wait_until_running(db_url: str, selection_id: int) -> None:
@@ -451,7 +467,7 @@ async def test_the_jobs_lines_are_logged_while_it_runs_and_the_event_names_its_f
     task_logger.addHandler(task_log)
     task_logger.propagate = False
     with pytest.raises(AirflowException, match="exit code 3"):
-        SiteJobTrigger.completed_record(payload, task_logger)
+        SiteJobTrigger.contract.completed_record(payload, task_logger)
     assert task_log.lines == [
         f"[gridcore] stderr of the job (whole, 26 bytes in {output['stderr']}):",
         "[stderr] warming up",
