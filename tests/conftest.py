@@ -8,11 +8,9 @@ developer's ``~/airflow``. The Airflow metadata database is created only by the 
 that need it (``tests/integration/conftest.py`` runs ``airflow db migrate``).
 
 ``make test`` runs the tiers side by side on pytest-xdist workers (``-n``, with
-``--dist loadgroup`` from pyproject.toml). A tier whose tests share one service started
-per session (the Slurm grid, the deployment) is pinned to one worker as an xdist group
-(:data:`SERIAL_TIERS`): started once, never twice side by side. Everything else a test
-touches is its own (``tmp_path``, a free port, a database or schema with a random name,
-this process's Airflow home), so it may run beside anything.
+``--dist loadgroup`` from pyproject.toml): a tier whose tests share one service started
+per session (the Slurm grid, the deployment) runs whole on one worker
+(``tests/tier_scheduling.py``).
 
 Keep this file minimal: tier-specific setup belongs in the tier's own conftest.
 """
@@ -23,15 +21,12 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 _HOME = pytest.StashKey[Path]()
-
-SERIAL_TIERS = {"slurm": "slurm", "deployment": "deployment"}
-"""Tier folder under tests/ (or the marker of a test elsewhere that uses that tier's
-service) -> the xdist group all its tests run in, on one worker."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -44,23 +39,15 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "False"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the node ids
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        group = _serial_group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With ``--dist loadgroup`` (pyproject.toml), a worker takes a whole tier that
+    shares one service (``tests.tier_scheduling.SERIAL_TIERS``)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from tests.tier_scheduling import TierScheduling
 
-
-def _serial_group(item: pytest.Item) -> str | None:
-    if item.path.is_relative_to(REPO / "tests"):
-        tier = item.path.relative_to(REPO / "tests").parts[0]
-        if tier in SERIAL_TIERS:
-            return SERIAL_TIERS[tier]
-    for marker, group in SERIAL_TIERS.items():
-        if item.get_closest_marker(marker) is not None:
-            return group
-    return None
+    return TierScheduling(config, log)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
