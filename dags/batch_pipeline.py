@@ -11,7 +11,8 @@ The DAG is rendered from a plan (``operators/dataplan.py``): the grid
 ``examples/pipelines/grid.toml`` gives the three local sites small storage (MBs), so the
 feasible plans differ between sites, and a slow link from the origin where the data
 lives (its bandwidth is emulated: copies from and to the origin are paced to it). Every
-site with every chooser is planned when the file is parsed; the simulation chooser's
+site with every chooser is planned the first time the file is parsed, and the plan is
+cached by the files' content (later parses run no simulation); the simulation chooser's
 fastest site and plan become the tasks: ``make_data`` (generate the samples and the
 reference files at the origin, register them in the replica catalog), ``prepare``, then
 the plan's fetch / jobs / evict stages. ``gridcore plan examples/pipelines/kmer_count.toml
@@ -56,7 +57,7 @@ with dag:
     def make_data() -> dict[str, int]:
         """Generate the samples and reference files at the origin (deterministic: the
         same bytes every run) and register each in the replica catalog at the origin."""
-        from gridcore.dataplan_live import make_example_data
+        from gridcore.dataplan.live import make_example_data
 
         with GridcoreHook(grid_file=str(GRID_FILE)).catalog() as (_, catalog):
             return make_example_data(catalog, origin_dir(), SAMPLES)

@@ -19,7 +19,8 @@ from gridcore.experiments import registry
 from gridcore.progress import progress_mode
 
 if TYPE_CHECKING:
-    from gridcore.dataplan_format import CanonicalWorkload, PipelineSpec, SitePlan
+    from gridcore.dataplan.format import PipelineSpec
+    from gridcore.dataplan.planning import CanonicalWorkload, SitePlan
     from gridcore.engine.runtime import GridRuntime, JobRecord
     from gridcore.model import GridSpec
 
@@ -161,7 +162,7 @@ def _parser() -> argparse.ArgumentParser:
         "plan",
         help="data-driven plan for a batch-pipeline file (DADC 2009): feasible strategies,"
         " every chooser's predictions and pick, the padding to canonical",
-        description="Plan a batch-pipeline file (format: gridcore/dataplan_format.py) on the"
+        description="Plan a batch-pipeline file (format: gridcore/dataplan/format.py) on the"
         " grid's sites. With --json one object: feasible, predicted {CHOOSER: {STRATEGY:"
         " seconds, null when infinite}}, picks {CHOOSER: STRATEGY}, reasons {CHOOSER:"
         " [...]}, padding, site, workload, environment. With --site, that site's plan and"
@@ -471,9 +472,10 @@ def _plan(args: argparse.Namespace) -> int:
     """Everything is read and checked before any plan: a bad file, site or grid exits 2
     and nothing is written (the state database is only read, and only for sizes the file
     leaves to the replica catalog)."""
-    from gridcore import dataplan_format as fmt
+    from gridcore.dataplan import planning
+    from gridcore.dataplan.format import load_pipeline
 
-    spec = fmt.load_pipeline(args.pipeline)
+    spec = load_pipeline(args.pipeline)
     grid = _grid(args)
     if args.site:
         grid.site(args.site)  # an unknown site is refused before the catalog is read
@@ -481,15 +483,15 @@ def _plan(args: argparse.Namespace) -> int:
     refinement: list[str] | None = None
     if args.refine:
         spec, measured, refinement = _refined(args, spec, grid)
-    canonical = fmt.to_canonical(spec, _catalog_sizes(args, spec.unsized_logical_names()))
-    plans, skipped = _plan_sites(args, canonical, grid, measured)
-    best, why = fmt.choose_site(plans)
+    canonical = planning.to_canonical(spec, _catalog_sizes(args, spec.unsized_logical_names()))
+    plans, skipped = planning.plan_sites(canonical, grid, site=args.site, measured=measured)
+    best, why = planning.choose_site(plans)
     data = best.as_json() | {"padding": canonical.padding.as_json()}
     if refinement is not None:
         data["refinement"] = refinement
     if not args.site:
         data["sites"] = {plan.site: plan.as_json() for plan in plans}
-        data["site_choice"] = {"by": fmt.DEFAULT_CHOOSER, "reason": why, "skipped": skipped}
+        data["site_choice"] = {"by": planning.DEFAULT_CHOOSER, "reason": why, "skipped": skipped}
     lines = _plan_header(spec, canonical)
     for plan in plans:
         lines += _plan_site_table(plan)
@@ -499,30 +501,6 @@ def _plan(args: argparse.Namespace) -> int:
     lines.append("(* the chooser's pick; times in seconds predicted by its models)")
     _emit(args, data, "\n".join(lines))
     return 0
-
-
-def _plan_sites(
-    args: argparse.Namespace, canonical: CanonicalWorkload, grid: GridSpec, measured: Any
-) -> tuple[list[SitePlan], dict[str, str]]:
-    """Every site's plan (or --site's); a site that cannot be planned is skipped, with
-    why, unless it was asked for; none left is a ConfigError."""
-    from gridcore import dataplan_format as fmt
-
-    names = [args.site] if args.site else list(grid.site_names)
-    plans, skipped = [], {}
-    for name in names:
-        try:
-            plans.append(fmt.plan_for_site(canonical, grid, name, measured=measured.get(name)))
-        except ConfigError as exc:
-            if args.site:
-                raise
-            skipped[name] = str(exc)
-    if not plans:
-        raise ConfigError(
-            f"no site of grid {grid.source} can be planned: {'; '.join(skipped.values())}"
-            " (pass --grid with sites that set storage_gb, e.g. examples/pipelines/grid.toml)"
-        )
-    return plans, skipped
 
 
 def _refined(

@@ -1,11 +1,15 @@
 """A batch-pipeline file rendered into an Airflow DAG: the plan first, then the DAG
 (as astronomer-cosmos renders a dbt project), with Airflow's own mechanisms.
 
-:func:`pipeline_dag` loads the pipeline file (``gridcore/dataplan_format.py``), plans it
+:func:`pipeline_dag` loads the pipeline file (``gridcore/dataplan/format.py``), plans it
 on the grid's sites with every chooser (``gridcore plan``'s
-:func:`~gridcore.dataplan_format.plan_for_site` and
-:func:`~gridcore.dataplan_format.choose_site`), and writes the chosen plan's stages
-(:func:`~gridcore.policies.dataplan_stages.plan_stages`) as tasks:
+:func:`~gridcore.dataplan.planning.plan_sites`), and writes the chosen plan's stages
+(:func:`~gridcore.policies.dataplan_stages.plan_stages`) as tasks. The plan is made once
+per content of the pipeline file and grid and cached in the state directory
+(:func:`~gridcore.dataplan.planning.cached_plan`): a DAG processor parsing the file again
+renders it from the cache and runs no simulation.
+
+Tasks:
 
 * ``prepare``: every batch volume and input is known to the replica catalog (an input
   given by path is registered at the origin), before anything is staged;
@@ -37,24 +41,15 @@ from typing import Any
 
 from airflow.sdk import DAG, Context, get_current_context
 
-from gridcore.dataplan_format import (
-    CHOOSERS,
-    DEFAULT_CHOOSER,
-    PipelineSpec,
-    SitePlan,
-    choose_site,
-    load_pipeline,
-    plan_for_site,
-    to_canonical,
-)
+from gridcore.dataplan.format import PipelineSpec, load_pipeline
+from gridcore.dataplan.planning import DEFAULT_CHOOSER, ChosenPlan, cached_plan
 from gridcore.engine.dataplan import (
     DataPlanRunner,
     PipelineRun,
-    build_run,
     run_id_from,
     runtime_factory,
+    stages_at_site,
 )
-from gridcore.errors import ConfigError
 from gridcore.model import ORIGIN, GridSpec
 from gridcore.policies.dataplan import Strategy
 from gridcore.policies.dataplan_stages import Stage, StageKind
@@ -167,32 +162,6 @@ class DataPlanPipelineOperator(_DataPlanOperator):
         }
 
 
-def plan_pipeline(
-    spec: PipelineSpec,
-    grid: GridSpec,
-    *,
-    site: str | None = None,
-    chooser: str = DEFAULT_CHOOSER,
-) -> tuple[SitePlan, str]:
-    """Every chooser's plan at ``site`` (None: every site with storage), and the site
-    whose ``chooser`` pick is predicted fastest with why."""
-    if chooser not in CHOOSERS:
-        raise ConfigError(f"chooser: one of {', '.join(CHOOSERS)}, got {chooser!r}")
-    canonical = to_canonical(spec)
-    names = [site] if site is not None else list(grid.site_names)
-    plans, skipped = [], []
-    for name in names:
-        try:
-            plans.append(plan_for_site(canonical, grid, name))
-        except ConfigError as exc:
-            if site is not None:
-                raise
-            skipped.append(f"{name}: {exc}")
-    if not plans:
-        raise ConfigError(f"no site of grid {grid.source} can be planned: {'; '.join(skipped)}")
-    return choose_site(plans, chooser)
-
-
 def pipeline_dag(
     pipeline_file: str | os.PathLike[str],
     *,
@@ -225,14 +194,20 @@ def pipeline_dag(
     spec = load_pipeline(pipeline_file)
     path = grid_file or os.environ.get(GRID_ENV)
     grid = load_grid(path) if path else default_grid(state_dir())
-    chosen, why = plan_pipeline(spec, grid, site=site, chooser=chooser)
-    plan = chosen.plans[chooser]
+    chosen = cached_plan(spec, grid, state_dir() / "plans", site=site, chooser=chooser)
     wan = grid.bandwidth(ORIGIN, chosen.site) if emulate_wan else None
-    run = build_run(spec, grid, chosen.site, plan, run_id="render", home_dir=home_dir, wan_mbps=wan)
+    stages = stages_at_site(
+        spec,
+        grid,
+        chosen.site,
+        chosen.strategy,
+        concurrency=chosen.concurrency,
+        group_width=chosen.group_width,
+    )
     common: dict[str, Any] = {
         "pipeline_file": str(Path(pipeline_file).resolve()),
         "site": chosen.site,
-        "strategy": run.strategy.value,
+        "strategy": chosen.strategy.value,
         "home_dir": home_dir,
         "wan_mbps": wan,
         "grid_file": str(Path(grid_file).resolve()) if grid_file is not None else None,
@@ -245,13 +220,13 @@ def pipeline_dag(
         "start_date": datetime(2026, 1, 1),
         "catchup": False,
         "tags": ["gridcore", "dataplan"],
-        "doc_md": _doc(spec, chosen, chooser, why),
+        "doc_md": _doc(spec, chosen),
         **dict(dag_kwargs or {}),
     }
     schedule = kwargs.pop("schedule", None)  # a run per trigger unless given
     with DAG(dag_id or spec.name, schedule=schedule, **kwargs) as dag:
         previous: Any = DataPlanStageOperator(task_id="prepare", kind="prepare", **common)
-        for stage in run.stages:
+        for stage in stages:
             current: Any
             if stage.kind is StageKind.JOBS:
                 current = DataPlanPipelineOperator.partial(
@@ -270,13 +245,12 @@ def pipeline_dag(
     return dag
 
 
-def _doc(spec: PipelineSpec, chosen: SitePlan, chooser: str, why: str) -> str:
-    plan = chosen.plans[chooser]
+def _doc(spec: PipelineSpec, chosen: ChosenPlan) -> str:
     lines = [
-        f"# {spec.name}: {plan.strategy.label} at {chosen.site}",
+        f"# {spec.name}: {chosen.strategy.label} at {chosen.site}",
         "",
-        f"{spec.W} pipelines x {spec.D} depths, planned by `{chooser}`: {why}.",
+        f"{spec.W} pipelines x {spec.D} depths, planned by `{chosen.chooser}`: {chosen.why}.",
         "",
-        *(f"- {reason}" for reason in plan.reasons),
+        *(f"- {reason}" for reason in chosen.reasons),
     ]
     return "\n".join(lines)

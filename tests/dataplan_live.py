@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gridcore.config import parse_grid
-from gridcore.dataplan_format import BatchVolume, DepthSpec, PipelineInput, PipelineSpec
+from gridcore.dataplan.format import BatchVolume, DepthSpec, PipelineInput, PipelineSpec
 from gridcore.model import MB, ORIGIN, GridSpec
 from gridcore.staging import ReplicaCatalog, register_source
 from gridcore.state.store import Store, open_store

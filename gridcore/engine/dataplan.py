@@ -4,7 +4,7 @@ ledger, so the site's storage is never exceeded.
 
 Seed: Bent et al., "Data-Driven Batch Scheduling", DADC 2009
 (``shared/seeds/data-driven-batch-scheduling-dadc2009.md``). The plan is chosen by
-:mod:`gridcore.policies.dataplan` (or :mod:`gridcore.dataplan_choosers`) and written as
+:mod:`gridcore.policies.dataplan` (or :mod:`gridcore.dataplan.choosers`) and written as
 stages by :func:`gridcore.policies.dataplan_stages.plan_stages`; this module executes the
 stages. The same step functions run a whole plan from the CLI
 (:meth:`DataPlanRunner.run`, ``gridcore pipeline run``) and one stage or one pipeline per
@@ -75,7 +75,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from gridcore.dataplan_format import DepthSpec, PipelineInput, PipelineSpec
+from gridcore.dataplan.format import DepthSpec, PipelineInput, PipelineSpec
 from gridcore.engine import capacity
 from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.engine.submission import resources_at
@@ -713,16 +713,32 @@ def build_run(
     prediction = plan.prediction(chosen)
     concurrency = prediction.concurrency if prediction is not None else plan.concurrency
     width = getattr(plan, "group_width", None) if chosen is plan.strategy else None
-    stages = plan_stages(
-        chosen,
+    stages = stages_at_site(spec, grid, site, chosen, concurrency=concurrency, group_width=width)
+    return PipelineRun(run_id, spec, site, chosen, stages, home_dir, wan_mbps, resources)
+
+
+def stages_at_site(
+    spec: PipelineSpec,
+    grid: GridSpec,
+    site: str,
+    strategy: Strategy,
+    *,
+    concurrency: float,
+    group_width: int | None = None,
+) -> tuple[Stage, ...]:
+    """The stages of ``strategy`` for ``spec`` on ``site``'s processors
+    (:func:`~gridcore.policies.dataplan_stages.plan_stages`): ``concurrency`` the plan's
+    ``C``, ``group_width`` Minimal's widened groups (ignored by the other strategies);
+    depths without a batch volume fetch nothing."""
+    return plan_stages(
+        strategy,
         W=spec.W,
         D=spec.D,
         N_CPU=grid.site(site).processors,
         concurrency=concurrency,
-        group_width=width if chosen is Strategy.MINIMAL else None,
+        group_width=group_width if strategy is Strategy.MINIMAL else None,
         batch_depths=[d for d, depth in enumerate(spec.depths) if depth.batch is not None],
     )
-    return PipelineRun(run_id, spec, site, chosen, stages, home_dir, wan_mbps, resources)
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,13 @@
   (:func:`baseline_loop`) interleaved with those calls, and ``choose_to_baseline`` is the
   ratio of the two medians: machines compare by it.
 * ``simulation_choose_small_ms``: for information, the simulation chooser
-  (:func:`~gridcore.dataplan_choosers.choose_by_simulation`) on a small workload
+  (:func:`~gridcore.dataplan.choosers.choose_by_simulation`) on a small workload
   (:data:`SMALL_WORKLOAD`, Table 1's mixed pipelines, 20 of them), the median of
   :data:`SIMULATION_REPEATS` calls, with the seeds its pick was simulated on.
 * ``dag_parse_s``: the example DAG's parse time: how long ``DagBag(dag_folder=FILE)``
   takes in a fresh subprocess once Airflow itself is imported (the DAG file's own imports,
-  gridcore's planning of every site with every chooser and the DAG's construction: what a
+  the plan, read from the plan cache once the first run has made it
+  (:func:`~gridcore.dataplan.planning.cached_plan`), and the DAG's construction: what a
   DAG processor, which has Airflow loaded, spends on the file, and what
   ``dag_file_processor_timeout`` bounds), the median of :data:`DAG_PARSE_REPEATS` runs
   with ``AIRFLOW__CORE__LOAD_EXAMPLES=False``; ``dag_parse_process_s`` is the whole
@@ -42,7 +43,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gridcore.dataplan_choosers import choose_by_simulation
+from gridcore.dataplan.choosers import choose_by_simulation
 from gridcore.experiments.registry import Experiment
 from gridcore.policies.dataplan import (
     GB,

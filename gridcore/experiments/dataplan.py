@@ -25,7 +25,7 @@ The setup, and where it comes from:
   batch pipeline re-run under Slice, about 100,000 s, expects four resets in the
   cluster), :data:`FAILURE_SEEDS` = 30 measurement seeds per point, as the paper.
 * **Plans measured** per point: every candidate of
-  :func:`gridcore.dataplan_choosers.candidate_plans` (the feasible strategies, All
+  :func:`gridcore.dataplan.choosers.candidate_plans` (the feasible strategies, All
   included where Eq. 1 holds, and Minimal with wide groups where it differs), each on
   the measurement seeds ``seed, seed + 1, ...`` (``--seed``; ``--runs`` of them,
   default :data:`MEASUREMENT_SEEDS` = 3, for every sweep but ``failure``): three because
@@ -34,8 +34,8 @@ The setup, and where it comes from:
   past a few minutes on one core. When ``SD_R = 0`` and ``F = 0`` one seed stands for
   all (identical runs).
 * **Choosers** (:data:`CHOOSERS`): ``bent2009`` (the paper's models) and ``simulation``
-  (:func:`~gridcore.dataplan_choosers.choose_by_simulation`, which chooses with its own
-  seeds :data:`~gridcore.dataplan_choosers.CHOOSING_SEEDS`; the run refuses measurement
+  (:func:`~gridcore.dataplan.choosers.choose_by_simulation`, which chooses with its own
+  seeds :data:`~gridcore.dataplan.choosers.CHOOSING_SEEDS`; the run refuses measurement
   seeds that meet them, so its regret is measured on seeds it did not choose with).
 * **Per point**: the feasible set, the predicted time per considered strategy (the
   paper's models with the failure model; ``null`` when infinite), the simulated mean
@@ -59,7 +59,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from gridcore.dataplan_choosers import (
+from gridcore.dataplan.choosers import (
     CHOOSING_SEEDS,
     Candidate,
     candidate_of,
@@ -69,7 +69,7 @@ from gridcore.dataplan_choosers import (
     plan_label,
     simulation_horizon,
 )
-from gridcore.dataplan_format import DEFAULT_CHOOSER
+from gridcore.dataplan.planning import DEFAULT_CHOOSER
 from gridcore.errors import ConfigError
 from gridcore.experiments.registry import Experiment, RunOptions, text_table
 from gridcore.experiments.seeds import Claim
@@ -390,8 +390,8 @@ def _pct(value: float | None) -> float:
 def _run(options: RunOptions) -> dict[str, Any]:
     if options.live:
         # every feasible plan of the example workload on real local sites (--runs
-        # repetitions, --seed the data's): gridcore.dataplan_live
-        from gridcore.dataplan_live import run_live
+        # repetitions, --seed the data's): gridcore.dataplan.live
+        from gridcore.dataplan.live import run_live
 
         def told(text: str) -> None:
             note(f"dataplan --live: {text}")
@@ -402,7 +402,7 @@ def _run(options: RunOptions) -> dict[str, Any]:
 
 def _table(result: Mapping[str, Any]) -> str:
     if result.get("live"):
-        from gridcore.dataplan_live import live_table
+        from gridcore.dataplan.live import live_table
 
         return live_table(result)
     return dataplan_table(result)
@@ -415,7 +415,7 @@ def _plot(result: Mapping[str, Any], path: str) -> None:
 
 def _ok(result: Mapping[str, Any]) -> bool:
     if result.get("live"):
-        from gridcore.dataplan_live import live_ok
+        from gridcore.dataplan.live import live_ok
 
         return live_ok(result)
     return default_chooser_holds(result)

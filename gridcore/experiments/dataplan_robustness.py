@@ -36,15 +36,15 @@ by reason) when fewer than 2 of the storage strategies (All, AllBatch, Slice, Mi
 Eq. 1-4) are possible, since there is then nothing to choose, or when ``W * D`` exceeds
 :data:`MAX_JOBS` = 2000 jobs, which bounds a case's cost: every candidate plan (at most 5)
 runs on 3 measurement seeds and on the chooser's seeds (3, or 10 where nodes fail, raced up
-to 30: :mod:`gridcore.dataplan_choosers`), at most about 330,000 simulated jobs (seconds
+to 30: :mod:`gridcore.dataplan.choosers`), at most about 330,000 simulated jobs (seconds
 on one core) plus the re-runs failures cause.
 
 Per case, as the ``dataplan`` experiment does per point: the feasible set, the mean
 simulated makespan of every candidate plan
-(:func:`~gridcore.dataplan_choosers.candidate_plans`, a wide Minimal included) over the
+(:func:`~gridcore.dataplan.choosers.candidate_plans`, a wide Minimal included) over the
 measurement seeds ``0 .. MEASUREMENT_SEEDS - 1``
 (:func:`~gridcore.experiments.dataplan.measurement_seeds`, which refuses seeds that
-meet the simulation chooser's :data:`~gridcore.dataplan_choosers.CHOOSING_SEEDS`), each
+meet the simulation chooser's :data:`~gridcore.dataplan.choosers.CHOOSING_SEEDS`), each
 chooser's pick and its regret ``(simulated(pick) - simulated(best)) / simulated(best)``,
 ``None`` in the JSON when the pick never ended within the simulation horizon. The
 measurement seeds are the same for every case (the cases differ; the seeds only draw
@@ -74,8 +74,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gridcore.dataplan_choosers import CHOOSING_SEEDS
-from gridcore.dataplan_format import DEFAULT_CHOOSER
+from gridcore.dataplan.choosers import CHOOSING_SEEDS
+from gridcore.dataplan.planning import DEFAULT_CHOOSER
 from gridcore.errors import ConfigError
 from gridcore.experiments.dataplan import (
     CHOOSERS,

@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from gridcore.dataplan_live import _within_noise, live_ok, live_table, run_live
+from gridcore.dataplan.live import _within_noise, live_ok, live_table, run_live
 
 
 def test_every_feasible_plan_is_measured_beside_both_choosers_predictions() -> None:

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-import gridcore.dataplan_choosers as choosers
-from gridcore.dataplan_choosers import (
+import gridcore.dataplan.choosers as choosers
+from gridcore.dataplan.choosers import (
     CHOOSING_SEEDS,
     FIRST_SEEDS,
     FIRST_SEEDS_WITH_FAILURES,

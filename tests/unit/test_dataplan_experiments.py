@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gridcore.cli import main
-from gridcore.dataplan_choosers import (
+from gridcore.dataplan.choosers import (
     CHOOSING_SEEDS,
     SimulatedPlan,
     choose_by_simulation,
@@ -85,7 +85,7 @@ def test_the_claim_fails_when_one_sweep_exceeds_ten_percent() -> None:
 def test_simulation_chooser_never_chooses_with_the_measurement_seeds(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import gridcore.dataplan_choosers as choosers
+    import gridcore.dataplan.choosers as choosers
 
     seen: list[int] = []
 

@@ -20,20 +20,22 @@ import pytest
 
 from gridcore.cli import main
 from gridcore.config import default_grid, load_grid
-from gridcore.dataplan_format import (
-    CHOOSERS,
-    DEFAULT_BW_L,
+from gridcore.dataplan.format import (
     MAX_PIPELINES,
     BatchVolume,
     DepthSpec,
     PipelineFieldError,
     PipelineInput,
     PipelineSpec,
-    choose_site,
     dump_pipeline,
-    environment_for_site,
     load_pipeline,
     parse_pipeline,
+)
+from gridcore.dataplan.planning import (
+    CHOOSERS,
+    DEFAULT_BW_L,
+    choose_site,
+    environment_for_site,
     plan_for_site,
     to_canonical,
 )

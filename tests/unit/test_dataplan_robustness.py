@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gridcore.cli import main
-from gridcore.dataplan_choosers import CHOOSING_SEEDS
+from gridcore.dataplan.choosers import CHOOSING_SEEDS
 from gridcore.errors import ConfigError
 from gridcore.experiments import dataplan_robustness as dr
 from gridcore.experiments.dataplan import CHOOSERS, MEASUREMENT_SEEDS

@@ -49,13 +49,14 @@ from pathlib import Path
 from typing import Any
 
 from gridcore.config import load_grid
-from gridcore.dataplan_format import (
+from gridcore.dataplan.format import load_pipeline
+from gridcore.dataplan.planning import (
     DEFAULT_CHOOSER,
     PAPER_CHOOSER,
     SitePlan,
     choose_site,
-    load_pipeline,
     plan_for_site,
+    plan_sites,
     to_canonical,
 )
 from gridcore.engine.dataplan import (
@@ -97,7 +98,7 @@ def run_live(
         try:
             make_example_data(ReplicaCatalog(store), base / "origin", spec.W, seed)
             canonical = to_canonical(spec)
-            site_plans = [plan_for_site(canonical, grid, s) for s in grid.site_names]
+            site_plans, _ = plan_sites(canonical, grid)
             chosen, why = choose_site(site_plans, DEFAULT_CHOOSER)
             sites = {}
             for site_plan in site_plans:

@@ -1,8 +1,9 @@
 """The batch-pipeline file: a versioned TOML format (and the same thing as Python
-dataclasses) for a data-driven batch workload, its padding to the canonical workload of
-Bent et al. (DADC 2009, ``shared/seeds/data-driven-batch-scheduling-dadc2009.md``; the
-policy is :mod:`gridcore.policies.dataplan`), and the cluster environment a plan is made
-for, taken from the grid description.
+dataclasses) for a data-driven batch workload of Bent et al. (DADC 2009,
+``shared/seeds/data-driven-batch-scheduling-dadc2009.md``). This module only reads,
+checks and writes the file: it imports no policy beyond the model's types and no
+simulator; padding it to the paper's canonical workload and planning it on a site are
+:mod:`gridcore.dataplan.planning`.
 
 Format (version 1)::
 
@@ -84,44 +85,6 @@ then names the class: ``DepthSpec: output_bytes: ...``)::
 
 :func:`load_pipeline` reads a file; :func:`dump_pipeline` writes one back (pipelines as
 a list), and loading it gives an equal spec.
-
-Canonical padding (:func:`to_canonical`). The paper's models take a canonical workload
-(Sec. 1): one batch size ``S_B``, one private size ``S_P``, one runtime distribution.
-Its Discussion pads a non-canonical workload "by increasing the size of all batch and
-private volumes to their maximum respective sizes", so that the plan's allocation limits
-hold at the largest volume and no progress is lost when a pipeline reaches it:
-
-* ``S_B`` = the largest batch volume (a depth without one counts 0 bytes);
-* ``S_P`` = the largest private volume: every pipeline's input and every depth's output
-  (the paper merges endpoint and pipeline data into "private");
-* ``R_bar`` and ``SD_R`` = the MEAN of the depths' means and standard deviations, not the
-  largest. Runtimes do not bound any allocation (feasibility, Eq. 1-4, only compares
-  sizes), so padding them buys no safety; and every model uses them only as
-  ``D * R_bar`` and ``D * SD_R`` (Eq. 10, 20, Remote), which the mean keeps exactly equal
-  to the sums over the depths, while the largest would overstate every compute phase.
-
-The :class:`PaddingReport` says what the padding costs: per depth the actual and padded
-batch and output bytes, for the inputs their range and total, and in all the bytes the
-canonical workload assumes beyond the real ones (``S_TotB + S_TotP`` minus the real
-total). Predicted times are of the padded workload: they also include moving the padding.
-
-Environment (:func:`environment_for_site`; the paper's five variables, Sec. 1):
-
-* ``N_CPU`` = the site's ``processors``; ``S`` = its ``storage_gb`` (as bytes). A site
-  without ``storage_gb`` is refused (unless ``measured`` gives ``S``): the plans are
-  about storage, there is nothing to plan without it.
-* ``BW_R`` = the grid's bandwidth from ``origin`` (where inputs live) to the site, MB/s
-  as bytes/s; the paper uses one WAN bandwidth both ways (Eq. 8).
-* ``BW_L`` = :data:`DEFAULT_BW_L`, 1 Gb/s per node (125 MB/s; the policy's
-  ``BandwidthReading.GIGABIT``): the grid file has no bandwidth within a site.
-* ``F`` = :data:`DEFAULT_F`, 0 failure events per second (Table 2's).
-* ``measured`` overrides any of them by the paper's name (:data:`MEASURED_KEYS`: ``N_CPU``
-  processors actually available, ``S`` bytes of storage, ``F`` failure events per second
-  in the cluster, ``BW_R`` and ``BW_L`` observed transfer rates in bytes per second).
-
-A plan for a site (:func:`plan_for_site`) also scales the runtimes by the site's
-``slowness`` (the grid's runtime multiplier against a reference site) and runs every
-chooser of :data:`CHOOSERS` on the result.
 """
 
 from __future__ import annotations
@@ -133,24 +96,14 @@ import shlex
 import string
 import sys
 import tomllib
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 from gridcore.config import read_text_file
-from gridcore.dataplan_choosers import choose_by_simulation
 from gridcore.errors import ConfigError, RequestError
-from gridcore.model import MB, NO_RESOURCES, ORIGIN, GridSpec, JobResources
-from gridcore.policies.dataplan import (
-    BandwidthReading,
-    DataPlan,
-    Environment,
-    Workload,
-    choose_bent2009,
-    serial_bandwidth,
-)
+from gridcore.model import NO_RESOURCES, JobResources
 from gridcore.validation import (
     COMMAND_MAX,
     INT64_MAX,
@@ -161,32 +114,15 @@ from gridcore.validation import (
 )
 
 __all__ = [
-    "CHOOSERS",
-    "DEFAULT_BW_L",
-    "DEFAULT_CHOOSER",
-    "DEFAULT_F",
-    "MEASURED_KEYS",
-    "PAPER_CHOOSER",
     "PIPELINE_FORMAT_VERSION",
     "BatchVolume",
-    "CanonicalWorkload",
-    "Chooser",
-    "DepthPadding",
     "DepthSpec",
-    "InputPadding",
-    "PaddingReport",
     "PipelineFieldError",
     "PipelineInput",
     "PipelineSpec",
-    "SitePlan",
-    "choose_site",
     "dump_pipeline",
-    "environment_for_site",
-    "environment_notes",
     "load_pipeline",
     "parse_pipeline",
-    "plan_for_site",
-    "to_canonical",
 ]
 
 PIPELINE_FORMAT_VERSION = 1
@@ -196,27 +132,6 @@ MAX_PIPELINES = 1_000_000
 NAME_MAX = 128
 PLACEHOLDERS = frozenset({"batch", "input", "output", "pipeline", "depth", "python"})
 PYTHON = "<python>"
-
-DEFAULT_BW_L = BandwidthReading.GIGABIT.bytes_per_s
-DEFAULT_F = 0.0
-MEASURED_KEYS = ("N_CPU", "S", "F", "BW_R", "BW_L")
-
-Chooser = Callable[[Workload, Environment], DataPlan]
-CHOOSERS: Mapping[str, Chooser] = MappingProxyType(
-    {"bent2009": choose_bent2009, "simulation": choose_by_simulation}
-)
-"""Every chooser ``gridcore plan`` reports, by name: each returns the policy's DataPlan.
-``bent2009``: the paper's models (Eq. 5-24); ``simulation``: every feasible plan run on
-the project's simulator over paired seeds (3, or 10 where nodes fail, raced up to 30), the
-fastest mean makespan
-(:mod:`gridcore.dataplan_choosers`; its predictions are the simulated means)."""
-DEFAULT_CHOOSER = "simulation"
-"""The chooser whose pick runs by default
-(``gridcore_airflow.operators.dataplan.pipeline_dag``) and decides the site when several
-are planned: ours, whose regret ``gridcore experiment dataplan`` measures (the paper's is
-reported beside it)."""
-PAPER_CHOOSER = "bent2009"
-"""The paper's chooser, by name."""
 
 _NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.-]{{0,{NAME_MAX - 1}}}")
 _INDEX = re.compile(r"\{i(?::0([1-9]))?\}")
@@ -759,388 +674,3 @@ def _toml_char(c: str) -> str:
     if ord(c) < 0x20 or ord(c) == 0x7F:
         return f"\\u{ord(c):04x}"
     return c
-
-
-# -- padding to canonical (the paper's Discussion) ---------------------------------------
-
-
-@dataclass(frozen=True)
-class DepthPadding:
-    """One depth before and after padding: its batch volume, and the output each
-    pipeline writes there; runtimes as written (the canonical ones are the workload's
-    ``R_bar`` and ``SD_R``)."""
-
-    depth: int
-    job: str
-    batch_logical_name: str | None
-    batch_bytes: int
-    padded_batch_bytes: int
-    output_bytes: int
-    padded_output_bytes: int
-    runtime_mean_s: float
-    runtime_sd_s: float
-
-    def padding_bytes(self, W: int) -> int:
-        """Bytes added at this depth: to its batch volume and to each of ``W`` outputs."""
-        batch = self.padded_batch_bytes - self.batch_bytes
-        return batch + W * (self.padded_output_bytes - self.output_bytes)
-
-
-@dataclass(frozen=True)
-class InputPadding:
-    """The pipelines' private inputs: how many, their smallest, largest and total size,
-    and the size every one is padded to (``S_P``)."""
-
-    count: int
-    min_bytes: int
-    max_bytes: int
-    total_bytes: int
-    padded_size_bytes: int
-
-    @property
-    def padded_total_bytes(self) -> int:
-        return self.count * self.padded_size_bytes
-
-    @property
-    def padding_bytes(self) -> int:
-        return self.padded_total_bytes - self.total_bytes
-
-
-@dataclass(frozen=True)
-class PaddingReport:
-    """What padding to canonical costs. ``actual_bytes``: every volume of the spec once
-    (batch per depth, every input, every output); ``padded_bytes``: the canonical
-    workload's ``S_TotB + S_TotP``; ``canonical``: nothing was padded and every depth has
-    the same runtime mean and sd (the spec already was canonical)."""
-
-    depths: tuple[DepthPadding, ...]
-    inputs: InputPadding
-    actual_bytes: int
-    padded_bytes: int
-    canonical: bool
-    notes: tuple[str, ...]
-
-    @property
-    def padding_bytes(self) -> int:
-        return self.padded_bytes - self.actual_bytes
-
-    def as_json(self) -> dict[str, Any]:
-        """Totals; per depth its batch volume and EACH pipeline's output (actual and
-        padded bytes) and the bytes added there in all; the inputs in all."""
-        return {
-            "canonical": self.canonical,
-            "actual_bytes": self.actual_bytes,
-            "padded_bytes": self.padded_bytes,
-            "padding_bytes": self.padding_bytes,
-            "depths": [self._depth_json(d) for d in self.depths],
-            "inputs": {
-                "count": self.inputs.count,
-                "min_bytes": self.inputs.min_bytes,
-                "max_bytes": self.inputs.max_bytes,
-                "padded_size_bytes": self.inputs.padded_size_bytes,
-                "actual_bytes": self.inputs.total_bytes,
-                "padded_bytes": self.inputs.padded_total_bytes,
-                "padding_bytes": self.inputs.padding_bytes,
-            },
-            "notes": list(self.notes),
-        }
-
-    def _depth_json(self, d: DepthPadding) -> dict[str, Any]:
-        return {
-            "depth": d.depth,
-            "job": d.job,
-            "batch": {
-                "logical_name": d.batch_logical_name,
-                "actual_bytes": d.batch_bytes,
-                "padded_bytes": d.padded_batch_bytes,
-            },
-            "output": {"actual_bytes": d.output_bytes, "padded_bytes": d.padded_output_bytes},
-            "padding_bytes": d.padding_bytes(self.inputs.count),
-            "runtime_mean_s": d.runtime_mean_s,
-            "runtime_sd_s": d.runtime_sd_s,
-        }
-
-
-@dataclass(frozen=True)
-class CanonicalWorkload:
-    """The policy's canonical :class:`Workload` for a spec and what padding cost."""
-
-    workload: Workload
-    padding: PaddingReport
-
-
-def to_canonical(
-    spec: PipelineSpec, known_sizes: Mapping[str, int] | None = None
-) -> CanonicalWorkload:
-    """Pad ``spec`` to the paper's canonical workload (module docstring): ``S_B`` the
-    largest batch volume, ``S_P`` the largest private volume, runtimes the mean of the
-    depths'. ``known_sizes``: logical name -> bytes (the replica catalog's) for volumes
-    the spec gives no size; a size neither gives is a ConfigError naming the field."""
-    sizes = MappingProxyType(dict(known_sizes or {}))
-    batch = [_batch_size(spec, i, sizes) for i in range(spec.D)]
-    inputs = [_input_size(spec, i, sizes) for i in range(spec.W)]
-    outputs = [d.output_bytes for d in spec.depths]
-    S_B, S_P = max(batch), max([*inputs, *outputs])
-    means = [d.runtime_mean_s for d in spec.depths]
-    sds = [d.runtime_sd_s for d in spec.depths]
-    workload = Workload(
-        spec.W, spec.D, S_B, S_P, math.fsum(means) / spec.D, math.fsum(sds) / spec.D
-    )
-    depths = tuple(
-        DepthPadding(
-            i,
-            d.name,
-            None if d.batch is None else d.batch.logical_name,
-            batch[i],
-            S_B,
-            d.output_bytes,
-            S_P,
-            d.runtime_mean_s,
-            d.runtime_sd_s,
-        )
-        for i, d in enumerate(spec.depths)
-    )
-    input_padding = InputPadding(len(inputs), min(inputs), max(inputs), sum(inputs), S_P)
-    actual = sum(batch) + sum(inputs) + spec.W * sum(outputs)
-    padded = spec.D * S_B + (spec.D + 1) * spec.W * S_P  # S_TotB + S_TotP, as ints
-    same_runtimes = len(set(means)) == 1 and len(set(sds)) == 1
-    report = PaddingReport(
-        depths,
-        input_padding,
-        actual,
-        padded,
-        padded == actual and same_runtimes,
-        _padding_notes(depths, input_padding, workload, same_runtimes),
-    )
-    return CanonicalWorkload(workload, report)
-
-
-def _batch_size(spec: PipelineSpec, i: int, sizes: Mapping[str, int]) -> int:
-    batch = spec.depths[i].batch
-    if batch is None:
-        return 0
-    if batch.size_bytes is not None:
-        return batch.size_bytes
-    return _known(spec, f"depths[{i}].batch.size_bytes", batch.logical_name, sizes)
-
-
-def _input_size(spec: PipelineSpec, i: int, sizes: Mapping[str, int]) -> int:
-    pipeline = spec.pipelines[i]
-    if pipeline.size_bytes is not None:
-        return pipeline.size_bytes
-    return _known(spec, f"pipelines[{i}].size_bytes", pipeline.location, sizes)
-
-
-def _known(spec: PipelineSpec, at: str, logical_name: str, sizes: Mapping[str, int]) -> int:
-    size = sizes.get(logical_name)
-    if size is None:
-        problem = f"not given, and the replica catalog has no size for {logical_name!r}"
-        raise PipelineFieldError(spec.source, at, problem)
-    _check_fields(f"{spec.source}: replica catalog", (logical_name, lambda: _bytes(size)))
-    return size
-
-
-def _padding_notes(
-    depths: Sequence[DepthPadding], inputs: InputPadding, workload: Workload, same: bool
-) -> tuple[str, ...]:
-    W = workload.W
-    notes = [
-        f"depth {d.depth} ({d.job}): +{_size(d.padding_bytes(W))}"
-        f" (batch {_size(d.batch_bytes)} -> {_size(d.padded_batch_bytes)},"
-        f" outputs {W} x {_size(d.output_bytes)} -> {_size(d.padded_output_bytes)})"
-        for d in depths
-        if d.padding_bytes(W)
-    ]
-    if inputs.padding_bytes:
-        notes.append(
-            f"inputs: +{_size(inputs.padding_bytes)} ({inputs.count} of"
-            f" {_size(inputs.min_bytes)}..{_size(inputs.max_bytes)}"
-            f" -> {_size(inputs.padded_size_bytes)})"
-        )
-    if not same:
-        notes.append(
-            f"runtimes: R_bar = {workload.R_bar:g} s, SD_R = {workload.SD_R:g} s, the mean of the"
-            " depths' (the models use only D x R_bar and D x SD_R, which the mean keeps exact)"
-        )
-    return tuple(notes) or ("already canonical: nothing padded",)
-
-
-def _size(n: float) -> str:
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.4g} {unit}"
-    return f"{n:g} B"
-
-
-# -- the environment from the grid ---------------------------------------------------------
-
-
-def environment_for_site(
-    grid: GridSpec, site_name: str, measured: Mapping[str, float] | None = None
-) -> Environment:
-    """The paper's environment (``N_CPU, S, F, BW_R, BW_L``) of ``site_name`` from the grid
-    description, with ``measured`` values (keys :data:`MEASURED_KEYS`) overriding it
-    (module docstring). ConfigError for an unknown site or key, or a site whose storage
-    neither the grid nor ``measured`` gives."""
-    site = grid.site(site_name)
-    observed = dict(measured or {})
-    for key in observed:
-        if key not in MEASURED_KEYS:
-            known = ", ".join(MEASURED_KEYS)
-            raise ConfigError(f"measured.{key}: unknown key (known: {known})")
-    if site.storage_bytes is None and "S" not in observed:
-        raise PipelineFieldError(
-            grid.source,
-            f"sites.{site.name}.storage_gb",
-            "not set: a data-driven plan needs the site's storage capacity S"
-            f" (set storage_gb in [sites.{site.name}], or measure S)",
-        )
-    values: dict[str, Any] = {
-        "N_CPU": site.processors,
-        "S": site.storage_bytes,
-        "F": DEFAULT_F,
-        "BW_R": grid.bandwidth(ORIGIN, site.name) * MB,
-        "BW_L": DEFAULT_BW_L,
-    }
-    values.update(observed)
-    try:
-        return Environment(**values)
-    except ConfigError as exc:
-        given = f" (measured: {', '.join(sorted(observed))})" if observed else ""
-        raise ConfigError(f"{grid.source}: sites.{site.name}: {exc}{given}") from None
-
-
-def environment_notes(measured: Iterable[str] = ()) -> tuple[str, ...]:
-    """Where the values not measured come from, when not from the grid file."""
-    given = set(measured)
-    notes = []
-    if "BW_L" not in given:
-        notes.append(
-            f"BW_L = {DEFAULT_BW_L / MB:g} MB/s: the grid has no bandwidth within a site;"
-            " 1 Gb/s per node (the policy's BandwidthReading.GIGABIT)"
-        )
-    if "F" not in given:
-        notes.append("F = 0 failure events/s: nothing measured (Table 2's)")
-    return tuple(notes)
-
-
-# -- one site's plan -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SitePlan:
-    """Every chooser's plan for the canonical workload at one site: the workload with
-    runtimes scaled by the site's ``slowness``, the site's environment, the plans by
-    chooser name (in :data:`CHOOSERS` order)."""
-
-    site: str
-    slowness: float
-    workload: Workload
-    environment: Environment
-    plans: Mapping[str, DataPlan]
-    notes: tuple[str, ...]
-
-    def as_json(self) -> dict[str, Any]:
-        """``feasible``, ``predicted`` ({chooser: {strategy: seconds, null if infinite}}),
-        ``picks``, ``reasons`` ({chooser: [lines]}), ``site``, ``workload``,
-        ``environment``."""
-        first = next(iter(self.plans.values()))
-        return {
-            # Eq. 1-4 (or Remote when none holds) do not depend on the chooser.
-            "feasible": [s.value for s in first.feasible],
-            "predicted": {
-                name: {p.strategy.value: _finite_or_none(p.time_s) for p in plan.predictions}
-                for name, plan in self.plans.items()
-            },
-            "picks": {name: plan.strategy.value for name, plan in self.plans.items()},
-            "reasons": {name: _reasons(plan) for name, plan in self.plans.items()},
-            "site": self.site,
-            "workload": _workload_json(self.workload) | {"slowness": self.slowness},
-            "environment": _environment_json(self.environment) | {"notes": list(self.notes)},
-        }
-
-
-def plan_for_site(
-    canonical: CanonicalWorkload,
-    grid: GridSpec,
-    site_name: str,
-    *,
-    choosers: Mapping[str, Chooser] = CHOOSERS,
-    measured: Mapping[str, float] | None = None,
-) -> SitePlan:
-    """Run every chooser on ``canonical`` at ``site_name`` (runtimes x its slowness)."""
-    if not choosers:
-        raise ConfigError("plan_for_site: at least one chooser is required")
-    env = environment_for_site(grid, site_name, measured)
-    slowness = grid.site(site_name).slowness
-    base = canonical.workload
-    workload = replace(base, R_bar=base.R_bar * slowness, SD_R=base.SD_R * slowness)
-    plans = MappingProxyType({name: choose(workload, env) for name, choose in choosers.items()})
-    notes = environment_notes(measured or {})
-    return SitePlan(site_name, slowness, workload, env, plans, notes)
-
-
-def choose_site(plans: Sequence[SitePlan], chooser: str = DEFAULT_CHOOSER) -> tuple[SitePlan, str]:
-    """The site whose ``chooser`` pick is predicted fastest (ties: the first given), and
-    why, naming every other site's pick and prediction."""
-    if not plans:
-        raise ConfigError("choose_site: no site was planned")
-
-    def predicted(plan: SitePlan) -> float:
-        return plan.plans[chooser].predicted_s
-
-    best = min(plans, key=predicted)  # min keeps the first of equal keys
-    others = "; ".join(
-        f"{p.site} {p.plans[chooser].strategy.value} {_time(predicted(p))}"
-        for p in plans
-        if p is not best
-    )
-    reason = (
-        f"{best.site}: {chooser}'s pick {best.plans[chooser].strategy.value} is predicted"
-        f" {_time(predicted(best))}, the fastest of {len(plans)} site(s)"
-        + (f" ({others})" if others else "")
-    )
-    return best, reason
-
-
-def _time(seconds: float) -> str:
-    return f"{seconds:,.1f} s" if math.isfinite(seconds) else "inf s (diverges)"
-
-
-def _finite_or_none(value: float) -> float | None:
-    return value if math.isfinite(value) else None
-
-
-def _reasons(plan: DataPlan) -> list[str]:
-    lines = list(plan.reasons)
-    lines += [
-        f"{p.strategy.value}: predicted time is infinite, reported as null ({p.reason})"
-        for p in plan.predictions
-        if not p.finite
-    ]
-    return lines
-
-
-def _workload_json(w: Workload) -> dict[str, Any]:
-    return {
-        "W": w.W,
-        "D": w.D,
-        "S_B": w.S_B,
-        "S_P": w.S_P,
-        "R_bar": w.R_bar,
-        "SD_R": w.SD_R,
-        "J": w.J,
-        "S_TotB": w.S_TotB,
-        "S_TotP": w.S_TotP,
-    }
-
-
-def _environment_json(env: Environment) -> dict[str, Any]:
-    return {
-        "N_CPU": env.N_CPU,
-        "S": env.S,
-        "F": env.F,
-        "BW_R": env.BW_R,
-        "BW_L": env.BW_L,
-        "BW": serial_bandwidth(env),
-    }
