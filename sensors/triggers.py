@@ -31,12 +31,7 @@ from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.model import JobState
 from gridcore.sites.output import OutputFiles, SiteJob
 from gridcore_airflow.operators.hooks import EngineKind, GridcoreHook, ScanEngine
-from gridcore_airflow.sensors.base import (
-    DEFAULT_MAX_RETRIES,
-    EventContract,
-    GridcoreTrigger,
-    Outcome,
-)
+from gridcore_airflow.sensors.base import EventContract, GridcoreTrigger, Outcome
 
 CLAIMED_DIR = "claimed"
 CONSUMED_DIR = "consumed"
@@ -121,19 +116,11 @@ class EngineTrigger(GridcoreTrigger[ScanEngine, Any]):
     default_poll_interval = 1.0
     poll_noun = "scans"
 
-    def __init__(
-        self,
-        job_id: int,
-        engine: EngineKind | str,
-        grid_file: str | None = None,
-        db_url: str | None = None,
-        poll_interval: float | None = None,
-        max_retries: int = DEFAULT_MAX_RETRIES,
-        gridcore_conn_id: str | None = None,
-    ) -> None:
+    def __init__(self, job_id: int, engine: EngineKind | str, *args: Any, **kwargs: Any) -> None:
+        """Where gridcore is and how to wait follow as :class:`GridcoreTrigger` takes them."""
         self.engine = EngineKind(engine)
         self.contract = self.wait = ENGINE_WAITS[self.engine]
-        super().__init__(job_id, grid_file, db_url, poll_interval, max_retries, gridcore_conn_id)
+        super().__init__(job_id, *args, **kwargs)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         classpath, kwargs = super().serialize()
