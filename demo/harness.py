@@ -180,7 +180,15 @@ class DagReport:
 
     @property
     def ok(self) -> bool:
-        return self.state == "success" and not self.problems
+        return _succeeded(self.state) and not self.problems
+
+
+def _succeeded(state: str) -> bool:
+    """A DAG run's state is success (imported here: Airflow reads its environment when
+    first imported, which :func:`main` sets up first)."""
+    from airflow.utils.state import DagRunState
+
+    return DagRunState(state) is DagRunState.SUCCESS
 
 
 def run_example(dag: Any, conf: Mapping[str, Any] | None, env: GridcoreEnv) -> DagReport:
@@ -196,9 +204,7 @@ def run_example(dag: Any, conf: Mapping[str, Any] | None, env: GridcoreEnv) -> D
     state = str(getattr(run.state, "value", run.state))
     summarize = RESULTS.get(dag.dag_id, _no_result)
     try:
-        result = (
-            tuple(summarize(Outcome(dag, run.run_id, xcoms, env))) if state == "success" else ()
-        )
+        result = tuple(summarize(Outcome(dag, run.run_id, xcoms, env))) if _succeeded(state) else ()
     except (KeyError, TypeError, ValueError) as exc:  # a result not of the expected shape
         result = (f"(result not readable: {exc!r})",)
     return DagReport(dag.dag_id, run.run_id, state, seconds, tasks, result, ledger_problems(env))

@@ -26,12 +26,13 @@ Triggers live in this installed package: the triggerer never loads DAG bundles.
 from __future__ import annotations
 
 import asyncio
+import enum
 import functools
 import random
 from abc import abstractmethod
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, Literal, NamedTuple, Protocol, TypedDict, TypeVar
+from typing import Any, ClassVar, Generic, NamedTuple, Protocol, TypedDict, TypeVar
 
 from airflow.sdk.exceptions import AirflowException
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -40,8 +41,16 @@ from gridcore.errors import CredentialRejected, GridError, SiteError
 from gridcore.sites.output import JobOutputs, OutputFiles, SiteJob, failure_tails
 from gridcore_airflow.operators.hooks import GridcoreHook, GridLocation
 
-EventStatus = Literal["success", "failed", "error"]
-EVENT_STATUSES: tuple[EventStatus, ...] = ("success", "failed", "error")
+
+class EventStatus(enum.StrEnum):
+    """How a wait ended: the job succeeded; it failed or was cancelled; or the wait
+    itself failed (gridcore or the site could not be read)."""
+
+    SUCCESS = "success"
+    FAILED = "failed"
+    ERROR = "error"
+
+
 # Transient site errors (slurmrestd restarting, a network blip) are retried this many
 # times in a row before the trigger gives up with an "error" event.
 DEFAULT_MAX_RETRIES = 5
@@ -53,7 +62,7 @@ _CANCEL_TIMEOUT_S = 20.0
 
 
 class _RequiredEventKeys(TypedDict):
-    status: EventStatus
+    status: str  # an EventStatus value (plain JSON, as the triggerer stores it)
     message: str
     subject: str  # what was waited on: "selection", "co-allocated job", ...
     id: int  # its id in gridcore's state DB (a selection id, a KOALA job id, ...)
@@ -114,7 +123,7 @@ class EventContract(Generic[R]):
         ``output``: the site jobs' files, as :meth:`JobOutputs.as_json` gives them."""
         ident, succeeded, message = self.outcome(record)
         return GridcoreEvent(
-            status="success" if succeeded else "failed",
+            status=(EventStatus.SUCCESS if succeeded else EventStatus.FAILED).value,
             message=message,
             subject=self.subject,
             id=ident,
@@ -126,7 +135,7 @@ class EventContract(Generic[R]):
         self, ident: int, message: str, output: Sequence[dict[str, Any]] = ()
     ) -> GridcoreEvent:
         return GridcoreEvent(
-            status="error",
+            status=EventStatus.ERROR.value,
             message=message,
             subject=self.subject,
             id=ident,
@@ -375,9 +384,9 @@ def checked_event(event: Any, subject: str, trigger: str) -> GridcoreEvent:
         raise ValueError(f"{trigger} event lacks key(s) {missing}: {event!r}")
     if event["subject"] != subject:
         raise ValueError(f"{trigger} event is about a {event['subject']!r}, not a {subject!r}")
-    if event["status"] not in EVENT_STATUSES:
+    if event["status"] not in tuple(EventStatus):
         raise ValueError(f"{trigger} event has an unknown status {event['status']!r}")
-    if event["status"] == "success" and not isinstance(event["record"], dict):
+    if event["status"] == EventStatus.SUCCESS and not isinstance(event["record"], dict):
         raise ValueError(f"{trigger} success event has no record: {event!r}")
     output = event.get("output")
     if output is not None and not (
@@ -403,7 +412,7 @@ def completed_record(event: Any, subject: str, trigger: str, log: Any = None) ->
         checked = checked_event(event, subject, trigger)
     except ValueError as exc:
         raise AirflowException(str(exc)) from exc
-    if checked["status"] != "success" or checked["record"] is None:
+    if checked["status"] != EventStatus.SUCCESS or checked["record"] is None:
         if log is not None:
             for line in failure_tails(checked.get("output", [])):
                 log.error("%s", line)
