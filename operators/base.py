@@ -267,7 +267,8 @@ class JobLifecycleOperator(GridcoreJobOperator, Generic[H, R, P]):
 
     def resume_or_submit(self, handle: H, state: Any, plan: P) -> R:
         """The earlier try's job if it still counts (:meth:`resume`), else a new one."""
-        return self.resume(handle, state, plan) or self.submit(handle, state, plan)
+        resumed = self.resume(handle, state, plan)
+        return resumed if resumed is not None else self.submit(handle, state, plan)
 
     def resume(self, handle: H, state: Any, plan: P) -> R | None:
         """The job an earlier try of this task instance submitted, if it still counts:

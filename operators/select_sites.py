@@ -23,8 +23,8 @@ from gridcore.errors import StateError
 from gridcore.model import JobRequest
 from gridcore.policies.selection import DEFAULT_PROTOCOL, InsufficientMode, SelectionProtocol
 from gridcore.validation import check_choice, check_job_request, check_selection_stream
-from gridcore_airflow.operators.base import GridcoreOperator
-from gridcore_airflow.operators.site_job import input_paths, job_name, state_store, translated
+from gridcore_airflow.operators.base import GridcoreOperator, job_name, state_store, translated
+from gridcore_airflow.operators.site_job import input_paths
 
 SELECTIONS_KEY = "gridcore_burst_selection_ids"  # in the task state store, shared by all tries
 DEFAULT_PROCESSORS = 1  # SiteJobOperator's defaults
