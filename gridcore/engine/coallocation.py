@@ -43,24 +43,20 @@ database error, an adapter's unhandled exception) rolls back that job's transact
 counts in ``handling_errors``; at ``MAX_HANDLING_ERRORS`` the job fails with the error's
 message and its site jobs are cancelled, and the scan goes on with the other jobs.
 
-This module holds the scan steps alone; what they share lives beside it: the phase
+This module holds the scan steps alone; what they share lives beside it: the scan
+mechanism (lease, report, handling-error guard: :mod:`gridcore.engine.scan`), the phase
 enums (:mod:`gridcore.engine.phases`, also read by the center's side of the barrier,
-:mod:`gridcore.engine.barrier_pool`), the scan lease (:mod:`gridcore.engine.lease`),
-the row <-> record codecs (:mod:`gridcore.engine.coallocation_records`) and the barrier
-command line (:mod:`gridcore.engine.barrier_command`).
+:mod:`gridcore.engine.barrier_pool`), the row <-> record codecs
+(:mod:`gridcore.engine.coallocation_records`) and the barrier command line
+(:mod:`gridcore.engine.barrier_command`).
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import sys
 import urllib.parse
-import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -74,7 +70,7 @@ from sqlalchemy import (
     update,
 )
 
-from gridcore.engine import capacity, health, lease, pilot_pool
+from gridcore.engine import capacity, health, pilot_pool
 from gridcore.engine.barrier_command import barrier_command
 from gridcore.engine.capacity import HolderKind, component_holder
 from gridcore.engine.coallocation_records import (
@@ -85,10 +81,16 @@ from gridcore.engine.coallocation_records import (
     request_from_json,
     request_to_json,
 )
-from gridcore.engine.lease import LeaseLost
 from gridcore.engine.phases import LIVE_JOB, STARTED_COMPONENT, ComponentState, JobPhase
 from gridcore.engine.runtime import GridRuntime
-from gridcore.engine.submission import refuse_gpus_on_local, submit_once
+from gridcore.engine.scan import (
+    FencedScan,
+    ScanLog,
+    ScanReport,
+    SiteJobs,
+    holder_id,
+)
+from gridcore.engine.submission import adopt_stale, refuse_gpus_on_local, submit_once
 from gridcore.errors import GridError, RequestError, SiteError, StateError
 from gridcore.model import (
     CoAllocationRequest,
@@ -135,7 +137,6 @@ __all__ = [
     "ComponentRecord",
     "ComponentState",
     "JobPhase",
-    "ScanReport",
     "request_from_json",
     "request_to_json",
 ]
@@ -147,33 +148,14 @@ SCAN_LEASE = "koala-scan"
 # replaced after that; one that is alive renews it while it scans. Its length is no
 # longer what keeps two scans apart: the lease's fencing token is (engine/lease.py).
 LEASE_SCANS = 3
-# Unexpected errors while handling one job (anything but a lost lease: a database error,
-# an adapter's unhandled exception) after which the job fails with the error's message;
-# below it the job's transaction is rolled back and the next scan tries again.
-MAX_HANDLING_ERRORS = 3
+# What one scan reports, by job id (gridcore.engine.scan.ScanReport.events).
+SCAN_EVENTS = ("placed", "claimed", "completed", "requeued", "failed")
 # A barrier waits up to the JST plus this long for the other components.
 BARRIER_SLACK_S = 600.0
 # Where the barrier of a component on a cluster binds its data port: every address, and
 # it advertises the one on its route to the center (its node's, not 127.0.0.1). Local
 # sites run on this host and keep the barrier's default, 127.0.0.1.
 REMOTE_BARRIER_BIND = "0.0.0.0"
-
-
-@dataclass(frozen=True)
-class ScanReport:
-    """What one scan did, by job id. ``skipped``: another engine holds the scan lease;
-    ``lease_lost``: the lease was taken over mid-scan, which stopped (what it did before
-    was committed, nothing after)."""
-
-    skipped: bool = False
-    queue: str | None = None
-    placed: tuple[int, ...] = ()
-    claimed: tuple[int, ...] = ()
-    completed: tuple[int, ...] = ()
-    requeued: tuple[int, ...] = ()
-    failed: tuple[int, ...] = ()
-    reasons: tuple[str, ...] = ()
-    lease_lost: bool = False
 
 
 class CoAllocationEngine:
@@ -206,12 +188,22 @@ class CoAllocationEngine:
         self.grid = runtime.grid
         self.catalog = catalog
         self.params = params or CoAllocationParams()
-        self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        self.holder = holder or holder_id()
         self.lease_s = LEASE_SCANS * self.params.scan_interval_s if lease_s is None else lease_s
-        self.lease = lease.Lease(self.store, SCAN_LEASE, self.holder, self.lease_s, runtime.clock)
-        # False only in tests that stand for a stalled scanner (its renewals stopped too).
-        self.renew_lease = renew_lease
-        self._grant: lease.Grant | None = None
+        # renew_lease False only in tests that stand for a stalled scanner
+        self.scanner = FencedScan(
+            self.store,
+            SCAN_LEASE,
+            self.holder,
+            self.lease_s,
+            runtime.clock,
+            events=SCAN_EVENTS,
+            jobs=coalloc_jobs,
+            fail=self._fail_handled,
+            cancel=self._cancel_site_jobs,
+            renew=renew_lease,
+        )
+        self.lease = self.scanner.lease
         self.python = python or sys.executable
         self.barrier_slack_s = barrier_slack_s
 
@@ -296,22 +288,9 @@ class CoAllocationEngine:
         """One KOALA scan (module docstring), or a skipped one if another engine holds
         the scan lease."""
         now = self.runtime.clock() if now is None else now
-        grant = self.lease.take(now)
-        if grant is None:
-            return ScanReport(skipped=True, reasons=(f"lease {SCAN_LEASE} held by another",))
-        work = _Log()
-        self._grant = grant
-        try:
-            with self._kept(grant):
-                self._steps(now, grant.index, work)
-        except LeaseLost as lost:
-            work.reasons.append(str(lost))
-            return work.report(lease_lost=True)
-        finally:
-            self._grant = None
-        return work.report()
+        return self.scanner.run(now, lambda grant, work: self._steps(now, grant.index, work))
 
-    def _steps(self, now: float, scan_index: int, work: _Log) -> None:
+    def _steps(self, now: float, scan_index: int, work: ScanLog) -> None:
         self.runtime.refresh()
         self._place(now, scan_index, work)
         self._stage(work)
@@ -320,61 +299,19 @@ class CoAllocationEngine:
 
     def release_lease(self) -> None:
         """Give up the scan lease now (another engine may scan at once)."""
-        self.lease.release()
+        self.scanner.release_lease()
 
-    @contextmanager
-    def _kept(self, grant: lease.Grant) -> Iterator[None]:
-        if not self.renew_lease:
-            yield
-            return
-        with self.lease.kept(grant):
-            yield
-
-    @contextmanager
-    def _tx(self) -> Iterator[Connection]:
-        """The transaction of one transition: during a scan it commits only while the
-        scan still holds its lease (fenced: LeaseLost otherwise, and it rolls back)."""
-        with self.lease.transaction(self._grant) as conn:
-            yield conn
-
-    @contextmanager
-    def _handling(self, row: RowMapping, work: _Log) -> Iterator[None]:
-        """Issue 7 item 4: an unexpected error while handling one job rolls back that
-        job's transaction and is counted against the job, which fails after
-        MAX_HANDLING_ERRORS; the scan goes on with the other jobs. A lost lease is not
-        the job's fault: it stops the scan."""
-        try:
-            yield
-        except LeaseLost:
-            raise
-        except Exception as exc:
-            log.error("job %s: error while handling it", row["id"], exc_info=exc)
-            self._handling_error(row["id"], _error_message(exc), work)
-
-    def _handling_error(self, job_id: int, message: str, work: _Log) -> None:
-        jc = coalloc_jobs.c
-        with self._tx() as conn:
-            conn.execute(
-                update(coalloc_jobs)
-                .where(jc.id == job_id)
-                .values(handling_errors=jc.handling_errors + 1)
-            )
-            row = conn.execute(select(coalloc_jobs).where(jc.id == job_id)).mappings().one()
-            errors = row["handling_errors"]
-            if errors < MAX_HANDLING_ERRORS or JobPhase(row["state"]).finished:
-                work.reasons.append(
-                    f"job {job_id}: handling error {errors} of {MAX_HANDLING_ERRORS}: {message}"
-                )
-                return
-            final = f"failed after {errors} errors while handling it: {message}"
-            cancels = _end(conn, row, LIVE_JOB, JobPhase.FAILED, final, self.runtime.clock())
-        work.failed.append(job_id)
-        work.reasons.append(f"job {job_id}: {final}")
-        self._cancel_site_jobs(cancels)
+    def _fail_handled(self, conn: Connection, job_id: int, message: str) -> SiteJobs | None:
+        """The handling-error guard's end of a job (gridcore.engine.scan): failed, its
+        started components cancelled; None if it had finished already."""
+        row = conn.execute(select(coalloc_jobs).where(coalloc_jobs.c.id == job_id)).mappings().one()
+        if JobPhase(row["state"]).finished:
+            return None
+        return _end(conn, row, LIVE_JOB, JobPhase.FAILED, message, self.runtime.clock())
 
     # (b) placement queues ---------------------------------------------------------------
 
-    def _place(self, now: float, scan_index: int, work: _Log) -> None:
+    def _place(self, now: float, scan_index: int, work: ScanLog) -> None:
         with self.store.begin() as conn:
             queued = _jobs(conn, JobPhase.QUEUED)
             clusters = self._clusters(conn)
@@ -383,10 +320,10 @@ class CoAllocationEngine:
         due = scan_order(high, low, self.params, scan_index)
         if due is None:
             return
-        work.queue = due.value
+        work.reasons.append(f"the {due.value}-priority placement queue is due")
         bandwidth = self._bandwidth()
         for row in high if due is Priority.HIGH else low:
-            with self._handling(row, work):
+            with self.scanner.handling(row["id"], work):
                 request = request_from_json(row["request"])
                 job = QueuedJob(request, self._replicas(request), row["placement_tries"])
                 # One job at a time so each keeps its own policy and quota; the snapshot
@@ -399,24 +336,24 @@ class CoAllocationEngine:
                     quota=row["quota"],
                     bandwidth=bandwidth,
                 )
-                with self._tx() as conn:
+                with self.scanner.tx() as conn:
                     self._record_scan(conn, row, result, now, work)
                 clusters = list(result.clusters)
 
     def _record_scan(
-        self, conn: Connection, row: RowMapping, result: ScanResult, now: float, work: _Log
+        self, conn: Connection, row: RowMapping, result: ScanResult, now: float, work: ScanLog
     ) -> None:
         work.reasons.extend(result.reasons[1:])
         if result.placed:
             tried, placement = result.placed[0]
             if self._commit_placement(conn, row, tried.placement_tries, placement, now):
-                work.placed.append(row["id"])
+                work.add("placed", row["id"])
             return
         tries = (result.failed or result.waiting)[0].placement_tries
         values: dict[str, Any] = {"placement_tries": tries, "message": result.reasons[-1]}
         if result.failed:
             values.update(state=JobPhase.FAILED.value, finished_at=now)
-            work.failed.append(row["id"])
+            work.add("failed", row["id"])
         else:
             values["message"] = f"waiting in the placement queue ({tries} placement tries)"
         conn.execute(update(coalloc_jobs).where(_is(row, JobPhase.QUEUED)).values(**values))
@@ -466,23 +403,23 @@ class CoAllocationEngine:
 
     # (c) staging ------------------------------------------------------------------------
 
-    def _stage(self, work: _Log) -> None:
+    def _stage(self, work: ScanLog) -> None:
         with self.store.begin() as conn:
             placed = _jobs(conn, JobPhase.PLACED)
         for row in placed:
-            with self._handling(row, work):
+            with self.scanner.handling(row["id"], work):
                 self._stage_job(row, work)
 
-    def _stage_job(self, row: RowMapping, work: _Log) -> None:
+    def _stage_job(self, row: RowMapping, work: ScanLog) -> None:
         try:
             self._stage_inputs(row)
         except GridError as exc:
-            with self._tx() as conn:
+            with self.scanner.tx() as conn:
                 cancels = _requeue(conn, row, (JobPhase.PLACED,), f"staging failed: {exc}")
             self._cancel_site_jobs(cancels)
-            work.requeued.append(row["id"])
+            work.add("requeued", row["id"])
             return
-        with self._tx() as conn:
+        with self.scanner.tx() as conn:
             conn.execute(
                 update(coalloc_jobs)
                 .where(_is(row, JobPhase.PLACED))
@@ -505,7 +442,7 @@ class CoAllocationEngine:
 
     # (d) claiming -----------------------------------------------------------------------
 
-    def _claim(self, now: float, work: _Log) -> None:
+    def _claim(self, now: float, work: ScanLog) -> None:
         jc = coalloc_jobs.c
         with self.store.begin() as conn:
             due = (
@@ -518,14 +455,14 @@ class CoAllocationEngine:
                 .all()
             )
         for row in due:
-            with self._handling(row, work):
+            with self.scanner.handling(row["id"], work):
                 self._claim_job(row, now, work)
 
-    def _claim_job(self, row: RowMapping, now: float, work: _Log) -> None:
+    def _claim_job(self, row: RowMapping, now: float, work: ScanLog) -> None:
         self.runtime.refresh()  # the components started for the job before count
         request = request_from_json(row["request"])
         replicas, bandwidth = self._replicas(request), self._bandwidth()
-        with self._tx() as conn:
+        with self.scanner.tx() as conn:
             job = _claiming_job(conn, row, request, replicas)
             candidates = _preemptible(conn) if request.priority is Priority.HIGH else []
             decision = claim_decision(
@@ -540,7 +477,7 @@ class CoAllocationEngine:
             more, starts = self._apply_claim(conn, row, decision, now)
             cancels += more
         work.reasons.extend(decision.reasons)
-        work.outcome(row["id"], decision.outcome)
+        work.add(_claim_event(decision.outcome), row["id"])
         self._cancel_site_jobs(cancels)
         for component, token in starts:
             self._start_component(row, component, token, len(job.components), now)
@@ -603,7 +540,7 @@ class CoAllocationEngine:
             job = self._submission(row, component, token, count, now)
             site_job_id, _ = submit_once(self.runtime.adapter(component.site), job)
         except GridError as exc:
-            with self._tx() as conn:
+            with self.scanner.tx() as conn:
                 conn.execute(
                     update(coalloc_components)
                     .where(where)
@@ -611,7 +548,7 @@ class CoAllocationEngine:
                 )
                 _release_component(conn, row, component.index)
             return
-        with self._tx() as conn:
+        with self.scanner.tx() as conn:
             done = conn.execute(
                 update(coalloc_components)
                 .where(where)
@@ -653,14 +590,14 @@ class CoAllocationEngine:
 
     # (e) following started components --------------------------------------------------
 
-    def _follow(self, work: _Log) -> None:
+    def _follow(self, work: ScanLog) -> None:
         with self.store.begin() as conn:
             active = _jobs(conn, JobPhase.CLAIMING, JobPhase.RUNNING)
         for row in active:
-            with self._handling(row, work):
+            with self.scanner.handling(row["id"], work):
                 self._follow_job(row, work)
 
-    def _follow_job(self, row: RowMapping, work: _Log) -> None:
+    def _follow_job(self, row: RowMapping, work: ScanLog) -> None:
         with self.store.begin() as conn:
             parts = _components(conn, row)
         for part in parts:
@@ -675,38 +612,35 @@ class CoAllocationEngine:
     def _adopt_submitting(self, row: RowMapping, part: RowMapping) -> None:
         """A component left ``submitting`` by an engine that died mid-submission: the
         site job its key names is adopted (submitted), with the token hash the row keeps
-        (that job's barrier holds the token); none found, it never reached the site and
-        ``_settle`` counts it failed (the job is re-placed: new rows, new tokens)."""
+        (that job's barrier holds the token); none found (or the site cannot be asked),
+        ``_settle`` counts it failed and the job is re-placed (new rows, new tokens; a
+        job the site does have is an orphan for the next refresh)."""
         key = component_key(self.runtime.install_id, row["id"], row["epoch"], part["idx"])
-        try:
-            found = self.runtime.adapter(part["site"]).find(key)
-        except GridError as exc:
-            log.warning("site %s: looking up %s failed: %s", part["site"], key, exc)
-            return  # counted failed; a job it may have is an orphan for the next refresh
-        if found is None:
-            return
-        with self._tx() as conn:
-            conn.execute(
-                update(coalloc_components)
-                .where(_component(row, part["idx"], ComponentState.SUBMITTING))
-                .values(site_job_id=found, state=ComponentState.SUBMITTED.value)
-            )
-            # its hold ends when an observation shows the job running (or it ends)
-            holder = component_holder(row["id"], row["epoch"], part["idx"])
-            capacity.set_site_job(conn, HolderKind.COMPONENT, holder, found)
-        log.info("site %s: component %s adopted its job %s", part["site"], key, found)
+
+        def record(found: str) -> None:
+            with self.scanner.tx() as conn:
+                conn.execute(
+                    update(coalloc_components)
+                    .where(_component(row, part["idx"], ComponentState.SUBMITTING))
+                    .values(site_job_id=found, state=ComponentState.SUBMITTED.value)
+                )
+                # its hold ends when an observation shows the job running (or it ends)
+                holder = component_holder(row["id"], row["epoch"], part["idx"])
+                capacity.set_site_job(conn, HolderKind.COMPONENT, holder, found)
+
+        adopt_stale(self.runtime.adapter, part["site"], key, record)
 
     def _poll_component(self, row: RowMapping, part: RowMapping) -> None:
         try:
             status = self.runtime.adapter(part["site"]).status(part["site_job_id"])
         except SiteError as exc:
-            with self._tx() as conn:
+            with self.scanner.tx() as conn:
                 health.record_failure(conn, part["site"], str(exc))
             return
         if not status.state.finished:
             return
         ok = status.state is JobState.COMPLETED
-        with self._tx() as conn:
+        with self.scanner.tx() as conn:
             conn.execute(
                 update(coalloc_components)
                 .where(_component(row, part["idx"], ComponentState.SUBMITTED))
@@ -721,7 +655,7 @@ class CoAllocationEngine:
             if ok:
                 health.record_success(conn, part["site"])
 
-    def _settle(self, row: RowMapping, parts: Sequence[RowMapping], work: _Log) -> None:
+    def _settle(self, row: RowMapping, parts: Sequence[RowMapping], work: ScanLog) -> None:
         # A "submitting" row here was left by an engine that died mid-submission.
         broken = [
             p
@@ -730,13 +664,13 @@ class CoAllocationEngine:
         ]
         if broken:
             self._fail(row, broken[0])
-            work.requeued.append(row["id"])
+            work.add("requeued", row["id"])
             return
         if row["state"] != JobPhase.RUNNING.value:
             return
         if all(p["state"] == ComponentState.COMPLETED.value for p in parts):
             ends = [p["finished_at"] for p in parts if p["finished_at"] is not None]
-            with self._tx() as conn:
+            with self.scanner.tx() as conn:
                 done = conn.execute(
                     update(coalloc_jobs)
                     .where(_is(row, JobPhase.RUNNING))
@@ -747,10 +681,10 @@ class CoAllocationEngine:
                     )
                 )
             if done.rowcount == 1:
-                work.completed.append(row["id"])
+                work.add("completed", row["id"])
         released = [p["released_at"] for p in parts]
         if row["started_at"] is None and all(t is not None for t in released):
-            with self._tx() as conn:
+            with self.scanner.tx() as conn:
                 conn.execute(
                     update(coalloc_jobs)
                     .where(coalloc_jobs.c.id == row["id"])
@@ -762,7 +696,7 @@ class CoAllocationEngine:
         queue; the site's consecutive errors grow. A component still ``submitting`` here
         was lost by an engine that stopped before the site had it (its key found no job):
         the job is re-queued the same way, but that is not the site's error."""
-        with self._tx() as conn:
+        with self.scanner.tx() as conn:
             if part["state"] == ComponentState.SUBMITTING.value:
                 message = (
                     f"component {part['idx']}: lost while being submitted (its engine stopped"
@@ -889,36 +823,11 @@ class CoAllocationEngine:
 # -- rows -------------------------------------------------------------------------------------
 
 
-@dataclass
-class _Log:
-    queue: str | None = None
-    placed: list[int] = field(default_factory=list)
-    claimed: list[int] = field(default_factory=list)
-    completed: list[int] = field(default_factory=list)
-    requeued: list[int] = field(default_factory=list)
-    failed: list[int] = field(default_factory=list)
-    reasons: list[str] = field(default_factory=list)
-
-    def outcome(self, job_id: int, outcome: ClaimOutcome) -> None:
-        if outcome >= ClaimOutcome.RETRY:
-            self.claimed.append(job_id)
-        elif outcome is ClaimOutcome.ABORT:
-            self.requeued.append(job_id)
-        else:
-            self.failed.append(job_id)
-
-    def report(self, *, lease_lost: bool = False) -> ScanReport:
-        return ScanReport(
-            False,
-            self.queue,
-            tuple(self.placed),
-            tuple(self.claimed),
-            tuple(self.completed),
-            tuple(self.requeued),
-            tuple(self.failed),
-            tuple(self.reasons),
-            lease_lost,
-        )
+def _claim_event(outcome: ClaimOutcome) -> str:
+    """The report's event of a claiming try's outcome (Sec. 3.3)."""
+    if outcome >= ClaimOutcome.RETRY:
+        return "claimed"
+    return "requeued" if outcome is ClaimOutcome.ABORT else "failed"
 
 
 def _center_url(url: str, field: str) -> str:
@@ -927,14 +836,6 @@ def _center_url(url: str, field: str) -> str:
     if not isinstance(url, str) or urllib.parse.urlsplit(url).scheme not in ("http", "https"):
         raise RequestError(f"CoAllocationEngine {field}: the VJ center's http(s) URL, not {url!r}")
     return url.rstrip("/")
-
-
-def _error_message(exc: BaseException) -> str:
-    """One line naming the error: a database error by its driver's message (the SQL and
-    parameters SQLAlchemy appends go to the log, not into the job's message)."""
-    cause = getattr(exc, "orig", None) or exc
-    lines = str(cause).strip().splitlines()
-    return f"{type(cause).__name__}: {lines[0] if lines else type(cause).__name__}"[:500]
 
 
 def _jobs(conn: Connection, *states: JobPhase) -> Sequence[RowMapping]:

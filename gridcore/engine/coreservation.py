@@ -46,24 +46,21 @@ died before recording the site's job id is adopted by the next refresh (orphan j
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
-import os
-import socket
 import sys
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import Connection, RowMapping, and_, func, insert, select, update
 from sqlalchemy.exc import OperationalError
 
-from gridcore.engine import capacity, health, lease, pilot_pool, queue_stats, submission
-from gridcore.engine.lease import LeaseLost
+from gridcore.engine import capacity, health, pilot_pool, queue_stats, submission
 from gridcore.engine.phases import (
     FINISHED_RESERVATION,
     LIVE_PILOT,
@@ -73,6 +70,7 @@ from gridcore.engine.phases import (
 )
 from gridcore.engine.pilot_command import pilot_command
 from gridcore.engine.runtime import GridRuntime
+from gridcore.engine.scan import FencedScan, ScanLog, ScanReport, SiteJobs, holder_id
 from gridcore.errors import GridError, RequestError, StateError, UnknownJob
 from gridcore.model import (
     NO_RESOURCES,
@@ -111,9 +109,11 @@ log = logging.getLogger(__name__)
 
 SCAN_LEASE = "vjm-scan"
 SUBMIT_DEADLINE_S = 60.0
+# What one scan reports (gridcore.engine.scan.ScanReport.events): job ids, but pilot
+# ids for "lost" and "finished" (pilots let go because their job ended).
+SCAN_EVENTS = ("dispatched", "lost", "substituted", "reorganized", "finished", "failed")
 TOKEN_ENV = "GRIDCORE_PILOT_TOKEN"
 PROCESSORS_ENV = "GRIDCORE_PILOT_PROCESSORS"
-MAX_HANDLING_ERRORS = 3
 # A dispatched pilot's result comes over HTTP; its site job may be seen ended first.
 RESULT_GRACE_S = 15.0
 
@@ -250,18 +250,6 @@ class ReservationRecord:
         }
 
 
-@dataclass
-class ScanReport:
-    skipped: bool = False
-    lease_lost: bool = False
-    dispatched: list[int] = field(default_factory=list)
-    lost: list[int] = field(default_factory=list)
-    substituted: list[int] = field(default_factory=list)
-    reorganized: list[int] = field(default_factory=list)
-    finished: list[int] = field(default_factory=list)
-    reasons: list[str] = field(default_factory=list)
-
-
 @dataclass(frozen=True)
 class _NewPilot:
     id: int
@@ -295,11 +283,19 @@ class CoReservationEngine:
         self.center_url = center_url
         self.site_center_urls = dict(site_center_urls or {})
         self.params = params or CoReservationParams()
-        self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
-        self.lease = lease.Lease(
-            self.store, SCAN_LEASE, self.holder, self.params.lease_s, runtime.clock
+        self.holder = holder or holder_id()
+        self.scanner = FencedScan(
+            self.store,
+            SCAN_LEASE,
+            self.holder,
+            self.params.lease_s,
+            runtime.clock,
+            events=SCAN_EVENTS,
+            jobs=reservations,
+            fail=self._fail_handled,
+            cancel=self._cancel_site_jobs,
         )
-        self._grant: lease.Grant | None = None
+        self.lease = self.scanner.lease
 
     # -- submission ----------------------------------------------------------------------
 
@@ -472,25 +468,12 @@ class CoReservationEngine:
         """One pass of the module docstring's steps, or a skipped one while another
         engine holds the scan lease."""
         now = self.runtime.clock() if now is None else now
-        grant = self.lease.take(now)
-        if grant is None:
-            return ScanReport(skipped=True, reasons=[f"lease {SCAN_LEASE} held by another"])
-        report = ScanReport()
-        self._grant = grant
-        try:
-            with self.lease.kept(grant):
-                self._steps(now, report)
-        except LeaseLost as lost:
-            report.lease_lost = True
-            report.reasons.append(str(lost))
-        finally:
-            self._grant = None
-        return report
+        return self.scanner.run(now, lambda _grant, work: self._steps(now, work))
 
     def release_lease(self) -> None:
-        self.lease.release()
+        self.scanner.release_lease()
 
-    def _steps(self, now: float, report: ScanReport) -> None:
+    def _steps(self, now: float, report: ScanLog) -> None:
         self._observe(report)
         self._resubmit_stale(now)
         self._follow(now, report)
@@ -500,7 +483,7 @@ class CoReservationEngine:
         self._substitute(now, report)
         self._finish(now, report)
 
-    def _observe(self, report: ScanReport) -> None:
+    def _observe(self, report: ScanLog) -> None:
         """Step 1. An observation PostgreSQL chose as a deadlock's victim wrote nothing
         (it rolled back whole): this scan goes on without it and the next one observes
         again. (A report releases pilot holds it counts while the center's result
@@ -513,42 +496,12 @@ class CoReservationEngine:
             log.warning("observing the sites: a deadlock's victim, next scan: %s", exc.orig)
             report.reasons.append("site observation rolled back (deadlock victim)")
 
-    @contextmanager
-    def _tx(self) -> Iterator[Connection]:
-        """A transition's transaction: fenced by the scan lease during a scan."""
-        with self.lease.transaction(self._grant) as conn:
-            yield conn
-
-    @contextmanager
-    def _handling(self, job_id: int, report: ScanReport) -> Iterator[None]:
-        """An unexpected error while handling one job rolls its transaction back and counts
-        against the job, which fails after MAX_HANDLING_ERRORS; the scan goes on with the
-        other jobs. A lost lease stops the scan."""
-        try:
-            yield
-        except LeaseLost:
-            raise
-        except Exception as exc:
-            log.error("co-reserved job %s: error while handling it", job_id, exc_info=exc)
-            message = f"{type(exc).__name__}: {exc}"[:2000]
-            report.reasons.append(f"job {job_id}: {message}")
-            with self.store.begin() as conn:
-                conn.execute(
-                    update(reservations)
-                    .where(reservations.c.id == job_id)
-                    .values(handling_errors=reservations.c.handling_errors + 1)
-                )
-                errors = conn.execute(
-                    select(reservations.c.handling_errors).where(reservations.c.id == job_id)
-                ).scalar_one()
-                if errors >= MAX_HANDLING_ERRORS:
-                    self._end_job(
-                        conn,
-                        job_id,
-                        ReservationPhase.FAILED,
-                        f"failed after {errors} errors while handling it; last: {message}",
-                        self.runtime.clock(),
-                    )
+    def _fail_handled(self, conn: Connection, job_id: int, message: str) -> SiteJobs | None:
+        """The handling-error guard's end of a job (gridcore.engine.scan): failed (the
+        next scan's step 6 lets its pilots go); None if it had finished already."""
+        if not self._end_job(conn, job_id, ReservationPhase.FAILED, message, self.runtime.clock()):
+            return None
+        return []
 
     def _resubmit_stale(self, now: float) -> None:
         """Pilots still ``submitting`` long after they were written: their submitter
@@ -575,38 +528,44 @@ class CoReservationEngine:
                 .all()
             )
         for row in stale:
-            try:
-                found = self.runtime.adapter(row["site"]).find(row["key"])
-            except GridError as exc:
-                log.warning("pilot %s: looking its key up failed: %s", row["id"], exc)
-                continue
-            if found is not None:
-                with self._tx() as conn:
-                    _record_site_job(conn, row["id"], found)
-                continue
-            token, digest = pilot_pool.new_token()
-            with self._tx() as conn:
-                done = conn.execute(
-                    update(pilots)
-                    .where(and_(pilots.c.id == row["id"], pilots.c.site_job_id.is_(None)))
-                    .values(token_hash=digest, submitted_at=now)
-                )
-            if done.rowcount == 1:
-                self._submit_pilot(
-                    _NewPilot(
-                        row["id"],
-                        row["job_id"],
-                        row["site"],
-                        row["processors"],
-                        row["key"],
-                        token,
-                        row["name"],
-                        row["workdir"],
-                        _sent_to_pilot(row["selection"], row["id"]),
-                    )
-                )
+            found = submission.adopt_stale(
+                self.runtime.adapter,
+                row["site"],
+                row["key"],
+                functools.partial(self._record_site_job, row["id"]),
+            )
+            if found is submission.Lookup.NOT_FOUND:
+                self._resubmit(row, now)
 
-    def _follow(self, now: float, report: ScanReport) -> None:
+    def _record_site_job(self, pilot_id: int, site_job_id: str) -> None:
+        with self.scanner.tx() as conn:
+            _record_site_job(conn, pilot_id, site_job_id)
+
+    def _resubmit(self, row: RowMapping, now: float) -> None:
+        """A stale pilot the site never got: submitted anew, with a fresh token."""
+        token, digest = pilot_pool.new_token()
+        with self.scanner.tx() as conn:
+            done = conn.execute(
+                update(pilots)
+                .where(and_(pilots.c.id == row["id"], pilots.c.site_job_id.is_(None)))
+                .values(token_hash=digest, submitted_at=now)
+            )
+        if done.rowcount == 1:
+            self._submit_pilot(
+                _NewPilot(
+                    row["id"],
+                    row["job_id"],
+                    row["site"],
+                    row["processors"],
+                    row["key"],
+                    token,
+                    row["name"],
+                    row["workdir"],
+                    _sent_to_pilot(row["selection"], row["id"]),
+                )
+            )
+
+    def _follow(self, now: float, report: ScanLog) -> None:
         with self.store.begin() as conn:
             rows = (
                 conn.execute(
@@ -625,10 +584,10 @@ class CoReservationEngine:
             if verdict is None:
                 continue
             state, message = verdict
-            with self._tx() as conn:
+            with self.scanner.tx() as conn:
                 _lock_reservations(conn, [row["job_id"]])
                 if state is PilotState.LOST and _lose(conn, row["id"], message, now):
-                    report.lost.append(row["id"])
+                    report.add("lost", row["id"])
                 elif state is PilotState.FAILED:
                     _fail_dispatched(conn, row["id"], message, now)
             self._cancel_site_job(row["site"], row["site_job_id"], message)
@@ -662,13 +621,13 @@ class CoReservationEngine:
             return PilotState.LOST, f"{where}: running {now - started:.0f} s, never registered"
         return None
 
-    def _dispatch(self, now: float, report: ScanReport) -> None:
+    def _dispatch(self, now: float, report: ScanLog) -> None:
         for job_id in _job_ids(self.store, ReservationPhase.RESERVING):
-            with self._tx() as conn:
+            with self.scanner.tx() as conn:
                 if pilot_pool.dispatch_if_ready(conn, job_id, now):
-                    report.dispatched.append(job_id)
+                    report.add("dispatched", job_id)
 
-    def _reorganize(self, now: float, report: ScanReport) -> None:
+    def _reorganize(self, now: float, report: ScanLog) -> None:
         """Sec. 3.3 for every job whose lifetime ran out, earliest-submitted first."""
         with self.store.begin() as conn:
             expired = (
@@ -687,11 +646,11 @@ class CoReservationEngine:
                 .all()
             )
         for job_id in expired:
-            with self._handling(job_id, report):
+            with self.scanner.handling(job_id, report):
                 self._reorganize_one(job_id, now, report)
 
-    def _reorganize_one(self, job_id: int, now: float, report: ScanReport) -> None:
-        with self._tx() as conn:
+    def _reorganize_one(self, job_id: int, now: float, report: ScanLog) -> None:
+        with self.scanner.tx() as conn:
             # Shifts and releases change pilots of several jobs and holds at several
             # sites: take the locks in the order the center's transactions take them
             # (pilot_pool: reservation rows, then pilot rows), sites in name order.
@@ -707,18 +666,18 @@ class CoReservationEngine:
             cancels = _apply_reorganization(conn, decision, now)
             for shift in decision.shifts:
                 pilot_pool.dispatch_if_ready(conn, shift.to_job, now)
-        report.reorganized.append(job_id)
+        report.add("reorganized", job_id)
         report.reasons.extend(decision.reasons)
         for site, site_job_id in cancels:
             self._cancel_site_job(site, site_job_id, f"reorganization of job {job_id}")
 
-    def _substitute(self, now: float, report: ScanReport) -> None:
+    def _substitute(self, now: float, report: ScanLog) -> None:
         for job_id in _job_ids(self.store, ReservationPhase.RESERVING):
-            with self._handling(job_id, report):
-                with self._tx() as conn:
+            with self.scanner.handling(job_id, report):
+                with self.scanner.tx() as conn:
                     made = self._substitutes_for(conn, job_id, now)
                 if made:
-                    report.substituted.append(job_id)
+                    report.add("substituted", job_id)
                     self._submit_pilots(made)
 
     def _substitutes_for(self, conn: Connection, job_id: int, now: float) -> list[_NewPilot]:
@@ -761,7 +720,7 @@ class CoReservationEngine:
         )
         return made
 
-    def _finish(self, now: float, report: ScanReport) -> None:
+    def _finish(self, now: float, report: ScanLog) -> None:
         """Finished jobs let every pilot they still have go."""
         with self.store.begin() as conn:
             rows = conn.execute(
@@ -775,12 +734,16 @@ class CoReservationEngine:
                 )
             ).all()
         for pilot_id, job_id, site, site_job_id in rows:
-            with self._tx() as conn:
+            with self.scanner.tx() as conn:
                 _lock_reservations(conn, [job_id])
                 _release_pilot(conn, pilot_id, "its job ended", now)
             if site_job_id is not None:
                 self._cancel_site_job(site, site_job_id, "its job ended")
-            report.finished.append(pilot_id)
+            report.add("finished", pilot_id)
+
+    def _cancel_site_jobs(self, jobs: SiteJobs) -> None:
+        for site, site_job_id in jobs:
+            self._cancel_site_job(site, site_job_id, "its job failed")
 
     def _cancel_site_job(self, site: str, site_job_id: str | None, why: str) -> None:
         if site_job_id is None:

@@ -13,6 +13,7 @@ gone (:mod:`gridcore.engine.submission`).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -257,15 +258,18 @@ class GridRuntime:
                 )
             ).all()
         for sid, site in stale:
-            try:
-                found = self.adapter(site).find(selection_key(self.install_id, sid))
-            except GridError as exc:
-                # It expires; a job the site does have is an orphan the next refresh cancels.
-                log.warning("site %s: looking up selection %s failed: %s", site, sid, exc)
-                continue
-            if found is not None:
-                with self.store.begin() as conn:
-                    submission.adopt_selection_job(conn, sid, found, self.clock())
+            # Not found (or the site cannot be asked): it expires; a job the site does
+            # have is an orphan the next refresh cancels.
+            submission.adopt_stale(
+                self.adapter,
+                site,
+                selection_key(self.install_id, sid),
+                functools.partial(self._adopt_selection_job, sid),
+            )
+
+    def _adopt_selection_job(self, selection_id: int, job_id: str) -> None:
+        with self.store.begin() as conn:
+            submission.adopt_selection_job(conn, selection_id, job_id, self.clock())
 
     # -- jobs --------------------------------------------------------------------------
 

@@ -1,13 +1,17 @@
 """Exactly-once submission: look a key up before submitting, and judge keyed site jobs.
 
 Every site job gridcore submits carries a key naming its holder
-(:mod:`gridcore.sites.keys`). Two rules follow, applied by the runtime and the KOALA
-engine:
+(:mod:`gridcore.sites.keys`). Three rules follow, applied by the runtime and the
+scanning engines:
 
 * before submitting, ask the site for the key (:func:`submit_once`): a job found was
   submitted by a worker that died before recording it, and is adopted, not doubled;
   a job submitted carries its request's resources over the site's defaults
   (:func:`resources_at`: the one place a request meets its site's grid-file defaults);
+* a holder still waiting for its job long after its submission began (its submitter
+  died) asks the site for its key (:func:`adopt_stale`): a job found is recorded as the
+  holder's; what a holder does when none is found is its own (a selection expires, a
+  KOALA component re-places its job, a VJM pilot is submitted anew);
 * a site job with our key whose holder is not live is an orphan, cancelled by the next
   refresh (:func:`judge_keyed_jobs`). A live holder is never cancelled: a selection
   still ``selected`` (its submission may be under way in another worker) adopts the job
@@ -22,7 +26,7 @@ from __future__ import annotations
 import enum
 import logging
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
 from sqlalchemy import Connection, and_, insert, select, update
@@ -30,7 +34,7 @@ from sqlalchemy.exc import IntegrityError
 
 from gridcore.engine import capacity
 from gridcore.engine.phases import ComponentState, PilotState
-from gridcore.errors import RequestError
+from gridcore.errors import GridError, RequestError
 from gridcore.model import (
     HolderKind,
     JobResources,
@@ -47,6 +51,14 @@ from gridcore.state.schema import coalloc_components, meta, pilots, selections, 
 log = logging.getLogger(__name__)
 
 INSTALL_ID = "install_id"
+
+
+class Lookup(enum.Enum):
+    """What :func:`adopt_stale` found."""
+
+    ADOPTED = "adopted"  # the site has the key's job: the holder recorded it
+    NOT_FOUND = "not found"  # the site has no job with the key
+    UNKNOWN = "unknown"  # the site could not be asked: the holder decides later
 
 
 class Verdict(enum.Enum):
@@ -109,6 +121,29 @@ def submit_once(
     if sent != job.resources:
         job = replace(job, resources=sent)
     return adapter.submit(job), False
+
+
+def adopt_stale(
+    adapter: Callable[[str], SiteAdapter],
+    site: str,
+    key: str,
+    record: Callable[[str], object],
+    since: float | None = None,
+) -> Lookup:
+    """A holder left without its site job by a submitter that died: ask ``site`` (its
+    adapter from ``adapter``) for the job with ``key`` and, if it has one, ``record``
+    its id (in the holder's own transaction). A site that cannot be asked now is logged
+    and left to the holder."""
+    try:
+        found = adapter(site).find(key, since)
+    except GridError as exc:
+        log.warning("site %s: looking up key %s failed: %s", site, key, exc)
+        return Lookup.UNKNOWN
+    if found is None:
+        return Lookup.NOT_FOUND
+    record(found)
+    log.info("site %s: key %s is job %s: adopted by its holder", site, key, found)
+    return Lookup.ADOPTED
 
 
 def judge_keyed_jobs(

@@ -183,7 +183,7 @@ coalloc_jobs = Table(
     Column("message", Text, nullable=True),
     Column("retries", Integer, nullable=False, default=0),
     # unexpected errors while handling the job (any epoch); it fails at a bound
-    # (gridcore.engine.coallocation.MAX_HANDLING_ERRORS) instead of stopping every scan
+    # (gridcore.engine.scan.MAX_HANDLING_ERRORS) instead of stopping every scan
     Column("handling_errors", Integer, nullable=False, default=0, server_default="0"),
     Index("ix_gc_coalloc_jobs_state", "state"),
 )

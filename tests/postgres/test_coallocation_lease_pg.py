@@ -105,19 +105,23 @@ JOBS = [
 ]
 
 
-class LoggingEngine(CoAllocationEngine):
-    """Logs each transition it commits under its lease, in the same transaction."""
+def _log_commits(engine: CoAllocationEngine) -> None:
+    """Log each transition the engine commits under its lease, in the same transaction."""
+    scanner = engine.scanner
+    tx = scanner.tx
 
     @contextmanager
-    def _tx(self) -> Iterator[Connection]:
-        grant = self._grant
-        with super()._tx() as conn:
+    def logging_tx() -> Iterator[Connection]:
+        grant = scanner.grant
+        with tx() as conn:
             yield conn
             if grant is not None:
                 conn.execute(
                     text("INSERT INTO lease_log (kind, holder, token) VALUES ('commit', :h, :t)"),
                     {"h": grant.holder, "t": grant.token},
                 )
+
+    scanner.tx = logging_tx  # type: ignore[method-assign]
 
 
 def _scan_slowly(
@@ -135,7 +139,7 @@ def _scan_slowly(
     grid = default_grid(Path(home))
     base = GridRuntime(grid, store)
     slow = {s: FaultySite(base.adapter(s), delay_s=delay_s) for s in grid.site_names}
-    engine = LoggingEngine(
+    engine = CoAllocationEngine(
         GridRuntime(grid, store, adapters=slow),
         params=CoAllocationParams(scan_interval_s=1.0),
         holder=holder,
@@ -143,6 +147,7 @@ def _scan_slowly(
         lease_s=lease_s,
         renew_lease=renew,
     )
+    _log_commits(engine)
     lost = scans = 0
     end = time.time() + seconds
     while time.time() < end:

@@ -127,7 +127,7 @@ def _aim_kills(engine: CoReservationEngine, worker: int, ctl: Path) -> None:
     the worker then). If ``ctl/kill-in-tx`` is armed, the first worker to reach a fenced
     transaction of a scan takes it and dies before that transaction commits."""
     steps = engine._steps
-    tx = engine._tx
+    tx = engine.scanner.tx
     marker = ctl / f"scanning-{worker}"
 
     def marked_steps(now: float, report: Any) -> None:
@@ -141,11 +141,11 @@ def _aim_kills(engine: CoReservationEngine, worker: int, ctl: Path) -> None:
     def dying_tx() -> Iterator[Connection]:
         with tx() as conn:
             yield conn
-            if engine._grant is not None and _take(ctl / "kill-in-tx"):
+            if engine.scanner.grant is not None and _take(ctl / "kill-in-tx"):
                 os.kill(os.getpid(), signal.SIGKILL)
 
     engine._steps = marked_steps  # type: ignore[method-assign]
-    engine._tx = dying_tx  # type: ignore[method-assign]
+    engine.scanner.tx = dying_tx  # type: ignore[method-assign]
 
 
 def _take(armed: Path) -> bool:

@@ -112,7 +112,7 @@ def test_a_placement_whose_processors_were_taken_meanwhile_is_not_committed(
     report = koala.scan()
     del koala._clusters
     record = koala.status(job)
-    assert intruded and report.placed == ()
+    assert intruded and report["placed"] == ()
     assert (record.state, record.epoch, record.components) == ("queued", 0, ())
     assert component_holds(koala) == {}
     assert_sound(koala)

@@ -322,7 +322,7 @@ def test_icp_aborts_at_the_jst_lowers_l_and_replaces_the_job(tmp_path: Path, cen
         while time.time() < due:
             time.sleep(0.05)
         report = koala.scan()
-    assert job_id in report.requeued
+    assert job_id in report["requeued"]
     aborted = koala.status(job_id)
     assert aborted.state == "queued" and aborted.L == 0.625 and aborted.epoch == 1
     assert aborted.components == ()
@@ -389,7 +389,7 @@ def test_a_new_engine_resumes_a_job_from_the_rows(tmp_path: Path, center: str) -
     first = engine(tmp_path, center, holder="dead", lease_s=0.5)
     job_id = first.submit(SPREAD, PlacementPolicy.CM, "sleep 0.3")
     report = first.scan()
-    assert report.placed == (job_id,) and report.claimed == (job_id,)
+    assert report["placed"] == (job_id,) and report["claimed"] == (job_id,)
     del first  # killed: its lease runs out, its rows stay
     second = engine(tmp_path, center, holder="new", lease_s=0.5)
     done = scan_until(second, job_id, "completed")

@@ -13,8 +13,9 @@ from typing import Any
 from sqlalchemy import select
 
 from gridcore.config import default_grid
-from gridcore.engine.coallocation import MAX_HANDLING_ERRORS, CoAllocationEngine, CoAllocationRecord
+from gridcore.engine.coallocation import CoAllocationEngine, CoAllocationRecord
 from gridcore.engine.runtime import GridRuntime
+from gridcore.engine.scan import MAX_HANDLING_ERRORS
 from gridcore.model import CoAllocationRequest, Component, RequestKind
 from gridcore.policies.claiming import CoAllocationParams
 from gridcore.policies.placement import PlacementPolicy

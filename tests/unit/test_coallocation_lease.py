@@ -14,9 +14,10 @@ import pytest
 from sqlalchemy import insert, select
 
 from gridcore.config import default_grid
-from gridcore.engine.coallocation import CoAllocationEngine, ScanReport
+from gridcore.engine.coallocation import CoAllocationEngine
 from gridcore.engine.lease import Lease, LeaseLost
 from gridcore.engine.runtime import GridRuntime
+from gridcore.engine.scan import ScanReport
 from gridcore.model import CoAllocationRequest, Component, RequestKind
 from gridcore.policies.claiming import CoAllocationParams
 from gridcore.policies.placement import PlacementPolicy
@@ -221,7 +222,7 @@ def test_renewal_keeps_the_lease_of_a_slow_scan_that_is_alive(tmp_path: Path, ce
         thread.join(60)
     try:
         (report,) = reports
-        assert not report.lease_lost and report.claimed == (job_id,)
+        assert not report.lease_lost and report["claimed"] == (job_id,)
         components = slow.status(job_id).components
         assert [c.state for c in components] == ["submitted", "submitted"]
         assert all(c.site_job_id for c in components)

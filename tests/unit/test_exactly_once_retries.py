@@ -23,6 +23,7 @@ from gridcore.engine import coreservation
 from gridcore.engine.coallocation import CoAllocationEngine, ComponentState, JobPhase
 from gridcore.engine.coreservation import CoReservationEngine, CoReservationParams
 from gridcore.engine.phases import PilotState
+from gridcore.engine.pilot_pool import token_hash
 from gridcore.engine.runtime import SUBMIT_DEADLINE_S, GridRuntime
 from gridcore.model import (
     CoAllocationRequest,
@@ -197,3 +198,6 @@ def test_a_vjm_scan_adopts_the_pilot_a_dead_submitter_sent(
     with engine.store.begin() as conn:
         row = conn.execute(select(pilots).where(pilots.c.id == pilot_id)).mappings().one()
     assert row["site_job_id"] == accepted.job_id
+    # adopted as it was sent: its job's token still opens the pilot's row (a resubmission
+    # would have given the row a fresh token that job does not hold)
+    assert row["token_hash"] == token_hash(accepted.submission.env[coreservation.TOKEN_ENV])
