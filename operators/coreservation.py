@@ -17,7 +17,8 @@ from typing import Any
 
 from airflow.sdk import Context
 
-from gridcore.engine.coreservation import CoReservationEngine, ReservationRecord
+from gridcore.engine.coreservation import CoReservationEngine
+from gridcore.engine.coreservation_records import ReservationRecord
 from gridcore.engine.phases import ReservationPhase
 from gridcore.model import CoReservationRequest
 from gridcore.validation import check_coreservation_request

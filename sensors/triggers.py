@@ -25,7 +25,7 @@ from typing import Any, TypedDict
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
 from gridcore.engine.coallocation import CoAllocationRecord
-from gridcore.engine.coreservation import ReservationRecord
+from gridcore.engine.coreservation_records import ReservationRecord
 from gridcore.engine.phases import ComponentState, JobPhase, PilotState, ReservationPhase
 from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.model import JobState

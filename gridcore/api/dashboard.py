@@ -19,7 +19,7 @@ from sqlalchemy import Connection, RowMapping, and_, desc, func, or_, select
 from gridcore.engine import capacity, health
 from gridcore.engine.capacity import Hold, Ledger, Usage
 from gridcore.engine.coallocation_records import job_record, request_from_json
-from gridcore.engine.coreservation import reservation_record
+from gridcore.engine.coreservation_records import reservation_record
 from gridcore.engine.dataplan import STREAM_PREFIX, run_id_from
 from gridcore.engine.phases import (
     FINISHED_RESERVATION,

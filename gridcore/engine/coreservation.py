@@ -41,7 +41,13 @@ pilot was sent is kept beside it (``selection.pilots``) for a resubmission and t
 Exactly once: a pilot's site job carries ``gc-<install>-v<pilot>``; a submitter that
 died before recording the site's job id is adopted by the next refresh (orphan judging in
 :mod:`gridcore.engine.submission`), and a pilot still ``submitting`` after
-:data:`SUBMIT_DEADLINE_S` is looked up by key, then resubmitted with a fresh token.
+:data:`SUBMIT_DEADLINE_S` is looked up by key
+(:func:`gridcore.engine.submission.adopt_stale`), then resubmitted with a fresh token.
+
+This module holds the scan steps alone; beside it: the scan mechanism (lease, report,
+handling-error guard: :mod:`gridcore.engine.scan`), the row <-> record codecs
+(:mod:`gridcore.engine.coreservation_records`) and the reorganization applied to the
+pilot rows (:mod:`gridcore.engine.coreservation_reorganization`).
 """
 
 from __future__ import annotations
@@ -54,13 +60,24 @@ import uuid
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from sqlalchemy import Connection, RowMapping, and_, func, insert, select, update
+from sqlalchemy import Connection, RowMapping, and_, insert, select, update
 from sqlalchemy.exc import OperationalError
 
 from gridcore.engine import capacity, health, pilot_pool, queue_stats, submission
+from gridcore.engine.coreservation_records import (
+    ReservationRecord,
+    request_from_row,
+    reservation_record,
+    sent_to_pilot,
+)
+from gridcore.engine.coreservation_reorganization import (
+    apply_reorganization,
+    pending_jobs,
+    release_pilot,
+)
 from gridcore.engine.phases import (
     FINISHED_RESERVATION,
     LIVE_PILOT,
@@ -86,12 +103,9 @@ from gridcore.model import (
 from gridcore.policies.coreservation import (
     DEFAULT_RULE,
     LIFETIME_CEILING_S,
-    ClusterReservation,
     ClusterSelection,
     ClusterView,
-    PendingJob,
     QueueStats,
-    Reorganization,
     ReorganizeRule,
     pilot_time_limit,
     reorganize,
@@ -101,7 +115,7 @@ from gridcore.policies.coreservation import (
     static_selection,
 )
 from gridcore.sites.keys import pilot_key
-from gridcore.state.schema import pilots, reservation_shifts, reservations
+from gridcore.state.schema import pilots, reservations
 from gridcore.state.store import DEADLOCK_DETECTED
 from gridcore.validation import check_coreservation_request
 
@@ -140,114 +154,6 @@ class CoReservationParams:
         for name in ("heartbeat_timeout_s", "lease_s", "lifetime_ceiling_s"):
             if not getattr(self, name) > 0:
                 raise RequestError(f"CoReservationParams.{name} must be > 0")
-
-
-@dataclass(frozen=True)
-class PilotRecord:
-    id: int
-    job_id: int
-    first_job_id: int
-    site: str
-    state: PilotState
-    site_job_id: str | None
-    t_avail: float | None
-    submitted_at: float
-    registered_at: float | None
-    component: int | None
-    dispatched_at: float | None
-    started_at: float | None
-    finished_at: float | None
-    exit_code: int | None
-    message: str | None
-    # what its site job was sent (JobResources.as_json), its time limit included
-    resources: Mapping[str, Any] = field(default_factory=dict)
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "job_id": self.job_id,
-            "first_job_id": self.first_job_id,
-            "site": self.site,
-            "state": self.state.value,
-            "site_job_id": self.site_job_id,
-            "t_avail_s": self.t_avail,
-            "submitted_at": self.submitted_at,
-            "registered_at": self.registered_at,
-            "component": self.component,
-            "started_at": self.started_at,
-            "exit_code": self.exit_code,
-            "message": self.message,
-            "resources": dict(self.resources),
-        }
-
-
-@dataclass(frozen=True)
-class ReservationRecord:
-    """A co-reserved job as stored, with the pilots it owns now."""
-
-    job_id: int
-    name: str
-    state: ReservationPhase
-    processors: int
-    vj_size: int
-    max_clusters: int
-    submitted_at: float
-    lifetime_s: float | None
-    held_at: float | None
-    dispatched_at: float | None
-    finished_at: float | None
-    message: str | None
-    reorganizations: int
-    substitutes: int
-    shifts_received: int
-    shifts_given: int
-    selection: Mapping[str, Any]
-    pilots: tuple[PilotRecord, ...] = ()
-
-    @property
-    def finished(self) -> bool:
-        return self.state.finished
-
-    @property
-    def clusters(self) -> dict[str, int]:
-        """Pilots per cluster among the ones doing (or that did) its work."""
-        counts: dict[str, int] = {}
-        for p in self.pilots:
-            if p.state not in (PilotState.LOST, PilotState.RELEASED):
-                counts[p.site] = counts.get(p.site, 0) + 1
-        return counts
-
-    @property
-    def coallocation_s(self) -> float | None:
-        """Submission to every pilot holding (the paper's co-allocation time)."""
-        return None if self.held_at is None else self.held_at - self.submitted_at
-
-    @property
-    def dispatch_skew_s(self) -> float | None:
-        """Between the first and the last start of the real command in its pilots."""
-        starts = [p.started_at for p in self.pilots if p.started_at is not None]
-        return max(starts) - min(starts) if len(starts) >= 2 else None
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "job_id": self.job_id,
-            "name": self.name,
-            "state": self.state.value,
-            "message": self.message,
-            "processors": self.processors,
-            "vj_size": self.vj_size,
-            "max_clusters": self.max_clusters,
-            "clusters": self.clusters,
-            "t_avail_s": [c["t_avail_s"] for c in self.selection.get("choices", [])],
-            "lifetime_s": self.lifetime_s,
-            "coallocation_s": self.coallocation_s,
-            "dispatch_skew_s": self.dispatch_skew_s,
-            "shifts_received": self.shifts_received,
-            "shifts_given": self.shifts_given,
-            "substitutes": self.substitutes,
-            "reorganizations": self.reorganizations,
-            "pilots": [p.as_json() for p in self.pilots],
-        }
 
 
 @dataclass(frozen=True)
@@ -561,7 +467,7 @@ class CoReservationEngine:
                     token,
                     row["name"],
                     row["workdir"],
-                    _sent_to_pilot(row["selection"], row["id"]),
+                    sent_to_pilot(row["selection"], row["id"]),
                 )
             )
 
@@ -657,13 +563,13 @@ class CoReservationEngine:
             _lock_reservations(conn, _job_ids_in(conn, ReservationPhase.RESERVING))
             for site in sorted(self.grid.site_names):
                 self.store.lock_site(conn, site)
-            pending = _pending_jobs(conn, now)
+            pending = pending_jobs(conn, now)
             mine = next((p for p in pending if p.job_id == job_id), None)
             if mine is None:
                 return
             others = [p for p in pending if p.job_id != job_id]
             decision = reorganize(mine, others, self.params.rule)
-            cancels = _apply_reorganization(conn, decision, now)
+            cancels = apply_reorganization(conn, decision, now)
             for shift in decision.shifts:
                 pilot_pool.dispatch_if_ready(conn, shift.to_job, now)
         report.add("reorganized", job_id)
@@ -690,7 +596,7 @@ class CoReservationEngine:
         )
         if row["state"] != ReservationPhase.RESERVING.value:
             return []
-        request = _request_of(row)
+        request = request_from_row(row)
         live = (
             conn.execute(
                 select(pilots.c.site).where(
@@ -736,7 +642,7 @@ class CoReservationEngine:
         for pilot_id, job_id, site, site_job_id in rows:
             with self.scanner.tx() as conn:
                 _lock_reservations(conn, [job_id])
-                _release_pilot(conn, pilot_id, "its job ended", now)
+                release_pilot(conn, pilot_id, "its job ended", now)
             if site_job_id is not None:
                 self._cancel_site_job(site, site_job_id, "its job ended")
             report.add("finished", pilot_id)
@@ -779,7 +685,7 @@ class CoReservationEngine:
                 .order_by(pilots.c.site, pilots.c.id)
             ).all()
             for pilot_id, _site, _job in rows:
-                _release_pilot(conn, pilot_id, "its job was cancelled", now)
+                release_pilot(conn, pilot_id, "its job was cancelled", now)
         for _pilot, site, site_job_id in rows:
             self._cancel_site_job(site, site_job_id, "job cancelled")
         return self.status(job_id)
@@ -836,24 +742,6 @@ def _insert_reservation(conn: Connection, request: CoReservationRequest, now: fl
     return int(key[0])
 
 
-def _request_of(row: RowMapping) -> CoReservationRequest:
-    stored = json.loads(row["selection"] or "{}")
-    sites = stored.get("sites")
-    pinned = stored.get("machine_file")
-    return CoReservationRequest(
-        row["name"],
-        row["command"],
-        row["processors"],
-        row["vj_size"],
-        row["max_clusters"],
-        row["lifetime_floor_s"],
-        row["workdir"],
-        tuple(sites) if sites else None,
-        None if pinned is None else tuple((str(s), int(n)) for s, n in pinned),
-        JobResources.from_json(stored.get("resources")),
-    )
-
-
 def _pilot_resources(
     request: CoReservationRequest, lifetime_s: float, site: SiteSpec
 ) -> JobResources:
@@ -868,12 +756,6 @@ def _pilot_resources(
     if asked.time_limit_s is None:
         return asked
     return replace(asked, time_limit_s=pilot_time_limit(lifetime_s, asked.time_limit_s))
-
-
-def _sent_to_pilot(selection: str | None, pilot_id: int) -> JobResources:
-    """The resources pilot ``pilot_id`` was first sent with (``selection.pilots``)."""
-    sent = json.loads(selection or "{}").get("pilots", {})
-    return JobResources.from_json(sent.get(str(pilot_id)))
 
 
 def _set_selection(
@@ -975,16 +857,6 @@ def _lose(conn: Connection, pilot_id: int, message: str, now: float) -> bool:
     return done.rowcount == 1
 
 
-def _release_pilot(conn: Connection, pilot_id: int, message: str, now: float) -> bool:
-    done = conn.execute(
-        update(pilots)
-        .where(and_(pilots.c.id == pilot_id, pilots.c.state.in_((*WAITING_PILOT, *LIVE_PILOT))))
-        .values(state=PilotState.RELEASED.value, message=message, finished_at=now)
-    )
-    capacity.release(conn, HolderKind.PILOT, str(pilot_id), now)
-    return done.rowcount == 1
-
-
 def _fail_dispatched(conn: Connection, pilot_id: int, message: str, now: float) -> None:
     """A dispatched pilot died: the program lost a rank, so its job fails."""
     row = conn.execute(
@@ -1036,251 +908,3 @@ def _job_ids(store: Any, phase: ReservationPhase) -> list[int]:
                 .order_by(reservations.c.submitted_at, reservations.c.id)
             ).scalars()
         )
-
-
-def _pending_jobs(conn: Connection, now: float) -> list[PendingJob]:
-    """Every pending (reserving) job as Definitions 1-2 see it: per cluster, its live
-    pilots (required), the held ones, and how long the others have waited."""
-    rows = conn.execute(
-        select(
-            reservations.c.id,
-            reservations.c.submitted_at,
-            pilots.c.site,
-            pilots.c.state,
-            pilots.c.submitted_at.label("pilot_submitted"),
-        )
-        .join(pilots, pilots.c.job_id == reservations.c.id)
-        .where(
-            and_(
-                reservations.c.state == ReservationPhase.RESERVING.value,
-                pilots.c.state.in_((*WAITING_PILOT, PilotState.HELD.value)),
-            )
-        )
-    ).all()
-    submitted: dict[int, float] = {}
-    per: dict[int, dict[str, list[float | None]]] = defaultdict(lambda: defaultdict(list))
-    for job_id, job_submitted, site, state, pilot_submitted in rows:
-        submitted[job_id] = job_submitted
-        per[job_id][site].append(None if state == PilotState.HELD.value else now - pilot_submitted)
-    return [
-        PendingJob(
-            job_id,
-            submitted[job_id],
-            {
-                site: ClusterReservation(
-                    len(waits),
-                    sum(w is None for w in waits),
-                    tuple(w for w in waits if w is not None),
-                )
-                for site, waits in clusters.items()
-            },
-        )
-        for job_id, clusters in per.items()
-    ]
-
-
-def _apply_reorganization(
-    conn: Connection, decision: Reorganization, now: float
-) -> list[tuple[str, str]]:
-    """Shift, then release, in the caller's (fenced) transaction; each moved or released
-    pilot is a ``gc_reservation_shifts`` row. Returns the site jobs to cancel."""
-    cancels: list[tuple[str, str]] = []
-    a = decision.job_id
-    for shift in decision.shifts:
-        moved = (
-            conn.execute(
-                select(pilots.c.id)
-                .where(
-                    and_(
-                        pilots.c.job_id == a,
-                        pilots.c.site == shift.cluster,
-                        pilots.c.state == PilotState.HELD.value,
-                    )
-                )
-                .order_by(pilots.c.id)
-                .limit(shift.pilots)
-            )
-            .scalars()
-            .all()
-        )
-        for pilot_id in moved:
-            conn.execute(update(pilots).where(pilots.c.id == pilot_id).values(job_id=shift.to_job))
-            _shift_row(
-                conn, now, decision.step, a, shift.to_job, shift.cluster, pilot_id, shift.reason
-            )
-        # The beneficiary now holds what it waited for there: its surplus waiting pilots
-        # on that cluster (the newest first) go.
-        surplus = conn.execute(
-            select(pilots.c.id, pilots.c.site_job_id)
-            .where(
-                and_(
-                    pilots.c.job_id == shift.to_job,
-                    pilots.c.site == shift.cluster,
-                    pilots.c.state.in_(WAITING_PILOT),
-                )
-            )
-            .order_by(pilots.c.submitted_at.desc(), pilots.c.id.desc())
-            .limit(len(moved))
-        ).all()
-        for pilot_id, site_job_id in surplus:
-            why = f"job {shift.to_job} received {len(moved)} held pilots on {shift.cluster}"
-            _release_pilot(conn, pilot_id, why, now)
-            _shift_row(conn, now, "surplus", shift.to_job, None, shift.cluster, pilot_id, why)
-            if site_job_id is not None:
-                cancels.append((shift.cluster, site_job_id))
-    for cluster in decision.release:
-        rows = conn.execute(
-            select(pilots.c.id, pilots.c.site_job_id).where(
-                and_(
-                    pilots.c.job_id == a,
-                    pilots.c.site == cluster,
-                    pilots.c.state.in_((*WAITING_PILOT, PilotState.HELD.value)),
-                )
-            )
-        ).all()
-        why = "; ".join(decision.reasons)
-        for pilot_id, site_job_id in rows:
-            _release_pilot(conn, pilot_id, f"{decision.step}: released {cluster}", now)
-            _shift_row(conn, now, decision.step, a, None, cluster, pilot_id, why)
-            if site_job_id is not None:
-                cancels.append((cluster, site_job_id))
-    selection = json.loads(
-        conn.execute(select(reservations.c.selection).where(reservations.c.id == a)).scalar_one()
-        or "{}"
-    )
-    selection["avoid"] = list(decision.release)
-    # With substitutes to find, the new lifetime starts with their selection (Sec. 3.3);
-    # a job that kept everything ("wait", "none") is checked again after the floor.
-    floor = reservations.c.lifetime_floor_s
-    conn.execute(
-        update(reservations)
-        .where(reservations.c.id == a)
-        .values(
-            reorganizations=reservations.c.reorganizations + 1,
-            deadline_at=None if decision.substitutes else now + floor,
-            selection=json.dumps(selection),
-        )
-    )
-    # A job that received held pilots starts its lifetime afresh (the paper is silent;
-    # read literally, its old timer can expire first and shift them straight back:
-    # gridcore.sim.vjm, "A receiver's lifetime").
-    receivers = sorted({shift.to_job for shift in decision.shifts})
-    if receivers:
-        conn.execute(
-            update(reservations)
-            .where(
-                and_(
-                    reservations.c.id.in_(receivers),
-                    reservations.c.state == ReservationPhase.RESERVING.value,
-                )
-            )
-            .values(deadline_at=now + func.coalesce(reservations.c.lifetime_s, floor))
-        )
-    return cancels
-
-
-def _shift_row(
-    conn: Connection,
-    now: float,
-    step: str,
-    from_job: int,
-    to_job: int | None,
-    site: str,
-    pilot_id: int,
-    reason: str,
-) -> None:
-    conn.execute(
-        insert(reservation_shifts).values(
-            at=now,
-            step=step,
-            from_job=from_job,
-            to_job=to_job,
-            site=site,
-            pilot_id=pilot_id,
-            reason=reason,
-        )
-    )
-
-
-def reservation_record(conn: Connection, job_id: int) -> ReservationRecord:
-    row = (
-        conn.execute(select(reservations).where(reservations.c.id == job_id))
-        .mappings()
-        .one_or_none()
-    )
-    if row is None:
-        raise StateError(f"no co-reserved job {job_id} in the state database")
-    owned = (
-        conn.execute(select(pilots).where(pilots.c.job_id == job_id).order_by(pilots.c.id))
-        .mappings()
-        .all()
-    )
-    shifts = conn.execute(
-        select(reservation_shifts.c.from_job, reservation_shifts.c.to_job).where(
-            and_(
-                reservation_shifts.c.to_job.is_not(None),
-                (reservation_shifts.c.from_job == job_id) | (reservation_shifts.c.to_job == job_id),
-            )
-        )
-    ).all()
-    sent = _sent_to_pilots(conn, row, owned)
-    return ReservationRecord(
-        job_id=row["id"],
-        name=row["name"],
-        state=ReservationPhase(row["state"]),
-        processors=row["processors"],
-        vj_size=row["vj_size"],
-        max_clusters=row["max_clusters"],
-        submitted_at=row["submitted_at"],
-        lifetime_s=row["lifetime_s"],
-        held_at=row["held_at"],
-        dispatched_at=row["dispatched_at"],
-        finished_at=row["finished_at"],
-        message=row["message"],
-        reorganizations=row["reorganizations"],
-        substitutes=row["substitutes"],
-        shifts_received=sum(1 for _f, t in shifts if t == job_id),
-        shifts_given=sum(1 for f, _t in shifts if f == job_id),
-        selection=json.loads(row["selection"] or "{}"),
-        pilots=tuple(_pilot_record(p, sent.get(str(p["id"]), {})) for p in owned),
-    )
-
-
-def _sent_to_pilots(
-    conn: Connection, row: RowMapping, owned: Sequence[RowMapping]
-) -> dict[str, Any]:
-    """Pilot id -> what it was sent, kept by the job each pilot was first sent for."""
-    selections = {row["id"]: row["selection"]}
-    others = {p["first_job_id"] for p in owned} - set(selections)
-    if others:
-        found = conn.execute(
-            select(reservations.c.id, reservations.c.selection).where(
-                reservations.c.id.in_(sorted(others))
-            )
-        ).all()
-        selections |= {job_id: text for job_id, text in found}
-    sent: dict[str, Any] = {}
-    for text in selections.values():
-        sent |= json.loads(text or "{}").get("pilots", {})
-    return sent
-
-
-def _pilot_record(row: RowMapping, resources: Mapping[str, Any]) -> PilotRecord:
-    return PilotRecord(
-        id=row["id"],
-        job_id=row["job_id"],
-        first_job_id=row["first_job_id"],
-        site=row["site"],
-        state=PilotState(row["state"]),
-        site_job_id=row["site_job_id"],
-        t_avail=row["t_avail"],
-        submitted_at=row["submitted_at"],
-        registered_at=row["registered_at"],
-        component=row["component"],
-        dispatched_at=row["dispatched_at"],
-        started_at=row["started_at"],
-        finished_at=row["finished_at"],
-        exit_code=row["exit_code"],
-        message=row["message"],
-        resources=resources,
-    )

@@ -19,11 +19,8 @@ import pytest
 from gridcore.api.server import RunningCenter, start_in_thread
 from gridcore.apps.launch import component_command, strips_difference
 from gridcore.config import load_grid
-from gridcore.engine.coreservation import (
-    CoReservationEngine,
-    CoReservationParams,
-    ReservationRecord,
-)
+from gridcore.engine.coreservation import CoReservationEngine, CoReservationParams
+from gridcore.engine.coreservation_records import ReservationRecord
 from gridcore.engine.phases import PilotState, ReservationPhase
 from gridcore.engine.runtime import GridRuntime
 from gridcore.model import CoReservationRequest

@@ -18,11 +18,8 @@ from sqlalchemy import select, update
 from gridcore.api.server import RunningCenter, start_in_thread
 from gridcore.config import default_grid
 from gridcore.engine import coreservation
-from gridcore.engine.coreservation import (
-    CoReservationEngine,
-    CoReservationParams,
-    ReservationRecord,
-)
+from gridcore.engine.coreservation import CoReservationEngine, CoReservationParams
+from gridcore.engine.coreservation_records import ReservationRecord
 from gridcore.engine.phases import PilotState, ReservationPhase
 from gridcore.engine.runtime import GridRuntime
 from gridcore.errors import RequestError

@@ -22,7 +22,8 @@ from sqlalchemy import func, inspect, select
 
 from gridcore.api.server import RunningCenter, start_in_thread
 from gridcore.engine import capacity
-from gridcore.engine.coreservation import CoReservationEngine, ReservationRecord
+from gridcore.engine.coreservation import CoReservationEngine
+from gridcore.engine.coreservation_records import ReservationRecord
 from gridcore.engine.phases import PilotState, ReservationPhase
 from gridcore.engine.runtime import GridRuntime
 from gridcore.model import HolderKind
