@@ -69,7 +69,8 @@ class JobResources:
         """These resources with every unset field taken from ``defaults``."""
         memory_set = self.memory_mib is not None
         return JobResources(
-            time_limit_s=self.time_limit_s if self.time_limit_s is not None
+            time_limit_s=self.time_limit_s
+            if self.time_limit_s is not None
             else defaults.time_limit_s,
             account=self.account if self.account is not None else defaults.account,
             qos=self.qos if self.qos is not None else defaults.qos,
@@ -550,6 +551,17 @@ class Placement:
     def file_transfer_s(self) -> float:
         """FTT (seed 000 Sec. 3.2): the longest of the components' transfer times."""
         return max((c.transfer_s for c in self.components), default=0.0)
+
+
+@dataclass(frozen=True)
+class SiteHealth:
+    """A site's consecutive errors, and whether KOALA still places jobs there (seed 000
+    Sec. 3.4). The live engine stores it (``gridcore.engine.health``), the simulator
+    keeps it in memory, and the claiming policy takes it as input."""
+
+    site: str
+    consecutive_errors: int = 0
+    usable: bool = True
 
 
 class HolderKind(enum.StrEnum):

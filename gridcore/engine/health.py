@@ -12,46 +12,34 @@
   live KOALA engine uses this constant too (``CoAllocationParams.unusable_after_errors`` is the
   simulator's); a reset of the counter does not make an unusable site usable again
   (Sec. 5.1: the cluster "was removed for selection").
-* The way back: an unusable site is probed with a tiny real job (one processor,
-  :data:`PROBE_COMMAND`), at most one at a time and at most every ``retry_after_s``
-  (:data:`PROBE_RETRY_S` by default); a completed probe restores it, a failed or lost
-  one leaves it unusable until the next. Probing runs in every
-  :meth:`gridcore.engine.runtime.GridRuntime.refresh`, so it happens for ensemble-only
-  users and inside every KOALA scan alike. A probe is a holder of the capacity ledger
-  (kind ``probe``, one processor) from its submission until the site reports it or it
-  ends. An operator can also restore a site: ``gridcore sites --restore NAME``.
+* The way back: an unusable site is probed with a tiny real job (one processor), at
+  most one at a time and at most every so often; a completed probe restores it, a failed
+  or lost one leaves it unusable until the next. The probing itself (site I/O) is the
+  runtime's (:meth:`gridcore.engine.runtime.GridRuntime.probe_unusable_sites`, run in
+  every refresh, so for ensemble-only users and inside every scan alike); this module
+  only records what it did (:func:`start_probe`, :func:`probe_submitted`,
+  :func:`probe_not_submitted`, :func:`probe_ended`). A probe is a holder of the capacity
+  ledger (kind ``probe``, one processor) from its submission until the site reports it
+  or it ends. An operator can also restore a site: ``gridcore sites --restore NAME``.
 """
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import Connection, and_, case, select, update
 
 from gridcore.engine import capacity
 from gridcore.engine.capacity import HolderKind
-from gridcore.engine.submission import submit_once
-from gridcore.errors import GridError
-from gridcore.model import JobResources, JobState, JobSubmission
-from gridcore.policies.claiming import CoAllocationParams, SiteHealth
-from gridcore.sites.keys import probe_key
+from gridcore.model import SiteHealth
+from gridcore.policies.claiming import CoAllocationParams
 from gridcore.state.schema import holds, sites
 from gridcore.state.store import Store
 
-if TYPE_CHECKING:
-    from gridcore.engine.runtime import GridRuntime
-
 UNUSABLE_AFTER_ERRORS = 3
 """Consecutive errors (contacts, jobs, components, probes) that make a site unusable."""
-PROBE_COMMAND = "true"
-PROBE_TIME_LIMIT_S = 300
-"""A probe asks for 5 minutes (its site's other defaults, account or QOS, still apply):
-a short job the cluster can backfill, not the site's default limit for real work."""
-PROBE_RETRY_S = 60.0
-"""An unusable site gets a new probe at most this often (after a failed or lost one)."""
 
 
 @dataclass(frozen=True)
@@ -142,86 +130,40 @@ def _restore(conn: Connection, site: str) -> None:
     _release_probe(conn, site)
 
 
-# -- probing --------------------------------------------------------------------------------
+# -- probes (the runtime probes; these record) -------------------------------------------
 
 
-def probe_unusable_sites(
-    runtime: GridRuntime,
-    now: float,
-    retry_after_s: float = PROBE_RETRY_S,
-    command: str = PROBE_COMMAND,
-) -> list[str]:
-    """One probing step for every unusable grid site; returns readable reasons.
-
-    A site without a probe gets one (at most every ``retry_after_s``); a completed probe
-    restores the site; a failed or lost one leaves it unusable until the next probe.
-    """
-    with runtime.store.begin() as conn:
-        unusable = [h for h in read_health(conn).values() if not h.usable]
-    reasons: list[str] = []
-    for health in unusable:
-        if health.site not in runtime.grid.site_names:
-            continue
-        if health.probe_job_id is None:
-            reasons += _start_probe(runtime, health, now, retry_after_s, command)
-        else:
-            reasons += _check_probe(runtime, health)
-    return reasons
+def start_probe(conn: Connection, site: str, holder: str, now: float) -> None:
+    """A probe of ``site`` is about to be submitted as ``holder`` (``<site>:<token>``,
+    the name :mod:`gridcore.engine.submission` judges its job by): one left by a worker
+    that died while submitting it lets go; one processor is claimed if free, else
+    queued behind our other work there (the probe is ours and must not look like
+    someone else's queue, or take a grant)."""
+    _release_probe(conn, site)
+    capacity.claim(conn, HolderKind.PROBE, holder, site, 1, queue_if_full=True, now=now)
+    _set_probe(conn, site, None, now)
 
 
-def _start_probe(
-    runtime: GridRuntime, health: HealthRecord, now: float, retry_after_s: float, command: str
-) -> list[str]:
-    site = health.site
-    last = health.probe_started_at
-    if last is not None and now - last < retry_after_s:
-        return []
-    token = uuid.uuid4().hex[:16]
-    holder = f"{site}:{token}"  # gridcore.engine.submission judges its job by this name
-    with runtime.store.begin() as conn:
-        _release_probe(conn, site)  # one left by a worker that died while submitting it
-        # One processor, claimed if free, else queued behind our other work there: the
-        # probe is ours and must not look like someone else's queue (or take a grant).
-        capacity.claim(conn, HolderKind.PROBE, holder, site, 1, queue_if_full=True, now=now)
-        _set_probe(conn, site, None, now)
-    try:
-        probe = JobSubmission(
-            "gridcore-probe",
-            command,
-            1,
-            key=probe_key(runtime.install_id, site, token),
-            resources=JobResources(time_limit_s=PROBE_TIME_LIMIT_S),
-        )
-        job_id, _ = submit_once(runtime.adapter(site), probe)
-    except GridError as exc:
-        with runtime.store.begin() as conn:
-            capacity.release(conn, HolderKind.PROBE, holder, now)
-            record_failure(conn, site, f"probe could not be submitted: {exc}")
-        return [f"site {site}: probe could not be submitted: {exc}"]
-    with runtime.store.begin() as conn:
-        capacity.set_site_job(conn, HolderKind.PROBE, holder, job_id)
-        _set_probe(conn, site, job_id, now)
-    return [f"site {site}: unusable, probe job {job_id} submitted"]
+def probe_submitted(conn: Connection, site: str, holder: str, job_id: str, now: float) -> None:
+    capacity.set_site_job(conn, HolderKind.PROBE, holder, job_id)
+    _set_probe(conn, site, job_id, now)
 
 
-def _check_probe(runtime: GridRuntime, health: HealthRecord) -> list[str]:
-    site, job_id = health.site, str(health.probe_job_id)
-    try:
-        status = runtime.adapter(site).status(job_id)
-    except GridError as exc:
-        with runtime.store.begin() as conn:
-            _end_probe(conn, site, health.probe_started_at)
-            record_failure(conn, site, f"probe job {job_id} lost: {exc}")
-        return [f"site {site}: probe job {job_id} lost: {exc}"]
-    if not status.state.finished:
-        return []
-    with runtime.store.begin() as conn:
-        if status.state is JobState.COMPLETED:
-            _restore(conn, site)
-            return [f"site {site}: probe job {job_id} completed, usable again"]
-        _end_probe(conn, site, health.probe_started_at)
-        record_failure(conn, site, f"probe job {job_id} {status.state.value}")
-    return [f"site {site}: probe job {job_id} {status.state.value}, still unusable"]
+def probe_not_submitted(conn: Connection, site: str, holder: str, now: float, message: str) -> None:
+    capacity.release(conn, HolderKind.PROBE, holder, now)
+    record_failure(conn, site, message)
+
+
+def probe_ended(
+    conn: Connection, site: str, completed: bool, started: float | None, message: str
+) -> None:
+    """A completed probe restores ``site``; a failed or lost one counts an error and the
+    site waits for the next probe."""
+    if completed:
+        _restore(conn, site)
+        return
+    _end_probe(conn, site, started)
+    record_failure(conn, site, message)
 
 
 def _end_probe(conn: Connection, site: str, started: float | None) -> None:
@@ -248,15 +190,16 @@ def _release_probe(conn: Connection, site: str) -> None:
 
 
 __all__: Sequence[str] = (
-    "PROBE_COMMAND",
-    "PROBE_RETRY_S",
     "UNUSABLE_AFTER_ERRORS",
     "HealthRecord",
     "live_params",
-    "probe_unusable_sites",
+    "probe_ended",
+    "probe_not_submitted",
+    "probe_submitted",
     "read_health",
     "record_failure",
     "record_success",
     "restore_site",
     "site_health",
+    "start_probe",
 )

@@ -19,6 +19,7 @@ import logging
 import os
 import random
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -53,7 +54,7 @@ from gridcore.model import (
 )
 from gridcore.policies.selection import DEFAULT_PROTOCOL, InsufficientMode, SelectionProtocol
 from gridcore.sites.base import SiteAdapter
-from gridcore.sites.keys import selection_key
+from gridcore.sites.keys import probe_key, selection_key
 from gridcore.sites.output import OutputFiles
 from gridcore.state.schema import selections, sites
 from gridcore.state.store import Store, open_store, state_dir
@@ -63,6 +64,13 @@ from gridcore.validation import check_job_request, check_job_submission, check_s
 DEFAULT_MAX_AGE_S = 5.0
 # A selection not submitted within this time lost its worker; its claim is returned.
 SUBMIT_DEADLINE_S = 600.0
+# What a health probe runs (gridcore.engine.health: the way back of an unusable site).
+PROBE_COMMAND = "true"
+PROBE_TIME_LIMIT_S = 300
+"""A probe asks for 5 minutes (its site's other defaults, account or QOS, still apply):
+a short job the cluster can backfill, not the site's default limit for real work."""
+PROBE_RETRY_S = 60.0
+"""An unusable site gets a new probe at most this often (after a failed or lost one)."""
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +164,7 @@ class GridRuntime:
         self._adapters: dict[str, SiteAdapter] = dict(adapters or {})
         # snapshots by database row, reused across this engine's decisions
         self.snapshots = selection_engine.SnapshotReader(grid)
-        self.probe_retry_s = health.PROBE_RETRY_S
+        self.probe_retry_s = PROBE_RETRY_S
         store.check_migrated()
         with store.begin() as conn:
             selection_engine.register_sites(conn, grid)
@@ -210,9 +218,78 @@ class GridRuntime:
             if now - ages.get(spec.name, 0.0) >= max_age_s:
                 results[spec.name] = self._observe(spec.name)
         # Unusable sites come back by a completed probe, for every user of the runtime.
-        for reason in health.probe_unusable_sites(self, now, self.probe_retry_s):
+        for reason in self.probe_unusable_sites(now):
             log.info("%s", reason)
         return results
+
+    def probe_unusable_sites(
+        self, now: float, retry_after_s: float | None = None, command: str = PROBE_COMMAND
+    ) -> list[str]:
+        """One probing step for every unusable grid site; returns readable reasons.
+
+        A site without a probe gets one (at most every ``retry_after_s``, by default
+        ``probe_retry_s``); a completed probe restores the site; a failed or lost one
+        leaves it unusable until the next probe (gridcore.engine.health records it)."""
+        retry_after_s = self.probe_retry_s if retry_after_s is None else retry_after_s
+        with self.store.begin() as conn:
+            unusable = [h for h in health.read_health(conn).values() if not h.usable]
+        reasons: list[str] = []
+        for record in unusable:
+            if record.site not in self.grid.site_names:
+                continue
+            if record.probe_job_id is None:
+                reasons += self._start_probe(record, now, retry_after_s, command)
+            else:
+                reasons += self._check_probe(record)
+        return reasons
+
+    def _start_probe(
+        self, record: health.HealthRecord, now: float, retry_after_s: float, command: str
+    ) -> list[str]:
+        site = record.site
+        last = record.probe_started_at
+        if last is not None and now - last < retry_after_s:
+            return []
+        token = uuid.uuid4().hex[:16]
+        holder = f"{site}:{token}"  # gridcore.engine.submission judges its job by this name
+        with self.store.begin() as conn:
+            health.start_probe(conn, site, holder, now)
+        try:
+            probe = JobSubmission(
+                "gridcore-probe",
+                command,
+                1,
+                key=probe_key(self.install_id, site, token),
+                resources=JobResources(time_limit_s=PROBE_TIME_LIMIT_S),
+            )
+            job_id, _ = submission.submit_once(self.adapter(site), probe)
+        except GridError as exc:
+            why = f"probe could not be submitted: {exc}"
+            with self.store.begin() as conn:
+                health.probe_not_submitted(conn, site, holder, now, why)
+            return [f"site {site}: {why}"]
+        with self.store.begin() as conn:
+            health.probe_submitted(conn, site, holder, job_id, now)
+        return [f"site {site}: unusable, probe job {job_id} submitted"]
+
+    def _check_probe(self, record: health.HealthRecord) -> list[str]:
+        site, job_id = record.site, str(record.probe_job_id)
+        try:
+            status = self.adapter(site).status(job_id)
+        except GridError as exc:
+            why = f"probe job {job_id} lost: {exc}"
+            with self.store.begin() as conn:
+                health.probe_ended(conn, site, False, record.probe_started_at, why)
+            return [f"site {site}: {why}"]
+        if not status.state.finished:
+            return []
+        completed = status.state is JobState.COMPLETED
+        why = f"probe job {job_id} {status.state.value}"
+        with self.store.begin() as conn:
+            health.probe_ended(conn, site, completed, record.probe_started_at, why)
+        if completed:
+            return [f"site {site}: probe job {job_id} completed, usable again"]
+        return [f"site {site}: {why}, still unusable"]
 
     def _observe(self, site: str) -> str | None:
         try:

@@ -40,6 +40,7 @@ from gridcore.model import (
     Priority,
     Replica,
     RequestKind,
+    SiteHealth,
     SiteSnapshot,
 )
 from gridcore.policies.placement import PlacementPolicy, close_to_files, place
@@ -582,15 +583,6 @@ def _unfinished(work: _Claim, params: CoAllocationParams, fraction: float) -> Cl
 
 
 # -- fault tolerance (Sec. 3.4) -------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SiteHealth:
-    """A site's consecutive errors, and whether KOALA still places jobs there."""
-
-    site: str
-    consecutive_errors: int = 0
-    usable: bool = True
 
 
 def record_site_error(health: SiteHealth, params: CoAllocationParams) -> SiteHealth:

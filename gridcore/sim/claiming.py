@@ -58,6 +58,7 @@ from gridcore.model import (
     Priority,
     Replica,
     RequestKind,
+    SiteHealth,
     SiteSnapshot,
 )
 from gridcore.policies.claiming import (
@@ -68,7 +69,6 @@ from gridcore.policies.claiming import (
     FailureOutcome,
     QueuedJob,
     RunningLowJob,
-    SiteHealth,
     claim_decision,
     first_claim_try,
     on_component_failure,

@@ -22,6 +22,7 @@ from gridcore.model import (
     Priority,
     Replica,
     RequestKind,
+    SiteHealth,
     SiteSnapshot,
 )
 from gridcore.policies.claiming import (
@@ -31,7 +32,6 @@ from gridcore.policies.claiming import (
     FailureOutcome,
     QueuedJob,
     RunningLowJob,
-    SiteHealth,
     claim_decision,
     claim_schedule,
     first_claim_try,

@@ -50,7 +50,7 @@ def probe_until(rt: GridRuntime, site: str, usable: bool, command: str = "true")
     reasons: list[str] = []
     deadline = time.time() + 20
     while time.time() < deadline:
-        reasons += health.probe_unusable_sites(rt, time.time(), retry_after_s=3600, command=command)
+        reasons += rt.probe_unusable_sites(time.time(), retry_after_s=3600, command=command)
         now = state(rt, site)
         if now.usable == usable and now.probe_job_id is None:
             return reasons
@@ -110,7 +110,7 @@ def test_a_completed_probe_restores_the_site_and_its_hold_is_released(tmp_path: 
     rt = runtime(tmp_path)
     set_aside(rt, "local-b")
     assert {r.name: r.usable for r in rt.site_rows()}["local-b"] is False
-    first = health.probe_unusable_sites(rt, time.time(), retry_after_s=3600)
+    first = rt.probe_unusable_sites(time.time(), retry_after_s=3600)
     assert any("probe job" in r and "submitted" in r for r in first)
     with rt.store.begin() as conn:
         probes = capacity.live_holds(conn, HolderKind.PROBE)
@@ -134,7 +134,7 @@ def test_a_failed_probe_keeps_the_site_unusable_and_is_not_repeated_at_once(
     first = probe_until(rt, "local-c", usable=False, command="exit 1")
     assert any("failed, still unusable" in r for r in first)
     # Within retry_after_s no new probe is sent.
-    assert health.probe_unusable_sites(rt, time.time(), retry_after_s=3600) == []
+    assert rt.probe_unusable_sites(time.time(), retry_after_s=3600) == []
     assert state(rt, "local-c").usable is False
     with rt.store.begin() as conn:
         assert capacity.live_holds(conn, HolderKind.PROBE) == []

@@ -299,8 +299,6 @@ def test_a_job_whose_selection_expired_while_it_was_submitted_is_cancelled(
 
 
 def _probe_and_die(home: str) -> None:
-    from gridcore.engine import health
-
     rt = _runtime(Path(home))
     accept = LocalSite.submit
 
@@ -310,7 +308,7 @@ def _probe_and_die(home: str) -> None:
         raise AssertionError("unreachable")
 
     LocalSite.submit = accepted_then_killed  # type: ignore[method-assign]
-    health.probe_unusable_sites(rt, time.time(), retry_after_s=0, command="sleep 30")
+    rt.probe_unusable_sites(time.time(), retry_after_s=0, command="sleep 30")
 
 
 def test_a_probe_whose_worker_died_is_kept_until_a_newer_probe_replaces_it(
@@ -332,7 +330,7 @@ def test_a_probe_whose_worker_died_is_kept_until_a_newer_probe_replaces_it(
         (first,) = conn.execute(select(local_jobs.c.id)).scalars()
     rt.refresh()  # its hold is live: the submission may still be under way
     assert site.status(str(first)).state.value == "running"
-    health.probe_unusable_sites(rt, time.time(), retry_after_s=0, command="sleep 30")
+    rt.probe_unusable_sites(time.time(), retry_after_s=0, command="sleep 30")
     with rt.store.begin() as conn:
         second = health.read_health(conn)["local-b"].probe_job_id
     assert second is not None and second != str(first)
