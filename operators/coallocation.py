@@ -16,7 +16,8 @@ from typing import Any, NamedTuple
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowFailException
 
-from gridcore.engine.coallocation import CoAllocationEngine, CoAllocationRecord
+from gridcore.engine.coallocation import CoAllocationEngine
+from gridcore.engine.coallocation_records import CoAllocationRecord
 from gridcore.engine.phases import JobPhase
 from gridcore.model import CoAllocationRequest, FileDelivery, Priority, RequestKind
 from gridcore.policies.placement import PlacementPolicy

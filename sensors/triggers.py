@@ -24,7 +24,7 @@ from typing import Any, TypedDict
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
-from gridcore.engine.coallocation import CoAllocationRecord
+from gridcore.engine.coallocation_records import CoAllocationRecord
 from gridcore.engine.coreservation_records import ReservationRecord
 from gridcore.engine.phases import ComponentState, JobPhase, PilotState, ReservationPhase
 from gridcore.engine.runtime import GridRuntime, JobRecord
