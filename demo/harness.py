@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from gridcore.demo import UNSET_FOR_DEFAULT, GridcoreEnv
-from gridcore.engine import capacity
 from gridcore.model import HolderKind
+from gridcore.state import capacity
 from gridcore.state.store import open_store
 
 AIRFLOW_BIN = str(Path(sys.executable).with_name("airflow"))

@@ -281,7 +281,7 @@ class SiteSnapshot:
         """The processors a decision may use: reported idle minus ours in flight minus
         others' queued work (Protocol 1's stateful branch; KOALA's idle processors). The
         one place this is computed in Python; the ledger's SQL twin is
-        ``gridcore.engine.capacity.FREE``. May be negative."""
+        ``gridcore.state.capacity.FREE``. May be negative."""
         return self.idle_processors - self.in_flight_processors - self.external_pending_processors
 
     def add_in_flight(self, processors: int) -> SiteSnapshot:
@@ -566,13 +566,13 @@ class SiteHealth:
 
 class HolderKind(enum.StrEnum):
     """What holds capacity of a site: the ``kind`` of a capacity-ledger hold row
-    (``gridcore/engine/capacity.py``) and of the holder a submission key names
+    (``gridcore/state/capacity.py``) and of the holder a submission key names
     (``gridcore/sites/keys.py``; pilots and volumes submit no site job, so have no key)."""
 
     SELECTION = "selection"  # holder: the selection id
-    COMPONENT = "component"  # holder: "job:epoch:idx" (engine.capacity.component_holder)
+    COMPONENT = "component"  # holder: "job:epoch:idx" (state.capacity.component_holder)
     PILOT = "pilot"  # holder: the pilot id
-    VOLUME = "volume"  # holder: "logical_name@site" (engine.capacity.volume_holder)
+    VOLUME = "volume"  # holder: "logical_name@site" (state.capacity.volume_holder)
     PROBE = "probe"  # holder: "site:<unique>"
 
 

@@ -1,6 +1,6 @@
 """The capacity ledger checked at the end of a concurrency or fault test (issue 7, Tests).
 
-:func:`assert_capacity_invariant` asserts :func:`gridcore.engine.capacity.check_invariant`
+:func:`assert_capacity_invariant` asserts :func:`gridcore.state.capacity.check_invariant`
 (every site's counters equal the sums of its live holds, nothing negative, storage
 within its limit) and, when the test ended with every job finished, that no hold is left
 live: a finished job, a cancelled one or a failed one gives all its capacity back. (A
@@ -9,8 +9,8 @@ staged volume's hold is not a job's: it lasts while its replica is registered.)
 
 from __future__ import annotations
 
-from gridcore.engine import capacity
 from gridcore.model import HolderKind
+from gridcore.state import capacity
 from gridcore.state.store import Store, open_store
 
 

@@ -24,7 +24,6 @@ import pytest
 from sqlalchemy import MetaData, select
 
 from gridcore.config import default_grid
-from gridcore.engine.capacity import check_invariant
 from gridcore.engine.coallocation import CoAllocationEngine
 from gridcore.engine.runtime import GridRuntime
 from gridcore.errors import ConfigError, RequestError
@@ -41,6 +40,7 @@ from gridcore.model import (
 from gridcore.policies.claiming import CoAllocationParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.staging import ReplicaCatalog
+from gridcore.state.capacity import check_invariant
 from gridcore.state.schema import local_jobs, sites
 from gridcore.state.store import Store, open_store
 from tests.barrier_checks import running_center

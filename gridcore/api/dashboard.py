@@ -16,8 +16,7 @@ from typing import Any
 
 from sqlalchemy import Connection, RowMapping, and_, desc, func, or_, select
 
-from gridcore.engine import capacity, health
-from gridcore.engine.capacity import Hold, Ledger, Usage
+from gridcore.engine import health
 from gridcore.engine.coallocation_records import job_record, request_from_json
 from gridcore.engine.coreservation_records import reservation_record
 from gridcore.engine.dataplan import STREAM_PREFIX, run_id_from
@@ -30,6 +29,8 @@ from gridcore.engine.phases import (
     ReservationPhase,
 )
 from gridcore.model import HolderKind, JobState, Priority
+from gridcore.state import capacity
+from gridcore.state.capacity import Hold, Ledger, Usage
 from gridcore.state.schema import (
     coalloc_components,
     coalloc_jobs,

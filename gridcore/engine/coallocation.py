@@ -70,9 +70,8 @@ from sqlalchemy import (
     update,
 )
 
-from gridcore.engine import capacity, health, pilot_pool
+from gridcore.engine import health, pilot_pool
 from gridcore.engine.barrier_command import barrier_command
-from gridcore.engine.capacity import HolderKind, component_holder
 from gridcore.engine.coallocation_records import (
     CoAllocationRecord,
     ComponentRecord,
@@ -122,6 +121,8 @@ from gridcore.policies.claiming import (
 from gridcore.policies.placement import PlacementPolicy, place
 from gridcore.sites.keys import component_key
 from gridcore.staging import ReplicaCatalog, stage
+from gridcore.state import capacity
+from gridcore.state.capacity import HolderKind, component_holder
 from gridcore.state.schema import (
     coalloc_components,
     coalloc_jobs,

@@ -66,7 +66,7 @@ from typing import Any
 from sqlalchemy import Connection, RowMapping, and_, insert, select, update
 from sqlalchemy.exc import OperationalError
 
-from gridcore.engine import capacity, health, pilot_pool, queue_stats, submission
+from gridcore.engine import health, pilot_pool, queue_stats, submission
 from gridcore.engine.coreservation_records import (
     ReservationRecord,
     request_from_row,
@@ -115,6 +115,7 @@ from gridcore.policies.coreservation import (
     static_selection,
 )
 from gridcore.sites.keys import pilot_key
+from gridcore.state import capacity
 from gridcore.state.schema import pilots, reservations
 from gridcore.state.store import DEADLOCK_DETECTED
 from gridcore.validation import check_coreservation_request

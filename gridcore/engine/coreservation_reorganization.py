@@ -15,10 +15,10 @@ from collections import defaultdict
 
 from sqlalchemy import Connection, and_, func, insert, select, update
 
-from gridcore.engine import capacity
 from gridcore.engine.phases import LIVE_PILOT, WAITING_PILOT, PilotState, ReservationPhase
 from gridcore.model import HolderKind
 from gridcore.policies.coreservation import ClusterReservation, PendingJob, Reorganization
+from gridcore.state import capacity
 from gridcore.state.schema import pilots, reservation_shifts, reservations
 
 

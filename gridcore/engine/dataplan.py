@@ -76,7 +76,6 @@ from typing import Any
 from sqlalchemy import select
 
 from gridcore.dataplan.format import DepthSpec, PipelineInput, PipelineSpec
-from gridcore.engine import capacity
 from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.engine.submission import resources_at
 from gridcore.errors import ConfigError, GridError, RequestError, StagingError
@@ -101,6 +100,7 @@ from gridcore.staging import (
     site_storage_root,
     stage_measured,
 )
+from gridcore.state import capacity
 from gridcore.state.schema import selections
 
 log = logging.getLogger(__name__)

@@ -31,10 +31,10 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, case, select, update
 
-from gridcore.engine import capacity
-from gridcore.engine.capacity import HolderKind
 from gridcore.model import SiteHealth
 from gridcore.policies.claiming import CoAllocationParams
+from gridcore.state import capacity
+from gridcore.state.capacity import HolderKind
 from gridcore.state.schema import holds, sites
 from gridcore.state.store import Store
 

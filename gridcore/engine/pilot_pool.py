@@ -29,7 +29,6 @@ from typing import Any, NotRequired, TypedDict
 
 from sqlalchemy import Connection, and_, select, update
 
-from gridcore.engine import capacity
 from gridcore.engine.phases import (
     FINISHED_PILOT,
     LIVE_PILOT,
@@ -39,6 +38,7 @@ from gridcore.engine.phases import (
 )
 from gridcore.errors import GridError, StateError
 from gridcore.model import HolderKind
+from gridcore.state import capacity
 from gridcore.state.schema import coalloc_components, pilots, reservations
 from gridcore.state.store import Store
 

@@ -29,7 +29,7 @@ from sqlalchemy import and_, select, update
 
 from gridcore import credentials
 from gridcore.config import GRID_ENV, default_grid, load_grid
-from gridcore.engine import capacity, health, queue_stats, submission
+from gridcore.engine import health, queue_stats, submission
 from gridcore.engine import selection as selection_engine
 from gridcore.errors import (
     ConfigError,
@@ -56,6 +56,7 @@ from gridcore.policies.selection import DEFAULT_PROTOCOL, InsufficientMode, Sele
 from gridcore.sites.base import SiteAdapter
 from gridcore.sites.keys import probe_key, selection_key
 from gridcore.sites.output import OutputFiles
+from gridcore.state import capacity
 from gridcore.state.schema import selections, sites
 from gridcore.state.store import Store, open_store, state_dir
 from gridcore.validation import check_job_request, check_job_submission, check_selection_stream
@@ -167,7 +168,7 @@ class GridRuntime:
         self.probe_retry_s = PROBE_RETRY_S
         store.check_migrated()
         with store.begin() as conn:
-            selection_engine.register_sites(conn, grid)
+            capacity.register_sites(conn, grid)
             self.install_id = submission.install_id(conn)
 
     @classmethod

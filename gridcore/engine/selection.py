@@ -36,8 +36,6 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import DBAPIError
 
-from gridcore.engine import capacity
-from gridcore.engine.capacity import HolderKind, Ledger
 from gridcore.errors import RequestError, StateError
 from gridcore.model import (
     GridSpec,
@@ -47,7 +45,6 @@ from gridcore.model import (
     SiteObservation,
     SiteSelection,
     SiteSnapshot,
-    SiteSpec,
 )
 from gridcore.policies.selection import (
     InsufficientMode,
@@ -55,6 +52,8 @@ from gridcore.policies.selection import (
     select_site,
     select_sites,
 )
+from gridcore.state import capacity
+from gridcore.state.capacity import HolderKind, Ledger
 from gridcore.state.schema import holds, selections, sites
 from gridcore.state.store import DEADLOCK_DETECTED, LOCK_NOT_AVAILABLE, Store
 
@@ -75,57 +74,6 @@ class Recorded:
     decision: SiteSelection
     selected_at: float
     attempts: int
-
-
-def register_sites(conn: Connection, grid: GridSpec) -> None:
-    """Insert a ledger row for each grid site not yet known (idempotent). A new row
-    reports every processor idle until the first observation replaces it."""
-    known = dict(conn.execute(select(sites.c.name, sites.c.storage_total)).all())
-    rows = [_site_row(spec) for spec in grid.sites if spec.name not in known]
-    if rows:
-        # Workers starting together all see the site missing: the insert must skip a row
-        # another one added meanwhile (on SQLite, BEGIN IMMEDIATE already serializes them).
-        conn.execute(_insert_ignoring_duplicates(conn), rows)
-    for spec in grid.sites:
-        if spec.name in known and known[spec.name] != spec.storage_bytes:
-            # the grid file is the authority on the storage limit (claims already held
-            # stay; a lower limit only refuses new ones)
-            conn.execute(
-                update(sites)
-                .where(sites.c.name == spec.name)
-                .values(storage_total=spec.storage_bytes)
-            )
-
-
-def _insert_ignoring_duplicates(conn: Connection) -> Any:
-    if conn.dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as pg_insert
-
-        return pg_insert(sites).on_conflict_do_nothing(index_elements=[sites.c.name])
-    if conn.dialect.name == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
-        return sqlite_insert(sites).on_conflict_do_nothing(index_elements=[sites.c.name])
-    return insert(sites)
-
-
-def _site_row(spec: SiteSpec) -> dict[str, object]:
-    return {
-        "name": spec.name,
-        "kind": spec.kind.value,
-        "total_processors": spec.processors,
-        "reported_idle": spec.processors,
-        "external_pending": 0,
-        "pending_jobs": 0,
-        "observed_at": 0.0,
-        "claimed": 0,
-        "queued": 0,
-        "storage_total": spec.storage_bytes,
-        "storage_claimed": 0,
-        "usable": True,
-        "consecutive_errors": 0,
-        "finished_jobs": 0,
-    }
 
 
 _SNAPSHOT_COLUMNS = select(
@@ -745,7 +693,6 @@ __all__: Sequence[str] = (
     "pg_decision_sql",
     "record_finished_stats",
     "record_pinned",
-    "register_sites",
     "release",
     "select_and_record",
     "select_and_record_batch",

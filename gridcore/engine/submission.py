@@ -32,7 +32,6 @@ from dataclasses import replace
 from sqlalchemy import Connection, and_, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from gridcore.engine import capacity
 from gridcore.engine.phases import ComponentState, PilotState
 from gridcore.errors import GridError, RequestError
 from gridcore.model import (
@@ -46,6 +45,7 @@ from gridcore.model import (
 )
 from gridcore.sites.base import SiteAdapter
 from gridcore.sites.keys import KeyHolder, install_prefix, parse_key
+from gridcore.state import capacity
 from gridcore.state.schema import coalloc_components, meta, pilots, selections, sites
 
 log = logging.getLogger(__name__)
@@ -249,7 +249,7 @@ def adopt_selection_job(conn: Connection, selection_id: int, job_id: str, now: f
     )
     if done.rowcount != 1:
         return False
-    # the hold ends when an observation shows this job (gridcore.engine.capacity)
+    # the hold ends when an observation shows this job (gridcore.state.capacity)
     capacity.set_site_job(conn, HolderKind.SELECTION, str(selection_id), job_id)
     return True
 

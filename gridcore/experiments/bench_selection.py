@@ -48,9 +48,7 @@ from typing import Any
 from sqlalchemy import create_engine, func, insert, select, text, update
 from sqlalchemy.engine import make_url
 
-from gridcore.engine import capacity
 from gridcore.engine import selection as selection_engine
-from gridcore.engine.capacity import HolderKind, Ledger
 from gridcore.experiments.registry import Experiment
 from gridcore.model import (
     ORIGIN,
@@ -63,6 +61,8 @@ from gridcore.model import (
 )
 from gridcore.policies.selection import DEFAULT_PROTOCOL, InsufficientMode, SelectionProtocol
 from gridcore.progress import run_stages
+from gridcore.state import capacity
+from gridcore.state.capacity import HolderKind, Ledger
 from gridcore.state.schema import selections, sites
 from gridcore.state.store import Store, open_store
 
@@ -127,7 +127,7 @@ def seed_state(store: Store, bench: BenchGrid, in_flight: int, seed: int) -> Non
             }
         )
     with store.begin() as conn:
-        selection_engine.register_sites(conn, bench.grid)
+        capacity.register_sites(conn, bench.grid)
         for name in names:
             conn.execute(
                 update(sites)
@@ -376,7 +376,7 @@ def bench_pgbench(
     with pg_schema(url) as scoped, tempfile.TemporaryDirectory() as tmp:
         store = open_store(scoped, upgrade=True)
         with store.begin() as conn:
-            selection_engine.register_sites(conn, bench.grid)
+            capacity.register_sites(conn, bench.grid)
             # Every claim fits: each transaction is a claim, a selection row and a hold.
             conn.execute(update(sites).values(reported_idle=2**30, observed_at=1.0))
         script = os.path.join(tmp, "decision.sql")

@@ -25,10 +25,10 @@ from sqlalchemy import Connection, delete, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from gridcore import validation
-from gridcore.engine import capacity
 from gridcore.errors import RequestError, StagingError, StateError
 from gridcore.model import GridSpec, Replica
 from gridcore.policies.transfer import transfer_seconds
+from gridcore.state import capacity
 from gridcore.state.schema import replicas, transfer_rates
 from gridcore.state.store import Store
 

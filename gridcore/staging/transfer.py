@@ -33,12 +33,11 @@ from typing import Any
 
 from fsspec.core import url_to_fs
 
-from gridcore.engine import capacity
-from gridcore.engine import selection as selection_engine
-from gridcore.engine.capacity import HolderKind
 from gridcore.errors import ConfigError, GridError, StagingError
 from gridcore.model import MB, GridSpec, Replica, SiteKind, SiteSpec
 from gridcore.staging.catalog import ReplicaCatalog, check_logical_name
+from gridcore.state import capacity
+from gridcore.state.capacity import HolderKind
 from gridcore.state.store import state_dir
 
 log = logging.getLogger(__name__)
@@ -146,7 +145,7 @@ def claim_volume(catalog: ReplicaCatalog, grid: GridSpec, replica: Replica, site
     storage (``storage_bytes`` in the grid description)."""
     holder = capacity.volume_holder(replica.logical_name, site)
     with catalog.store.begin() as conn:
-        selection_engine.register_sites(conn, grid)
+        capacity.register_sites(conn, grid)
         held = capacity.hold(conn, HolderKind.VOLUME, holder)
         if held is not None and held.ledger is not None:
             return False

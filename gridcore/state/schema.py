@@ -1,11 +1,11 @@
 """The state database schema (SQLAlchemy Core). Alembic migrations in ``migrations/``
 create exactly these tables; a test checks that the migrated schema matches.
 
-Ledger invariant (:func:`gridcore.engine.capacity.check_invariant`, tested under
+Ledger invariant (:func:`gridcore.state.capacity.check_invariant`, tested under
 concurrency and faults): for every site, ``sites.claimed`` == the sum of
 ``holds.processors`` whose ``ledger`` is ``claimed``, ``sites.queued`` == the same for
 ``queued``, and ``sites.storage_claimed`` == the sum of the live holds' bytes. A claim
-only takes processors that are free (``gridcore.engine.capacity.FREE``) and bytes that
+only takes processors that are free (``gridcore.state.capacity.FREE``) and bytes that
 fit ``storage_total``, checked and applied in one conditional UPDATE.
 """
 
@@ -214,7 +214,7 @@ coalloc_components = Table(
     PrimaryKeyConstraint("job_id", "idx", name="pk_gc_coalloc_components"),
 )
 
-# -- the capacity ledger (gridcore.engine.capacity) ------------------------------------
+# -- the capacity ledger (gridcore.state.capacity) ------------------------------------
 # Every holder of processors or storage bytes at a site is one row: a selection, a
 # co-allocation component, a probe job, a staged volume, a pilot. ``ledger`` says where
 # its processors count (claimed | queued) and is NULL once released (exactly once).

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gridcore.config import load_grid
-from gridcore.engine import capacity
+from gridcore.state import capacity
 from gridcore.state.store import open_store
 from tests.capacity_checks import assert_capacity_invariant
 from tests.dataplan_live import DiskSampler

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from gridcore.engine import capacity
 from gridcore.engine.dataplan import (
     DataPlanRunner,
     PipelineJobFailed,
@@ -29,6 +28,7 @@ from gridcore.policies.dataplan import Strategy
 from gridcore.policies.dataplan_stages import plan_stages
 from gridcore.sites import local as local_site
 from gridcore.sites.local import LocalSite
+from gridcore.state import capacity
 from tests.dataplan_live import SITE, DiskSampler, LiveSetup, setup
 
 REPO = Path(__file__).resolve().parents[2]

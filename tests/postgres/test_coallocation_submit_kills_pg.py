@@ -19,7 +19,6 @@ import pytest
 from sqlalchemy import select
 
 from gridcore.config import default_grid
-from gridcore.engine import capacity
 from gridcore.engine import selection as selection_engine
 from gridcore.engine.coallocation import CoAllocationEngine
 from gridcore.engine.runtime import GridRuntime
@@ -27,6 +26,7 @@ from gridcore.model import CoAllocationRequest, Component, JobSubmission, Reques
 from gridcore.policies.claiming import CoAllocationParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.sites.local import LocalSite
+from gridcore.state import capacity
 from gridcore.state.schema import local_jobs
 from gridcore.state.store import Store, open_store
 from tests.barrier_checks import running_center

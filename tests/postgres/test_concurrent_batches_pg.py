@@ -15,12 +15,12 @@ from types import MappingProxyType
 import pytest
 from sqlalchemy import Connection, func, select, update
 
-from gridcore.engine import capacity
 from gridcore.engine import selection as selection_engine
-from gridcore.engine.capacity import HolderKind, Ledger
 from gridcore.errors import RequestError
 from gridcore.model import GridSpec, JobRequest, Outcome, SiteKind, SiteSnapshot, SiteSpec
 from gridcore.policies.selection import DEFAULT_PROTOCOL, InsufficientMode, select_sites
+from gridcore.state import capacity
+from gridcore.state.capacity import HolderKind, Ledger
 from gridcore.state.schema import holds, selections, sites
 from gridcore.state.store import Store, open_store
 from tests.capacity_checks import assert_capacity_invariant
@@ -91,7 +91,7 @@ def _finisher(url: str, stop_after: float) -> None:
 
 def _grant(store: Store) -> None:
     with store.begin() as conn:
-        selection_engine.register_sites(conn, GRID)
+        capacity.register_sites(conn, GRID)
         for name, count in IDLE.items():
             conn.execute(
                 update(sites)

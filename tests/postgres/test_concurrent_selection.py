@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select, update
 
-from gridcore.engine import capacity
 from gridcore.engine import selection as selection_engine
-from gridcore.engine.capacity import HolderKind
 from gridcore.model import GridSpec, JobRequest, SiteKind, SiteSpec
 from gridcore.policies.selection import InsufficientMode, SelectionProtocol
+from gridcore.state import capacity
+from gridcore.state.capacity import HolderKind
 from gridcore.state.schema import selections, sites
 from gridcore.state.store import Store, open_store
 
@@ -69,7 +69,7 @@ def _finisher(url: str, stop_after: float) -> None:
 def _grant(store: Store, idle: dict[str, int]) -> None:
     """Register the grid and store one observation granting ``idle`` processors."""
     with store.begin() as conn:
-        selection_engine.register_sites(conn, GRID)
+        capacity.register_sites(conn, GRID)
         for name, count in idle.items():
             conn.execute(
                 update(sites)
@@ -178,7 +178,7 @@ def _pinner(url: str, index: int, count: int) -> None:
 
 def test_pinned_selections_racing_on_one_site_never_overcommit(pg_url: str, store: Store) -> None:
     with store.begin() as conn:
-        selection_engine.register_sites(conn, GRID)
+        capacity.register_sites(conn, GRID)
         conn.execute(
             update(sites).where(sites.c.name == "s0").values(reported_idle=8, observed_at=1.0)
         )
@@ -204,7 +204,7 @@ def _register(url: str, start: Any) -> None:
     grid = default_grid("/tmp/gc-unused")
     start.wait(30)
     with store.begin() as conn:
-        selection_engine.register_sites(conn, grid)
+        capacity.register_sites(conn, grid)
         # Hold the new rows uncommitted for a moment: every other worker has read "no
         # sites" by now and is inserting the same rows.
         time.sleep(0.5)

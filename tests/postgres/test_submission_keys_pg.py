@@ -17,12 +17,12 @@ import pytest
 from sqlalchemy import func, select
 
 from gridcore.config import default_grid
-from gridcore.engine import capacity
 from gridcore.engine.runtime import GridRuntime
 from gridcore.experiments.bench_selection import pg_schema
 from gridcore.model import JobRequest, JobSubmission
 from gridcore.sites.keys import selection_key
 from gridcore.sites.local import LocalSite
+from gridcore.state import capacity
 from gridcore.state.schema import local_jobs
 from gridcore.state.store import open_store
 

@@ -17,9 +17,7 @@ from hypothesis import strategies as st
 from sqlalchemy import Connection, event, func, select
 
 from gridcore.config import default_grid
-from gridcore.engine import capacity
 from gridcore.engine import selection as selection_engine
-from gridcore.engine.capacity import HolderKind, Ledger
 from gridcore.engine.runtime import GridRuntime
 from gridcore.errors import RequestError
 from gridcore.model import GridSpec, JobRequest, Outcome, SiteKind, SiteSnapshot, SiteSpec
@@ -30,6 +28,8 @@ from gridcore.policies.selection import (
     select_site,
     select_sites,
 )
+from gridcore.state import capacity
+from gridcore.state.capacity import HolderKind, Ledger
 from gridcore.state.schema import holds, selections, sites
 from gridcore.state.store import Store, open_store
 from tests.capacity_checks import assert_capacity_invariant
@@ -47,7 +47,7 @@ GRID = GridSpec(
 def make_store(tmp_path: Path) -> Store:
     store = open_store(f"sqlite:///{tmp_path}/state.db", upgrade=True)
     with store.begin() as conn:
-        selection_engine.register_sites(conn, GRID)
+        capacity.register_sites(conn, GRID)
     return store
 
 

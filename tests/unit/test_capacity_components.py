@@ -13,13 +13,13 @@ import pytest
 from sqlalchemy import Connection
 
 from gridcore.config import default_grid
-from gridcore.engine import capacity
-from gridcore.engine.capacity import HolderKind, Ledger
 from gridcore.engine.coallocation import CoAllocationEngine, CoAllocationRecord
 from gridcore.engine.runtime import GridRuntime
 from gridcore.model import CoAllocationRequest, Component, RequestKind, SiteSnapshot
 from gridcore.policies.claiming import CoAllocationParams
 from gridcore.policies.placement import PlacementPolicy
+from gridcore.state import capacity
+from gridcore.state.capacity import HolderKind, Ledger
 from gridcore.state.store import open_store
 from tests.barrier_checks import running_center
 

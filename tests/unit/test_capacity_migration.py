@@ -12,8 +12,9 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import text
 
-from gridcore.engine import capacity, health
-from gridcore.engine.capacity import HolderKind, Ledger
+from gridcore.engine import health
+from gridcore.state import capacity
+from gridcore.state.capacity import HolderKind, Ledger
 from gridcore.state.store import Store, open_store
 
 

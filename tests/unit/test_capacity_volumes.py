@@ -12,12 +12,11 @@ from pathlib import Path
 import pytest
 
 from gridcore.config import parse_grid
-from gridcore.engine import capacity
-from gridcore.engine import selection as selection_engine
-from gridcore.engine.capacity import HolderKind, Ledger
 from gridcore.errors import StagingError
 from gridcore.model import MB, ORIGIN, GridSpec
 from gridcore.staging import ReplicaCatalog, register_source, stage
+from gridcore.state import capacity
+from gridcore.state.capacity import HolderKind, Ledger
 from gridcore.state.store import Store, open_store
 
 SIZE = 2 * MB
@@ -75,7 +74,7 @@ def test_a_staged_replica_holds_its_bytes_while_registered(tmp_path: Path) -> No
 def test_a_replica_that_does_not_fit_is_refused_before_any_byte_moves(tmp_path: Path) -> None:
     store, catalog, _ = setup(tmp_path)
     with store.begin() as conn:  # another volume already takes most of beta's storage
-        selection_engine.register_sites(conn, grid(tmp_path, 3 * MB))
+        capacity.register_sites(conn, grid(tmp_path, 3 * MB))
         got = capacity.claim(conn, HolderKind.VOLUME, "other@beta", "beta", 0, 2 * MB)
         assert got is Ledger.CLAIMED
     with pytest.raises(StagingError, match=r"to site beta: 2000000 bytes do not fit its storage"):

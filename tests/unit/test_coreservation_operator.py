@@ -21,7 +21,6 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskD
 from sqlalchemy import func, inspect, select
 
 from gridcore.api.server import RunningCenter, start_in_thread
-from gridcore.engine import capacity
 from gridcore.engine.coreservation import CoReservationEngine
 from gridcore.engine.coreservation_records import ReservationRecord
 from gridcore.engine.phases import PilotState, ReservationPhase
@@ -29,6 +28,7 @@ from gridcore.engine.runtime import GridRuntime
 from gridcore.model import HolderKind
 from gridcore.policies.coreservation import pilot_time_limit
 from gridcore.sites.local import TIME_LIMIT_FILE, LocalSite
+from gridcore.state import capacity
 from gridcore.state.schema import local_jobs, reservations
 from gridcore.state.store import open_store
 from gridcore_airflow.operators.coreservation import JOB_KEY, CoReservationOperator

@@ -27,7 +27,7 @@ from gridcore.api.dashboard import (
     utilization,
 )
 from gridcore.config import default_grid
-from gridcore.engine import capacity, health
+from gridcore.engine import health
 from gridcore.engine.coallocation import CoAllocationEngine
 from gridcore.engine.coreservation import CoReservationEngine, CoReservationParams
 from gridcore.engine.runtime import GridRuntime, JobRecord
@@ -43,6 +43,7 @@ from gridcore.model import (
 )
 from gridcore.policies.claiming import CoAllocationParams
 from gridcore.policies.placement import PlacementPolicy
+from gridcore.state import capacity
 from gridcore.state.schema import coalloc_jobs, holds, pilots, selections
 from gridcore.state.store import open_store
 from tests.capacity_checks import assert_capacity_invariant

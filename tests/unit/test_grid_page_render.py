@@ -24,7 +24,7 @@ from gridcore.api.app import create_app
 from gridcore.api.dashboard import dataplan_stream, task_job_name
 from gridcore.api.grid_routes import operator_token
 from gridcore.config import default_grid
-from gridcore.engine import capacity, health
+from gridcore.engine import health
 from gridcore.engine.coallocation import CoAllocationEngine
 from gridcore.engine.coreservation import CoReservationEngine, CoReservationParams
 from gridcore.engine.runtime import GridRuntime
@@ -39,6 +39,7 @@ from gridcore.model import (
 )
 from gridcore.policies.claiming import CoAllocationParams
 from gridcore.policies.placement import PlacementPolicy
+from gridcore.state import capacity
 from gridcore.state.schema import coalloc_jobs, holds, pilots, reservations, selections
 from gridcore.state.store import open_store
 

@@ -32,12 +32,13 @@ from sqlalchemy import insert, select, update
 import gridcore.pilot as pilot_program
 from gridcore import barrier
 from gridcore.api.server import RunningCenter, start_in_thread
-from gridcore.engine import capacity, pilot_pool
-from gridcore.engine.capacity import Ledger
+from gridcore.engine import pilot_pool
 from gridcore.engine.phases import PilotState, ReservationPhase
 from gridcore.engine.pilot_command import DELIMITER, pilot_command, pilot_source
 from gridcore.errors import RequestError
 from gridcore.model import HolderKind
+from gridcore.state import capacity
+from gridcore.state.capacity import Ledger
 from gridcore.state.schema import holds, pilots, reservations, sites
 from gridcore.state.store import Store, open_store
 

@@ -15,9 +15,8 @@ from types import MappingProxyType
 import pytest
 from sqlalchemy import Connection, func, select, update
 
-from gridcore.engine import capacity, health
+from gridcore.engine import health
 from gridcore.engine import selection as selection_engine
-from gridcore.engine.capacity import HolderKind, Ledger
 from gridcore.errors import RequestError
 from gridcore.model import (
     GridSpec,
@@ -31,6 +30,8 @@ from gridcore.model import (
     SiteSpec,
 )
 from gridcore.policies.selection import InsufficientMode, SelectionProtocol
+from gridcore.state import capacity
+from gridcore.state.capacity import HolderKind, Ledger
 from gridcore.state.schema import holds, selections, sites
 from gridcore.state.store import Store, open_store
 
@@ -47,7 +48,7 @@ GRID = GridSpec(
 def make_store(tmp_path: Path) -> Store:
     store = open_store(f"sqlite:///{tmp_path}/state.db", upgrade=True)
     with store.begin() as conn:
-        selection_engine.register_sites(conn, GRID)
+        capacity.register_sites(conn, GRID)
     return store
 
 
@@ -101,7 +102,7 @@ def test_claims_until_full_then_queues(tmp_path: Path) -> None:
 def test_register_sites_is_idempotent(tmp_path: Path) -> None:
     store = make_store(tmp_path)
     with store.begin() as conn:
-        selection_engine.register_sites(conn, GRID)
+        capacity.register_sites(conn, GRID)
         assert conn.execute(select(func.count()).select_from(sites)).scalar_one() == 3
     store.dispose()
 
@@ -234,7 +235,7 @@ def test_storage_claims_fit_the_limit_and_release_exactly_once(tmp_path: Path) -
     grid = GridSpec((SiteSpec("s", SiteKind.SLURM, 4, storage_bytes=1000),), MappingProxyType({}))
     store = open_store(f"sqlite:///{tmp_path}/state.db", upgrade=True)
     with store.begin() as conn:
-        selection_engine.register_sites(conn, grid)
+        capacity.register_sites(conn, grid)
         assert capacity.claim(conn, HolderKind.VOLUME, "f@s", "s", 0, 600) is Ledger.CLAIMED
         assert capacity.claim(conn, HolderKind.VOLUME, "g@s", "s", 0, 600) is None
         assert capacity.claim(conn, HolderKind.VOLUME, "h@s", "s", 0, 400) is Ledger.CLAIMED

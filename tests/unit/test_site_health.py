@@ -14,12 +14,13 @@ from pathlib import Path
 from sqlalchemy import update
 
 from gridcore.config import default_grid
-from gridcore.engine import capacity, health
-from gridcore.engine.capacity import HolderKind
+from gridcore.engine import health
 from gridcore.engine.coallocation import CoAllocationEngine
 from gridcore.engine.runtime import GridRuntime
 from gridcore.model import JobRequest, JobState, JobSubmission
 from gridcore.policies.claiming import CoAllocationParams
+from gridcore.state import capacity
+from gridcore.state.capacity import HolderKind
 from gridcore.state.schema import sites
 from gridcore.state.store import open_store
 from tests.barrier_checks import running_center

@@ -24,13 +24,13 @@ from sqlalchemy import Connection, select
 
 import gridcore.sites.local as local_site
 from gridcore.config import default_grid
-from gridcore.engine import capacity
 from gridcore.engine import selection as selection_engine
 from gridcore.engine.runtime import SUBMIT_DEADLINE_S, GridRuntime, JobRecord
 from gridcore.errors import SiteRejected
 from gridcore.model import GridSpec, JobRequest, JobSubmission, SiteKind, SiteSpec
 from gridcore.sites.keys import selection_key
 from gridcore.sites.local import SPAWN_GRACE_S, LocalSite
+from gridcore.state import capacity
 from gridcore.state.schema import local_jobs, selections
 from gridcore.state.store import Store, open_store
 

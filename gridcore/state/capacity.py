@@ -1,5 +1,8 @@
 """THE capacity ledger: processors and storage bytes per site, every holder a row.
 
+It lives with the state it counts, below staging and the engines that both claim from
+it (a staged volume is a holder as a selection is), so neither imports the other.
+
 A holder is anything that keeps capacity of a site for a while: a selection (an ensemble
 member between its decision and the moment the site's report shows it), a co-allocation
 component (from its placement until its site job is seen running or it ends), a probe job,
@@ -46,7 +49,7 @@ from sqlalchemy import (
 )
 
 from gridcore.errors import StateError
-from gridcore.model import HolderKind
+from gridcore.model import GridSpec, HolderKind, SiteSpec
 from gridcore.state.schema import holds, sites
 
 
@@ -595,3 +598,58 @@ __all__: Sequence[str] = (
     "usage",
     "volume_holder",
 )
+
+
+# -- the ledger's site rows ----------------------------------------------------------------
+
+
+def register_sites(conn: Connection, grid: GridSpec) -> None:
+    """Insert a ledger row for each grid site not yet known (idempotent), and take each
+    site's storage limit from the grid. A new row reports every processor idle until the
+    first observation replaces it."""
+    known = dict(conn.execute(select(sites.c.name, sites.c.storage_total)).all())
+    rows = [_site_row(spec) for spec in grid.sites if spec.name not in known]
+    if rows:
+        # Workers starting together all see the site missing: the insert must skip a row
+        # another one added meanwhile (on SQLite, BEGIN IMMEDIATE already serializes them).
+        conn.execute(_insert_ignoring_duplicates(conn), rows)
+    for spec in grid.sites:
+        if spec.name in known and known[spec.name] != spec.storage_bytes:
+            # the grid file is the authority on the storage limit (claims already held
+            # stay; a lower limit only refuses new ones)
+            conn.execute(
+                update(sites)
+                .where(sites.c.name == spec.name)
+                .values(storage_total=spec.storage_bytes)
+            )
+
+
+def _insert_ignoring_duplicates(conn: Connection) -> Any:
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(sites).on_conflict_do_nothing(index_elements=[sites.c.name])
+    if conn.dialect.name == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        return sqlite_insert(sites).on_conflict_do_nothing(index_elements=[sites.c.name])
+    return insert(sites)
+
+
+def _site_row(spec: SiteSpec) -> dict[str, object]:
+    return {
+        "name": spec.name,
+        "kind": spec.kind.value,
+        "total_processors": spec.processors,
+        "reported_idle": spec.processors,
+        "external_pending": 0,
+        "pending_jobs": 0,
+        "observed_at": 0.0,
+        "claimed": 0,
+        "queued": 0,
+        "storage_total": spec.storage_bytes,
+        "storage_claimed": 0,
+        "usable": True,
+        "consecutive_errors": 0,
+        "finished_jobs": 0,
+    }
