@@ -237,6 +237,7 @@ def workload_trace(seed: int, jobs: int, mean_interarrival_s: float) -> tuple[Gr
     The draws do not depend on ``mean_interarrival_s``, which only scales the gaps: W1 and
     W2 of one seed hold the same jobs.
     """
+    # the seed string keeps the former module path, so seeded runs reproduce
     rng = random.Random(f"gridcore.sim.coalloc_experiments.trace:{seed}")
     applications = sorted(APPLICATION_SIZES)
     trace: list[GridJob] = []

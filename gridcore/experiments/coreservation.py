@@ -3,7 +3,7 @@ schedule interval) and competing multi-cluster jobs (deadlock and reorganization
 
 Seed: Wei, Ding, Xing, Yuan, Li, "VJM: A Novel Grid Resource Co-Allocation Model for
 Parallel Jobs" (``shared/seeds/vjm-virtual-job-model.md``), run on
-:func:`gridcore.sim.vjm.simulate_vjm`.
+:func:`gridcore.sim.coreservation.simulate_vjm`.
 
 ``vjm-coallocation`` (Sec. 4.2, Fig. 3):
 
@@ -35,11 +35,11 @@ jobs on a loaded grid, the same trace run seven ways: VJM with reorganization as
 runs it (``reorganize``: :data:`~gridcore.policies.coreservation.DEFAULT_RULE`, the
 global order), the paper's rule as printed (``reorganize_paper``), the same with the
 literal reading of a receiver's lifetime (``reorganize_paper_literal``,
-:mod:`gridcore.sim.vjm`), two single options of the global order
+:mod:`gridcore.sim.coreservation`), two single options of the global order
 (``reorganize_earlier_only``: shifts only toward older jobs; ``reorganize_held_only``:
 Eq. 4 only where ``J_a`` holds something), VJM without reorganization
 (``no_reorganize``: pilots hold until their job runs), and the KOALA baseline of
-:mod:`gridcore.sim.vjm` (``koala``: components submitted directly, a barrier, no
+:mod:`gridcore.sim.coreservation` (``koala``: components submitted directly, a barrier, no
 reorganization).
 
 "Never started" means a deadlock, not a slow grid: other users submit during the load
@@ -104,7 +104,7 @@ from gridcore.experiments.registry import Experiment, RunOptions, text_table
 from gridcore.experiments.seeds import Claim, OverSeeds, student_t_975
 from gridcore.policies.coreservation import PAPER_RULE, ReorganizeRule
 from gridcore.progress import progress
-from gridcore.sim.vjm import (
+from gridcore.sim.coreservation import (
     Mode,
     ParallelJob,
     Selection,
@@ -198,6 +198,7 @@ def coallocation_experiment(seed: int = 0, samples: int = SAMPLES) -> dict[str, 
 
 def coallocation_sample(b_interval_s: float, seed: int, sample: int) -> dict[str, VjmRun]:
     """One sample of Fig. 3's setup: the VJM and the round-robin run on the same draws."""
+    # the seed string keeps the former module path, so seeded runs reproduce
     rng = random.Random(f"gridcore.sim.vjm_experiments:fig3:{seed}:{sample}:{b_interval_s}")
     clusters = [
         VjmCluster(SimSite("A", CLUSTER_PROCESSORS), A_INTERVAL_S, rng.uniform(0, A_INTERVAL_S)),
@@ -362,6 +363,7 @@ def deadlock_case(
 ) -> tuple[list[VjmCluster], list[ParallelJob], list[LocalJob]]:
     """One trace: clusters, competing parallel jobs and other users' jobs (module
     docstring for the ranges)."""
+    # the seed string keeps the former module path, so seeded runs reproduce
     rng = random.Random(f"gridcore.sim.vjm_experiments:deadlock:{seed}:{case}")
     clusters = []
     for number in range(DEADLOCK_CLUSTERS):
@@ -470,7 +472,9 @@ def _deadlock_setup(seed: int, cases: int) -> dict[str, Any]:
         "load_window_s": LOAD_WINDOW_S,
         "horizon_s": HORIZON_S,
         "rule": {name: p.rule.name for name, p in VARIANTS.items() if p.reorganize},
-        "koala": "components submitted directly, barrier, no reorganization (gridcore.sim.vjm)",
+        "koala": (
+            "components submitted directly, barrier, no reorganization (gridcore.sim.coreservation)"
+        ),
     }
 
 

@@ -155,6 +155,7 @@ class RandomCase:
 
 def random_case(seed: int) -> RandomCase:
     """The case drawn from ``seed`` (deterministic: the same seed, the same case)."""
+    # the seed string keeps the former module path, so seeded runs reproduce
     rng = random.Random(f"gridcore.sim.dataplan_robustness:{seed}")
     few_feasible = over_jobs = 0
     while True:

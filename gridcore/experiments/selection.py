@@ -289,6 +289,7 @@ def _across_seeds(options: RunOptions) -> dict[str, Any]:
 
 def canonical_trace(seed: int = 0) -> SelectionTrace:
     """The test-bench trace of the module docstring, drawn deterministically from ``seed``."""
+    # the seed string keeps the former module path, so seeded runs reproduce
     rng = random.Random(f"gridcore.sim.experiments.canonical_trace:{seed}")
     members = [
         (rng.randint(*MEMBER_PROCESSORS), round(rng.uniform(*MEMBER_RUNTIME_S), 1))

@@ -23,7 +23,7 @@ slow one, so a cluster that has shown short waits is preferred to one never trie
 unknown one still beats a cluster that has shown long waits.
 
 Pure: the records come from the state DB (``gridcore.engine.queue_stats``) or from the
-simulator (``gridcore.sim.vjm``).
+simulator (``gridcore.sim.coreservation``).
 """
 
 from __future__ import annotations

@@ -382,10 +382,11 @@ class _CoallocModel(ClusterModel):
             tuple(self._clusters.values()),
             background,
             Admission.DROP,
+            # the seed strings keep the module's former name, so seeded runs reproduce
             streams=LoadStreams(
-                random.Random(f"gridcore.sim.coallocation:{seed}:local-arrivals"),
+                random.Random(f"gridcore.sim.coalloc:{seed}:local-arrivals"),
                 (f"local-{n}" for n in itertools.count(1)),
-                random.Random(f"gridcore.sim.coallocation:{seed}:dummies"),
+                random.Random(f"gridcore.sim.coalloc:{seed}:dummies"),
                 (f"dummy-{n}" for n in itertools.count(1)),
             ),
             priority=_LOCAL,

@@ -1,4 +1,4 @@
-"""The VJM model (``gridcore.sim.vjm``) and its experiments: hand-checked event traces on
+"""The VJM model (``gridcore.sim.coreservation``) and its experiments: hand-checked event traces on
 clusters with scheduler intervals, round-robin splitting, constructed deadlocks resolved
 by reorganization and not without, idle-held accounting, and the experiments' JSON."""
 
@@ -19,7 +19,7 @@ from gridcore.experiments.coreservation import (
 from gridcore.policies.coreservation import GLOBAL_ORDER, PAPER_RULE, ReorganizeRule
 from gridcore.sim.cluster import Cluster, Owner, Queued, ScheduleTicks
 from gridcore.sim.core import SimulationError, Simulator
-from gridcore.sim.vjm import (
+from gridcore.sim.coreservation import (
     Mode,
     ParallelJob,
     Selection,

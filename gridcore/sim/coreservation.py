@@ -474,6 +474,7 @@ class _VjmModel:
         job.pilots.append(pilot)
         if delay is None:
             low, high = self._params.submit_delay_s
+            # the seed string keeps the former module path, so seeded runs reproduce
             rng = random.Random(f"gridcore.sim.vjm:delay:{self._seed}:{name}")
             delay = rng.uniform(low, high)
         self._sim.schedule_in(delay, partial(self._arrive, pilot), _ARRIVE)
