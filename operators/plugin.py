@@ -49,7 +49,7 @@ def task_ids(ref: TaskRef) -> TaskIds:
     from airflow.utils.session import create_session
 
     # here, not at the top: the api-server loads the plugin without the operators
-    from gridcore_airflow.operators import coallocate, coreserve, select_sites, site_job
+    from gridcore_airflow.operators import coallocation, coreservation, select_sites, site_job
 
     if ref.run_id is None:
         return TaskIds()
@@ -66,8 +66,8 @@ def task_ids(ref: TaskRef) -> TaskIds:
     return TaskIds(
         selections=_ids(values.get(site_job.SELECTION_KEY))
         + _ids(values.get(select_sites.SELECTIONS_KEY)),
-        coallocations=_ids(values.get(coallocate.JOB_KEY)),
-        reservations=_ids(values.get(coreserve.JOB_KEY)),
+        coallocations=_ids(values.get(coallocation.JOB_KEY)),
+        reservations=_ids(values.get(coreservation.JOB_KEY)),
     )
 
 
