@@ -154,7 +154,8 @@ class PipelineFieldError(ConfigError):
 @dataclass(frozen=True)
 class BatchVolume:
     """The volume every pipeline reads at one depth, by logical name in the replica
-    catalog; ``size_bytes`` None: the catalog's size is used (:func:`to_canonical`)."""
+    catalog; ``size_bytes`` None: the catalog's size is used
+    (:func:`gridcore.dataplan.planning.to_canonical`)."""
 
     logical_name: str
     size_bytes: int | None = None

@@ -9,6 +9,7 @@ import json
 import math
 import re
 import shlex
+import subprocess
 import sys
 import tomllib
 from collections.abc import Callable
@@ -935,3 +936,15 @@ def test_plan_refine_reads_what_earlier_runs_measured_and_never_creates_a_databa
     # without --refine the key is absent (exactly the documented keys)
     status, out, _ = _plan(capsys, *args)
     assert "refinement" not in _no_infinity(out)
+
+
+def test_the_file_format_imports_no_planning_policy_or_simulator() -> None:
+    # Reading a pipeline file (a DAG's parse, a validation) loads the format alone.
+    code = (
+        "import sys, gridcore.dataplan.format\n"
+        "print(sorted(m for m in sys.modules if m.startswith(("
+        "'gridcore.sim', 'gridcore.policies', 'gridcore.dataplan.planning',"
+        " 'gridcore.dataplan.choosers'))))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
