@@ -16,7 +16,7 @@ from gridcore.model import JobRequest, JobSubmission
 from gridcore.sites.slurm import SlurmSite
 from gridcore_airflow.operators.hooks import EngineKind, GridcoreHook, GridLocation
 from gridcore_airflow.operators.site_job import SiteJobOperator
-from gridcore_airflow.sensors.triggers import SiteJobTrigger
+from gridcore_airflow.sensors.triggers import ENGINE_WAITS, SiteJobTrigger
 
 GRID = """\
 version = 1
@@ -122,6 +122,28 @@ def test_the_engine_and_catalog_share_the_connections_state_db(lab: dict[str, st
     # The first engine gave its scan lease up on exit: a second one scans at once.
     with hook.engine(EngineKind.COALLOCATION, 0.5) as engine:
         assert not engine.scan().skipped
+
+
+@pytest.mark.parametrize("kind", list(EngineKind))
+def test_every_engine_kind_is_opened_once_and_closed_once_by_the_hook(
+    lab: dict[str, str], kind: EngineKind
+) -> None:
+    """One open and one close for every kind: on the connection's state DB, and a closed
+    engine's scan lease is free at once for the next waiter (not after its expiry)."""
+    hook = GridcoreHook("gridcore_lab")
+    with hook.runtime():  # a fresh state DB, migrated as the operator's first job does
+        pass
+    holder = hook.open_engine(kind, 0.5, upgrade=False)
+    waiter = hook.open_engine(kind, 0.5, upgrade=False)
+    try:
+        assert str(holder.store.engine.url) == lab["db_url"]
+        assert not holder.scan().skipped
+        assert waiter.scan().skipped  # the holder's lease outlives its scan
+        GridcoreHook.close_engine(holder)
+        assert not waiter.scan().skipped
+    finally:
+        GridcoreHook.close_engine(waiter)
+    assert set(EngineKind) == set(ENGINE_WAITS)  # and the trigger waits on every kind
 
 
 def test_an_undefined_connection_is_a_credential_error_naming_it() -> None:
