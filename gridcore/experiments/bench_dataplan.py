@@ -133,8 +133,10 @@ def bench_dag_parse(
     python: str = sys.executable,
 ) -> dict[str, Any]:
     """``dag_parse_s`` (module docstring) and ``dag_parse_reason`` (``None`` when
-    measured). Airflow's home is a temporary directory unless ``AIRFLOW_HOME`` is set,
-    so the bench never writes the user's ``~/airflow``."""
+    measured). Airflow's home and gridcore's state directory (where the plan is cached)
+    are a temporary directory unless ``AIRFLOW_HOME`` / ``GRIDCORE_HOME`` are set, so
+    the bench never writes the user's ``~/airflow`` or ``~/.gridcore``; the first run
+    plans, the others read the cached plan, as a DAG processor does."""
     if dag_file is None:
         return _no_parse("no DAG file given")
     if not dag_file.is_file():
@@ -151,7 +153,8 @@ def bench_dag_parse(
         "print(json.dumps({'import_s': t1 - t0, 'parse_s': t2 - t1}))\n"
     )
     with tempfile.TemporaryDirectory(prefix="gridcore-bench-airflow-") as home:
-        env = {"AIRFLOW_HOME": home} | dict(os.environ) | {"AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
+        homes = {"AIRFLOW_HOME": home, "GRIDCORE_HOME": os.path.join(home, "gridcore")}
+        env = homes | dict(os.environ) | {"AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
         parse, process, imports = [], [], []
         for _ in range(repeats):
             start = time.perf_counter()

@@ -2,10 +2,11 @@
 volumes, run pipelines' jobs at a bounded concurrency, evict batch volumes, in order.
 
 Seed: Bent et al., "Data-Driven Batch Scheduling", DADC 2009, Sec. 2 and Fig. 2
-(``shared/seeds/data-driven-batch-scheduling-dadc2009.md``). The plans' traversals are
-those the simulator runs (:mod:`gridcore.sim.dataplan`); here they are written as the
-static sequence of stages that a process pool or a DAG of tasks executes, one stage after
-the other (a stage boundary is one of the paper's barriers):
+(``shared/seeds/data-driven-batch-scheduling-dadc2009.md``). Each strategy's traversal
+is defined here once, as the static sequence of stages that a process pool or a DAG of
+tasks executes, one stage after the other (a stage boundary is one of the paper's
+barriers); the simulator (:mod:`gridcore.sim.dataplan`) runs the same stages' pipeline
+order and groups, so Minimal's group width is this module's alone:
 
 * ``All`` / ``AllBatch``: fetch every batch volume; then every pipeline depth-first
   (its jobs at depths ``0 .. D-1`` one after the other), ``C`` pipelines at a time

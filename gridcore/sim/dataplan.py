@@ -63,7 +63,11 @@ Transfers within the cluster (``BW_L``) never contend: the policy reads ``BW_L``
 node's own 1 Gb/s link, and the cooperative cache serves a volume from many nodes. A
 read of data the node itself holds is still charged at ``BW_L``, as the models do.
 
-**The traversals** (Sec. 2, Fig. 2); every strategy takes the pipelines in index order:
+**The traversals** (Sec. 2, Fig. 2) are the policy's stage plan
+(:func:`gridcore.policies.dataplan_stages.plan_stages`, what the live engine and the DAG
+run): the run takes pipelines in the order of the plan's JOBS stages and groups them as
+they do (Slice one group of all, Minimal groups of the plan's width), while storage
+(below) and processors decide, at each instant, which job of them starts:
 
 * ``All`` claims every volume at time 0 (``S_TotB + S_TotP``, Eq. 1) and releases them
   when the last pipeline ends; pipelines run as processors allow, no barriers, a begun
@@ -151,10 +155,12 @@ from gridcore.policies.dataplan import (
     Environment,
     Strategy,
     Workload,
+    all_batch_concurrency,
     check_feasibility,
     minimal_concurrency,
     serial_bandwidth,
 )
+from gridcore.policies.dataplan_stages import Stage, StageKind, plan_stages
 from gridcore.sim.cluster import Cluster, Owner
 from gridcore.sim.core import SimulationError, Simulator
 from gridcore.sim.workload import SimSite, TraceEvent
@@ -247,8 +253,8 @@ def simulate_dataplan(
     workload and environment (Eq. 1-4)."""
     whole, whole_env = _whole_bytes(strategy, workload, env)
     _validate(env, resets, horizon_s)
-    width = _group_width(strategy, whole, whole_env, minimal_width)
-    model = _Model(strategy, whole, whole_env, seed, wan, trace, width)
+    stages = _stage_plan(strategy, whole, whole_env, minimal_width)
+    model = _Model(strategy, whole, whole_env, seed, wan, trace, stages)
     return model.run(resets, horizon_s)
 
 
@@ -268,24 +274,51 @@ def _whole_bytes(
     return whole, whole_env
 
 
-def _group_width(
+def _stage_plan(
     strategy: Strategy, workload: Workload, env: Environment, minimal_width: int | None
-) -> int:
-    """Pipelines per group: Slice all of them, Minimal Eq. 23's ``C`` or ``minimal_width``
-    when it is a possible slice (Eq. 3 on that many pipelines)."""
-    if minimal_width is None:
-        return minimal_concurrency(workload, env) if strategy is Strategy.MINIMAL else workload.W
-    if strategy is not Strategy.MINIMAL:
-        raise ConfigError(f"minimal_width applies to Minimal only, not {strategy.label}")
-    if isinstance(minimal_width, bool) or not isinstance(minimal_width, int) or minimal_width < 1:
-        raise ConfigError(f"minimal_width must be an integer >= 1, got {minimal_width!r}")
-    width = min(minimal_width, workload.W)
-    check = check_feasibility(Strategy.SLICE, replace(workload, W=width), env)
-    if not check.possible:
-        raise ConfigError(
-            f"minimal_width {width}: a partial slice that does not fit: {check.reason}"
-        )
-    return width
+) -> tuple[Stage, ...]:
+    """The policy's stages for this run: Minimal's groups of Eq. 23's ``C`` or of
+    ``minimal_width`` when that is a possible slice (Eq. 3 on that many pipelines)."""
+    if minimal_width is not None:
+        if strategy is not Strategy.MINIMAL:
+            raise ConfigError(f"minimal_width applies to Minimal only, not {strategy.label}")
+        if (
+            isinstance(minimal_width, bool)
+            or not isinstance(minimal_width, int)
+            or minimal_width < 1
+        ):
+            raise ConfigError(f"minimal_width must be an integer >= 1, got {minimal_width!r}")
+    stages = plan_stages(
+        strategy,
+        W=workload.W,
+        D=workload.D,
+        N_CPU=env.N_CPU,
+        concurrency=_CONCURRENCY.get(strategy, _no_concurrency)(workload, env),
+        group_width=minimal_width,
+    )
+    if minimal_width is not None:
+        width = len(_jobs_stages(stages)[0].pipelines)
+        check = check_feasibility(Strategy.SLICE, replace(workload, W=width), env)
+        if not check.possible:
+            raise ConfigError(
+                f"minimal_width {width}: a partial slice that does not fit: {check.reason}"
+            )
+    return stages
+
+
+# The C a stage plan runs at where it reads one (AllBatch Eq. 15, Minimal Eq. 23).
+_CONCURRENCY: Mapping[Strategy, Callable[[Workload, Environment], float]] = MappingProxyType(
+    {Strategy.ALL_BATCH: all_batch_concurrency, Strategy.MINIMAL: minimal_concurrency}
+)
+
+
+def _no_concurrency(workload: Workload, env: Environment) -> float:
+    return 1.0  # plan_stages reads no C for All, Slice and Remote
+
+
+def _jobs_stages(stages: Sequence[Stage]) -> list[Stage]:
+    # The stages that run jobs, one per group and depth (one in all when pipelined).
+    return [stage for stage in stages if stage.kind is StageKind.JOBS]
 
 
 def _validate(env: Environment, resets: Sequence[tuple[float, int]], horizon_s: float) -> None:
@@ -420,10 +453,10 @@ class _Model:
         seed: int,
         wan: WanSharing,
         trace: bool,
-        group_width: int,
+        stages: Sequence[Stage],
     ) -> None:
         self.strategy = strategy
-        self.group_width = group_width
+        self.stages = tuple(stages)
         self.workload = workload
         self.env = env
         self.D = workload.D
@@ -785,7 +818,8 @@ class _PipelinedRule(_Rule):
     def __init__(self, model: _Model) -> None:
         super().__init__(model)
         self.admitted: list[_Pipeline] = []
-        self.waiting: deque[_Pipeline] = deque(model.pipelines)
+        (jobs,) = _jobs_stages(model.stages)  # every pipeline, depth-first
+        self.waiting: deque[_Pipeline] = deque(model.pipelines[p] for p in jobs.pipelines)
 
     def candidates(self) -> Iterator[_Pipeline]:
         yield from list(self.admitted)
@@ -867,17 +901,20 @@ class _RemoteRule(_PipelinedRule):
 
 class _GroupRule(_Rule):
     """Slice and Minimal: groups of pipelines, one depth at a time with a barrier between
-    depths; each depth's batch volume claimed for the depth and released after it."""
+    depths; each depth's batch volume claimed for the depth and released after it. The
+    groups are the stage plan's, in its order (Slice: one of every pipeline; Minimal:
+    Eq. 23's ``C`` or the width asked); pipelines that lost their data past depth 0 form
+    further groups of at most that width, after the plan's."""
 
     def __init__(self, model: _Model) -> None:
         super().__init__(model)
-        self.waiting: deque[_Pipeline] = deque(model.pipelines)
+        first_depth = [s for s in _jobs_stages(model.stages) if s.depths == (0,)]
+        self.waiting: deque[_Pipeline] = deque(
+            model.pipelines[p] for stage in first_depth for p in stage.pipelines
+        )
+        self.width = len(first_depth[0].pipelines)
         self.group: list[_Pipeline] | None = None
         self.depth = 0
-
-    @abc.abstractmethod
-    def width(self) -> int:
-        """How many pipelines a group holds (Slice: all of them; Minimal: Eq. 23's C)."""
 
     def begin(self) -> None:
         self._next_group()
@@ -917,26 +954,12 @@ class _GroupRule(_Rule):
         if not self.waiting:
             self.group = None
             return
-        take = min(self.width(), len(self.waiting))
+        take = min(self.width, len(self.waiting))
         self.group = [self.waiting.popleft() for _ in range(take)]
         self.depth = 0
         self.m.groups += 1
         self.m.log(EventKind.GROUP, f"group {self.m.groups}", ",".join(p.name for p in self.group))
         self.m.claim_batch(0)
-
-
-class _SliceRule(_GroupRule):
-    """A slice over every waiting pipeline (Eq. 3)."""
-
-    def width(self) -> int:
-        return len(self.waiting)
-
-
-class _MinimalRule(_GroupRule):
-    """Partial slices of Eq. 23's ``C`` pipelines (Eq. 4, 22-23) or of the width asked."""
-
-    def width(self) -> int:
-        return self.m.group_width
 
 
 def _release_used(model: _Model, pipeline: _Pipeline, depth: int) -> None:
@@ -950,8 +973,8 @@ _RULES: Mapping[Strategy, Callable[[_Model], _Rule]] = MappingProxyType(
     {
         Strategy.ALL: _AllRule,
         Strategy.ALL_BATCH: _AllBatchRule,
-        Strategy.SLICE: _SliceRule,
-        Strategy.MINIMAL: _MinimalRule,
+        Strategy.SLICE: _GroupRule,
+        Strategy.MINIMAL: _GroupRule,
         Strategy.REMOTE: _RemoteRule,
     }
 )

@@ -32,6 +32,7 @@ from gridcore.policies.dataplan import (
     serial_bandwidth,
     slice_ramp_jobs,
 )
+from gridcore.policies.dataplan_stages import StageKind, plan_stages
 from gridcore.sim.dataplan import DataplanRun, EventKind, WanSharing, simulate_dataplan
 
 ALL, ALL_BATCH, SLICE, MINIMAL, REMOTE = (
@@ -484,6 +485,33 @@ def test_minimal_groups_may_be_as_wide_as_storage_allows_and_refetch_less(
     assert run.batch_fetches_by_depth == (groups,) * 4
     assert run.peak_concurrency == peak
     assert run.peak_storage_bytes <= run.storage_bytes
+
+
+@pytest.mark.parametrize(
+    ("strategy", "width"), [(SLICE, None), (MINIMAL, None), (MINIMAL, 3), (MINIMAL, 6)]
+)
+def test_the_simulated_groups_are_the_stage_plan_s_that_the_live_engine_runs(
+    strategy: Strategy, width: int | None
+) -> None:
+    # Seven pipelines, 180 MB (a slice of all 7 fits, Eq. 3), 2 processors: Minimal's
+    # Eq. 23 C = 2 (or the width asked).
+    workload = replace(FIG2, W=7, D=4)
+    env = cluster(180 * MB, N_CPU=2)
+    run = simulate_dataplan(strategy, workload, env, minimal_width=width)
+    stages = plan_stages(
+        strategy,
+        W=workload.W,
+        D=workload.D,
+        N_CPU=env.N_CPU,
+        concurrency=minimal_concurrency(workload, env),
+        group_width=width,
+    )
+    planned = [
+        ",".join(f"p{p}" for p in stage.pipelines)
+        for stage in stages
+        if stage.kind is StageKind.JOBS and stage.depths == (0,)
+    ]
+    assert [e.detail for e in run.trace if e.kind == EventKind.GROUP] == planned
 
 
 @pytest.mark.parametrize(
