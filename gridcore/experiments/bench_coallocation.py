@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any
 
@@ -25,7 +25,7 @@ from gridcore.experiments.coallocation_claiming import (
     REPLICAS,
     component_counts,
 )
-from gridcore.experiments.registry import Experiment
+from gridcore.experiments.registry import Experiment, figures_line, run_bench_stages
 from gridcore.model import (
     CoAllocationRequest,
     Component,
@@ -41,7 +41,6 @@ from gridcore.model import (
 from gridcore.policies.claiming import QueuedJob, scan_placement_queue
 from gridcore.policies.placement import close_to_files
 from gridcore.policies.transfer import uniform_bandwidth
-from gridcore.progress import run_stages
 
 
 def bench_placement(scan_jobs: int = 10_000, scan_sites: int = 100) -> dict[str, Any]:
@@ -51,8 +50,7 @@ def bench_placement(scan_jobs: int = 10_000, scan_sites: int = 100) -> dict[str,
         "CF latency": bench_close_to_files,
         "queue scan": lambda: bench_scan(jobs=scan_jobs, sites=scan_sites),
     }
-    results = run_stages("bench placement", stages)
-    return {key: value for result in results.values() for key, value in result.items()}
+    return run_bench_stages("bench placement", stages)
 
 
 def bench_close_to_files(
@@ -133,12 +131,8 @@ def bench_scan(jobs: int = 10_000, sites: int = 100, seed: int = 0) -> dict[str,
     }
 
 
-def _placement_table(result: Mapping[str, Any]) -> str:
-    return " ".join(f"{key}={value:.4g}" for key, value in result.items())
-
-
 PLACEMENT = Experiment(
     "CF latency over 1000 sites and one scan of a 10,000-job placement queue",
     lambda options: bench_placement(),
-    _placement_table,
+    figures_line,
 )

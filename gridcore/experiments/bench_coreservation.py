@@ -22,13 +22,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gridcore.experiments.registry import Experiment
+from gridcore.experiments.registry import Experiment, figures_line, run_bench_stages
 from gridcore.policies.coreservation import ClusterView, QueueStats, select_clusters
-from gridcore.progress import run_stages
 
 SELECTION_REPEATS = 200
 OVERHEAD_JOBS = 12
@@ -131,20 +130,12 @@ def bench_coreservation() -> dict[str, Any]:
         "selection latency": bench_selection_latency,
         "per-job overhead": bench_overhead,
     }
-    results = run_stages("bench coreservation", stages)
-    return {key: value for result in results.values() for key, value in result.items()}
-
-
-def _table(result: Mapping[str, Any]) -> str:
-    return " ".join(
-        f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}"
-        for key, value in result.items()
-    )
+    return run_bench_stages("bench coreservation", stages)
 
 
 CORESERVATION = Experiment(
     "VJM: selection latency (64 VJs, 100 clusters), per-job overhead and dispatch skew"
     " of 4-pilot jobs on idle local sites",
     lambda options: bench_coreservation(),
-    _table,
+    figures_line,
 )

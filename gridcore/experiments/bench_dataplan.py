@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from gridcore.dataplan.choosers import choose_by_simulation
-from gridcore.experiments.registry import Experiment
+from gridcore.experiments.registry import Experiment, figures_line, run_bench_stages
 from gridcore.policies.dataplan import (
     GB,
     TABLE1_WORKLOADS,
@@ -52,7 +52,6 @@ from gridcore.policies.dataplan import (
     choose_bent2009,
     table2_environment,
 )
-from gridcore.progress import run_stages
 
 CANONICAL_WORKLOAD = Workload(W=100_000, D=50, S_B=2 * GB, S_P=GB / 1000, R_bar=5000.0, SD_R=500.0)
 """W = 100,000 pipelines of D = 50 jobs, Table 1's runtimes (5,000 s, SD 500 s); 2 GB batch
@@ -78,8 +77,7 @@ def bench_dataplan(dag_file: Path | None = DAG_FILE) -> dict[str, Any]:
         "simulation chooser": bench_simulation_choose,
         "DAG parse": lambda: bench_dag_parse(dag_file),
     }
-    results = run_stages("bench dataplan", stages)
-    return {key: value for result in results.values() for key, value in result.items()}
+    return run_bench_stages("bench dataplan", stages)
 
 
 def bench_choose(repeats: int = CHOOSE_REPEATS) -> dict[str, Any]:
@@ -215,16 +213,9 @@ def _seconds(call: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def _table(result: Mapping[str, Any]) -> str:
-    return " ".join(
-        f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}"
-        for key, value in result.items()
-    )
-
-
 DATAPLAN = Experiment(
     "Bent et al. DADC 2009: the paper's chooser on 100,000 x 50 jobs (target 5 ms), the"
     " simulation chooser on a small workload, the example DAG's parse time",
     lambda options: bench_dataplan(),
-    _table,
+    figures_line,
 )

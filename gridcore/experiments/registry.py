@@ -25,7 +25,7 @@ from typing import Any
 
 from gridcore.errors import ConfigError
 from gridcore.experiments.seeds import OverSeeds, render_table
-from gridcore.progress import progress
+from gridcore.progress import progress, run_stages
 
 Result = dict[str, Any]
 
@@ -179,6 +179,22 @@ def text_table(columns: Sequence[tuple[str, str]], rows: Iterable[Sequence[objec
             " ".join(f"{text:{align or own}{width}}" for (text, own), align, width in padded)
         )
     return "\n".join(lines)
+
+
+def figures_line(result: Mapping[str, Any]) -> str:
+    """A benchmark's table: ``key=value`` in the result's order, floats to 4 significant
+    digits."""
+    return " ".join(
+        f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}"
+        for key, value in result.items()
+    )
+
+
+def run_bench_stages(desc: str, stages: Mapping[str, Callable[[], Result]]) -> Result:
+    """A benchmark's timed stages run in order under one progress bar
+    (:func:`gridcore.progress.run_stages`), their figures merged into one result."""
+    results = run_stages(desc, stages)
+    return {key: value for result in results.values() for key, value in result.items()}
 
 
 _SPEC_HEAD = re.compile(r"(?P<align>(?:.?[<>^=])?)[-+ ]?z?#?0?(?P<width>\d*)")
