@@ -1,54 +1,8 @@
 """The live KOALA co-allocator: placement queues, claiming queue, ICP, start barrier and
 fault tolerance applied to real sites (seed 000 Sec. 2.5, 3).
 
-Every decision is a KOALA policy (:mod:`gridcore.policies.placement`,
-:mod:`gridcore.policies.claiming`) taken on a snapshot; this module only reads the
-snapshot, applies the decision and does the site I/O. A job's whole life is in the state
-database (``gc_coalloc_jobs``, ``gc_coalloc_components``), so any engine on the same
-database resumes it; one scan at a time runs, under the lease ``koala-scan``. The lease
-is fenced (:mod:`gridcore.engine.lease`): every transition a scan commits first checks
-and renews the lease's holder and token in its own transaction, so a scan that outlived
-its lease (a slow site, a paused process) commits nothing more and stops.
-
-One scan (:meth:`CoAllocationEngine.scan`), each step committed on its own:
-
-(a) refresh the site observations; the clusters' idle processors are the reported idle
-    minus others' queued work, our in-flight selections, and the processors of placed
-    co-allocation components not yet started (held so two placements never count the
-    same processors; KOALA itself reserves nothing, Sec. 2.7);
-(b) scan one placement queue (high ``S`` times per low one, Sec. 3.1), each job with its
-    own policy and quota, on one snapshot updated as jobs are placed; a placed job gets
-    JPT, FTT, ``JST = JPT + FTT`` and ``JCT_0`` (Sec. 3.2);
-(c) stage the input file to every execution site (synchronously, Sec. 2.5: transfers
-    first, claiming after);
-(d) claiming tries of the jobs whose JCT has come (ICP, Sec. 3.3): components that fit
-    are submitted as ``python -m gridcore.barrier --center URL ... -- sh -c COMMAND``
-    (the barrier reports to the VJ center with a token of its own, whose hash is
-    stored with the component's claim; it never gets the database's URL); a retry
-    stores the next JCT; an abort cancels the started components, lowers ``L`` and
-    returns the job to its placement queue;
-(e) follow the started components: all completed completes the job; any failure cancels
-    the others and returns the whole job to its placement queue, counting the site's
-    consecutive errors (Sec. 3.4).
-
-Site I/O never happens inside a transaction. A component is marked ``submitting`` before
-its submission and ``submitted`` with the site's job id after; a ``submitting`` row seen
-by a later scan was left by an engine that died in between: the site job its key names
-is adopted (it holds the token whose hash the row keeps), else the component counts as
-failed and the job is re-placed (a new epoch: new component rows, new tokens; a site
-job it may have started dies at its barrier, whose token the center no longer knows).
-
-One bad job never stops the engine: an unexpected error while handling one job (a
-database error, an adapter's unhandled exception) rolls back that job's transaction and
-counts in ``handling_errors``; at ``MAX_HANDLING_ERRORS`` the job fails with the error's
-message and its site jobs are cancelled, and the scan goes on with the other jobs.
-
-This module holds the scan steps alone; what they share lives beside it: the scan
-mechanism (lease, report, handling-error guard: :mod:`gridcore.engine.scan`), the phase
-enums (:mod:`gridcore.engine.phases`, also read by the center's side of the barrier,
-:mod:`gridcore.engine.barrier_pool`), the row <-> record codecs
-(:mod:`gridcore.engine.coallocation_records`) and the barrier command line
-(:mod:`gridcore.engine.barrier_command`).
+Design, equations and the choices where a paper is ambiguous: ``docs/coallocation.md``
+(section ``gridcore/engine/coallocation.py``).
 """
 
 from __future__ import annotations

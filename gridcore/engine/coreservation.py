@@ -1,53 +1,8 @@
 """VJM co-reservation live: pilots that hold processors on several clusters until all
 have started, then the real program in all of them at once (seed: VJM, Sec. 3).
 
-A job (``gc_reservations``) is split into ``n = processors / g`` virtual jobs; the
-cluster selection algorithm (:func:`gridcore.policies.coreservation.select_clusters`,
-Eq. 1 over each site's queue statistics, :mod:`gridcore.engine.queue_stats`) gives each a
-cluster, and each becomes a pilot: a row of ``gc_pilots`` (with a submission key and the
-hash of its bearer token), a holder in the capacity ledger (kind ``pilot``, claimed when
-the site has room, queued otherwise, released when the site's report counts it), and a
-site job running :mod:`gridcore.pilot` (built by :mod:`gridcore.engine.pilot_command`).
-A started pilot registers with the VJ center (:mod:`gridcore.api`); the registration that
-makes every pilot of its job held dispatches the real command to all of them in the same
-transaction (:func:`gridcore.engine.pilot_pool.dispatch_if_ready`).
-
-The engine has no daemon: whoever waits on a job (the Airflow trigger, the CLI) runs
-:meth:`CoReservationEngine.scan`, one at a time under the fenced lease ``vjm-scan``:
-
-1. observe the sites (``GridRuntime.refresh``: the report releases pilot holds it counts,
-   the queue-wait history grows);
-2. follow every pilot: a site job that ended before its pilot was dispatched, or a pilot
-   whose heartbeats stopped, is *lost* (its job gets a substitute); a dispatched pilot
-   that dies fails its job (the program lost a rank);
-3. dispatch any job whose pilots all hold (a backstop to the registration's dispatch);
-4. after a job's lifetime (Eq. 2) runs out: resource reorganization (Sec. 3.3,
-   :func:`gridcore.policies.coreservation.reorganize`, with ``CoReservationParams.rule``,
-   the global order unless told otherwise) against every pending job: held pilots
-   shift to another job (one transaction, a ``gc_reservation_shifts`` row per pilot),
-   released clusters' pilots let go; a receiver's lifetime starts afresh, and a job
-   that kept everything is checked again after the lifetime floor;
-5. substitutes: every job with fewer live pilots than virtual jobs gets the missing ones
-   selected again (:func:`~gridcore.policies.coreservation.select_substitutes`:
-   ``already`` = the pilots it keeps; released clusters avoided while others can take
-   them), submitted, and a new lifetime;
-6. a finished job lets every pilot it still has go.
-
-Resources: the request's (``CoReservationRequest.resources``, kept in the reservation's
-``selection`` JSON) over each cluster's defaults go with every pilot, whose time limit is
-the lifetime, the command's time limit and a margin (:func:`_pilot_resources`); what each
-pilot was sent is kept beside it (``selection.pilots``) for a resubmission and the record.
-
-Exactly once: a pilot's site job carries ``gc-<install>-v<pilot>``; a submitter that
-died before recording the site's job id is adopted by the next refresh (orphan judging in
-:mod:`gridcore.engine.submission`), and a pilot still ``submitting`` after
-:data:`SUBMIT_DEADLINE_S` is looked up by key
-(:func:`gridcore.engine.submission.adopt_stale`), then resubmitted with a fresh token.
-
-This module holds the scan steps alone; beside it: the scan mechanism (lease, report,
-handling-error guard: :mod:`gridcore.engine.scan`), the row <-> record codecs
-(:mod:`gridcore.engine.coreservation_records`) and the reorganization applied to the
-pilot rows (:mod:`gridcore.engine.coreservation_reorganization`).
+Design, equations and the choices where a paper is ambiguous: ``docs/coreservation.md``
+(section ``gridcore/engine/coreservation.py``).
 """
 
 from __future__ import annotations
