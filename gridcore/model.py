@@ -437,7 +437,7 @@ class SiteSelection:
         return None
 
 
-# -- co-allocation (KOALA: seed 000 Sec. 2.3-2.4, seed 002 Sec. 2.2) -------------------
+# -- co-allocation (KOALA: KOALA 2005 Sec. 2.3-2.4, KOALA 2006 Sec. 2.2) -------------------
 
 
 class RequestKind(enum.StrEnum):
@@ -470,7 +470,7 @@ class Component:
 
 @dataclass(frozen=True)
 class FlexibleOptions:
-    """Restrictions a flexible request may impose (seed 002 Sec. 2.2): a lower bound on
+    """Restrictions a flexible request may impose (KOALA 2006 Sec. 2.2): a lower bound on
     component size (default 1), an upper bound on the number of components (default:
     the number of sites), and an ordered list of allowed splits, most preferred first."""
 
@@ -549,13 +549,13 @@ class Placement:
 
     @property
     def file_transfer_s(self) -> float:
-        """FTT (seed 000 Sec. 3.2): the longest of the components' transfer times."""
+        """FTT (KOALA 2005 Sec. 3.2): the longest of the components' transfer times."""
         return max((c.transfer_s for c in self.components), default=0.0)
 
 
 @dataclass(frozen=True)
 class SiteHealth:
-    """A site's consecutive errors, and whether KOALA still places jobs there (seed 000
+    """A site's consecutive errors, and whether KOALA still places jobs there (KOALA 2005
     Sec. 3.4). The live engine stores it (``gridcore.engine.health``), the simulator
     keeps it in memory, and the claiming policy takes it as input."""
 

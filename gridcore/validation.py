@@ -933,7 +933,7 @@ def check_job_submission(job: JobSubmission | Mapping[str, Any]) -> JobSubmissio
 def check_coallocation_request(
     request: CoAllocationRequest | Mapping[str, Any], sites: Collection[str] | None = None
 ) -> CoAllocationRequest:
-    """``request`` checked field by field and against its kind's shape (seed 002 Sec.
+    """``request`` checked field by field and against its kind's shape (KOALA 2006 Sec.
     2.2); with ``sites``, a fixed request may only name those sites."""
     return _validated(
         _CoAllocationRequest, request, RequestError, root=("request",), sites=sites

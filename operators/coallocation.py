@@ -73,7 +73,7 @@ class CoAllocationPlan(NamedTuple):
 class CoAllocationOperator(
     EngineJobOperator[CoAllocationEngine, CoAllocationRecord, CoAllocationPlan]
 ):
-    """Run ``command`` as a co-allocated job placed by KOALA (seed 000, 002).
+    """Run ``command`` as a co-allocated job placed by KOALA (KOALA 2005, KOALA 2006).
 
     Every component runs ``command`` after the start barrier, which releases them only
     once all have started; each sees ``GRIDCORE_COMPONENT`` (its index),

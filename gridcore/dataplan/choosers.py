@@ -2,7 +2,7 @@
 feasible plan on the project's simulator and picks the fastest.
 
 Seed: Bent et al., "Data-Driven Batch Scheduling", DADC 2009
-(``shared/seeds/data-driven-batch-scheduling-dadc2009.md``). The paper's chooser,
+(``docs/papers.md``). The paper's chooser,
 :func:`gridcore.policies.dataplan.choose_bent2009`, ranks strategies by closed-form models
 (Eq. 5-24). Two of their simplifications make it pick badly where it matters:
 

@@ -1,6 +1,6 @@
 """The batch-pipeline file: a versioned TOML format (and the same thing as Python
 dataclasses) for a data-driven batch workload of Bent et al. (DADC 2009,
-``shared/seeds/data-driven-batch-scheduling-dadc2009.md``). This module only reads,
+``docs/papers.md``). This module only reads,
 checks and writes the file: it imports no policy beyond the model's types and no
 simulator; padding it to the paper's canonical workload and planning it on a site are
 :mod:`gridcore.dataplan.planning`.

@@ -1,5 +1,5 @@
 """Planning a batch-pipeline file on a grid: its padding to the canonical workload of
-Bent et al. (DADC 2009, ``shared/seeds/data-driven-batch-scheduling-dadc2009.md``; the
+Bent et al. (DADC 2009, ``docs/papers.md``; the
 policy is :mod:`gridcore.policies.dataplan`), the cluster environment a plan is made for,
 taken from the grid description, the choosers, and :func:`plan_sites`: every site's plan,
 the one entry ``gridcore plan``, the batch-pipeline DAG

@@ -1,5 +1,5 @@
 """The command line a co-allocated component is submitted with: the start barrier
-(:mod:`gridcore.barrier`) wrapped around the job's command (seed 000 Sec. 3.3: each
+(:mod:`gridcore.barrier`) wrapped around the job's command (KOALA 2005 Sec. 3.3: each
 component runs "a small piece of code" that waits until all components have started).
 
 A pure builder, apart from the I/O that submits it, so the exact argv and environment

@@ -1,4 +1,4 @@
-"""KOALA's start barrier (seed 000 Sec. 3.3) on the center's side: what a component
+"""KOALA's start barrier (KOALA 2005 Sec. 3.3) on the center's side: what a component
 waiting at the barrier asks the HTTP API, answered from the state database.
 
 The same three steps as :mod:`gridcore.barrier` runs against the database itself

@@ -1,5 +1,5 @@
 """The live KOALA co-allocator: placement queues, claiming queue, ICP, start barrier and
-fault tolerance applied to real sites (seed 000 Sec. 2.5, 3).
+fault tolerance applied to real sites (KOALA 2005 Sec. 2.5, 3).
 
 Design, equations and the choices where a paper is ambiguous: ``docs/coallocation.md``
 (section ``gridcore/engine/coallocation.py``).

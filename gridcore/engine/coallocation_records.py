@@ -4,7 +4,7 @@ the job record handed to operators and the CLI.
 Kept apart from the scan (:mod:`gridcore.engine.coallocation`) because the codecs are pure and
 read by more than the engine: the Airflow layer returns :class:`CoAllocationRecord` as
 XCom (plain JSON, :meth:`CoAllocationRecord.as_json`), and every scan step decodes the
-request it stored at submission (seed 000 Sec. 2.3-2.4: fixed, non-fixed and flexible
+request it stored at submission (KOALA 2005 Sec. 2.3-2.4: fixed, non-fixed and flexible
 requests, with their input file).
 """
 

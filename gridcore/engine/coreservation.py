@@ -1,5 +1,5 @@
 """VJM co-reservation live: pilots that hold processors on several clusters until all
-have started, then the real program in all of them at once (seed: VJM, Sec. 3).
+have started, then the real program in all of them at once (VJM Sec. 3).
 
 Design, equations and the choices where a paper is ambiguous: ``docs/coreservation.md``
 (section ``gridcore/engine/coreservation.py``).

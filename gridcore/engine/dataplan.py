@@ -3,7 +3,7 @@ jobs submitted at the plan's concurrency, every volume a holder of bytes in THE 
 ledger, so the site's storage is never exceeded.
 
 Seed: Bent et al., "Data-Driven Batch Scheduling", DADC 2009
-(``shared/seeds/data-driven-batch-scheduling-dadc2009.md``). The plan is chosen by
+(``docs/papers.md``). The plan is chosen by
 :mod:`gridcore.policies.dataplan` (or :mod:`gridcore.dataplan.choosers`) and written as
 stages by :func:`gridcore.policies.dataplan_stages.plan_stages`; this module executes the
 stages. The same step functions run a whole plan from the CLI

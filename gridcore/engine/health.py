@@ -5,7 +5,7 @@
   there (a selection's job or a co-allocation component that failed, a failed probe). A
   *completed* job, component or probe resets it to 0. A successful observation does NOT
   reset it: a site that answers its monitoring but fails every job would otherwise never
-  be set aside, and KOALA's "consecutive component errors" (seed 000 Sec. 3.4) would be
+  be set aside, and KOALA's "consecutive component errors" (KOALA 2005 Sec. 3.4) would be
   wiped by every report in between.
 * The threshold: at :data:`UNUSABLE_AFTER_ERRORS` consecutive errors the site becomes
   unusable for selection and for KOALA alike (it is missing from their snapshots). The

@@ -2,7 +2,7 @@
 holder that lost its lease commits nothing more.
 
 The KOALA queue scanner runs under the lease ``koala-scan`` so that one scan at a time
-applies decisions (seed 000 Sec. 3.1: KOALA scans its queues periodically; several
+applies decisions (KOALA 2005 Sec. 3.1: KOALA scans its queues periodically; several
 Airflow triggerers running engines on one database must not scan together). A lease
 alone cannot promise that: a scan slowed past its lease (a slow slurmrestd, a paused
 process) goes on writing after another engine took the lease over. So every take of

@@ -1,4 +1,4 @@
-"""The phases of a co-allocated job and the states of its components (seed 000 Sec. 3).
+"""The phases of a co-allocated job and the states of its components (KOALA 2005 Sec. 3).
 
 Shared by the KOALA engine (:mod:`gridcore.engine.coallocation`), which moves jobs and
 components through them, and the start barrier's side of the VJ center

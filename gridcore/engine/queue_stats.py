@@ -1,6 +1,6 @@
 """The queue-wait history behind VJM Eq. 1: what every site showed of its queue, over time.
 
-VJM (``shared/seeds/vjm-virtual-job-model.md`` Sec. 3.2) evaluates a cluster "via the
+VJM (``docs/papers.md`` Sec. 3.2) evaluates a cluster "via the
 average waiting time of the external jobs from history". :func:`record_observation`
 keeps that history in ``gc_queue_waits`` from each site observation (one row per job the
 site showed with a submit time: Slurm's ``/jobs`` ``submit_time``/``start_time``, a local

@@ -1,5 +1,5 @@
 """The scanning engine's mechanism, shared by every engine that scans its jobs under a
-lease: KOALA's co-allocation (:mod:`gridcore.engine.coallocation`, seed 000 Sec. 3.1:
+lease: KOALA's co-allocation (:mod:`gridcore.engine.coallocation`, KOALA 2005 Sec. 3.1:
 KOALA scans its queues periodically) and VJM's co-reservation
 (:mod:`gridcore.engine.coreservation`). An engine keeps only its paper's steps; a
 :class:`FencedScan` it owns does the rest:

@@ -4,7 +4,7 @@
   000 Sec. 4.2's non-fixed request of 8 components, a 4 GB input replicated at 3 sites)
   over 1,000 random clusters.
 * ``scan_10000jobs_100sites_s``: seconds for one scan of a 10,000-job placement queue over
-  100 clusters (seed 000 Sec. 3.1), ``placed`` how many it placed.
+  100 clusters (KOALA 2005 Sec. 3.1), ``placed`` how many it placed.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from gridcore.policies.transfer import uniform_bandwidth
 
 def bench_placement(scan_jobs: int = 10_000, scan_sites: int = 100) -> dict[str, Any]:
     """``gridcore bench placement``: CF latency (1000 sites, 8 components) and one full
-    scan of a 10,000-job placement queue over 100 sites (seed 000 Sec. 3.1)."""
+    scan of a 10,000-job placement queue over 100 sites (KOALA 2005 Sec. 3.1)."""
     stages: dict[str, Callable[[], dict[str, float]]] = {
         "CF latency": bench_close_to_files,
         "queue scan": lambda: bench_scan(jobs=scan_jobs, sites=scan_sites),
@@ -57,7 +57,7 @@ def bench_close_to_files(
     clusters: int = 1000, components: int = 8, repeats: int = 2000, seed: int = 0
 ) -> dict[str, float]:
     """Median milliseconds of one CF decision: a non-fixed request of ``components``
-    equal components (as in seed 000 Sec. 4.2) with a 4 GB input file replicated at 3
+    equal components (as in KOALA 2005 Sec. 4.2) with a 4 GB input file replicated at 3
     sites, over ``clusters`` random clusters and a grid bandwidth matrix."""
     rng = random.Random(seed)
     snapshot = []

@@ -1,5 +1,5 @@
 """``gridcore bench dataplan``: what choosing a storage plan costs (Bent et al., DADC 2009;
-``shared/seeds/data-driven-batch-scheduling-dadc2009.md``).
+``docs/papers.md``).
 
 * ``choose_100000x50_ms``: the paper's chooser
   (:func:`~gridcore.policies.dataplan.choose_bent2009`, closed-form models) on

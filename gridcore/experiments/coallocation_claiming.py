@@ -1,7 +1,7 @@
 """KOALA on an unreliable DAS: the experiment of CCGrid 2005 Sec. 4-5.
 
 Seed: Mohamed, Epema, "Experiences with the KOALA co-allocating scheduler in
-multiclusters", CCGrid 2005 (``shared/seeds/koala-coallocation-icp-ccgrid2005.md``).
+multiclusters", CCGrid 2005 (``docs/papers.md``).
 
 :func:`koala_claiming_experiment` runs the paper's workload through
 :func:`gridcore.sim.claiming.simulate_koala` (placement queues, claiming queue, ICP and

@@ -2,7 +2,7 @@
 
 Seed: Sonmez, Mohamed, Epema, "Communication-aware job placement policies for the KOALA
 grid scheduler", e-Science 2006
-(``shared/seeds/koala-communication-aware-placement-escience2006.md``).
+(``docs/papers.md``).
 
 :func:`koala_placement_experiment` runs the workloads W1 and W2 with the Worst-Fit (WF),
 Cluster Minimization (CM) and Flexible Cluster Minimization (FCM) placement policies of

@@ -2,7 +2,7 @@
 schedule interval) and competing multi-cluster jobs (deadlock and reorganization).
 
 Seed: Wei, Ding, Xing, Yuan, Li, "VJM: A Novel Grid Resource Co-Allocation Model for
-Parallel Jobs" (``shared/seeds/vjm-virtual-job-model.md``), run on
+Parallel Jobs" (``docs/papers.md``), run on
 :func:`gridcore.sim.coreservation.simulate_vjm`.
 
 ``vjm-coallocation`` (Sec. 4.2, Fig. 3):

@@ -2,7 +2,7 @@
 simulation chooser (``gridcore experiment dataplan``).
 
 Seed: Bent, Denehy, Livny, Arpaci-Dusseau, Arpaci-Dusseau, "Data-Driven Batch
-Scheduling", DADC 2009 (``shared/seeds/data-driven-batch-scheduling-dadc2009.md``). Plans
+Scheduling", DADC 2009 (``docs/papers.md``). Plans
 run on :func:`gridcore.sim.dataplan.simulate_dataplan` (serial WAN, ``trace=False``).
 
 The setup, and where it comes from:

@@ -2,7 +2,7 @@
 (``gridcore experiment dataplan-robustness``).
 
 Seed: Bent et al., "Data-Driven Batch Scheduling", DADC 2009
-(``shared/seeds/data-driven-batch-scheduling-dadc2009.md``). The ``dataplan`` experiment
+(``docs/papers.md``). The ``dataplan`` experiment
 (:mod:`gridcore.experiments.dataplan`) sweeps one variable at a time around Table 1's
 three workloads on Table 2's cluster, the setting the simulation chooser was built on. A
 user's workload is not one of them. This experiment draws ``cases`` random canonical

@@ -2,7 +2,7 @@
 Claiming Policy (ICP), with its fault tolerance.
 
 Seed: Mohamed, Epema, "Experiences with the KOALA co-allocating scheduler in
-multiclusters", CCGrid 2005 (``shared/seeds/koala-coallocation-icp-ccgrid2005.md``).
+multiclusters", CCGrid 2005 (``docs/papers.md``).
 
 * Placement queues (Sec. 3.1): a job that does not fit when submitted waits in the high-
   or low-priority placement queue. Every scan interval one queue is scanned head to tail;

@@ -3,7 +3,7 @@ Minimal, or Remote as the last resort) a canonical batch-pipeline workload shoul
 with on one compute cluster, and how long each plan is predicted to take.
 
 Seed: Bent, Denehy, Livny, Arpaci-Dusseau, Arpaci-Dusseau, "Data-Driven Batch
-Scheduling", DADC 2009 (``shared/seeds/data-driven-batch-scheduling-dadc2009.md``).
+Scheduling", DADC 2009 (``docs/papers.md``).
 
 * The canonical workload (Sec. 1, :class:`Workload`): ``W`` pipelines of ``D`` jobs; every
   job at one depth reads that depth's batch volume (``S_B``) and its pipeline's private

@@ -2,7 +2,7 @@
 volumes, run pipelines' jobs at a bounded concurrency, evict batch volumes, in order.
 
 Seed: Bent et al., "Data-Driven Batch Scheduling", DADC 2009, Sec. 2 and Fig. 2
-(``shared/seeds/data-driven-batch-scheduling-dadc2009.md``). Each strategy's traversal
+(``docs/papers.md``). Each strategy's traversal
 is defined here once, as the static sequence of stages that a process pool or a DAG of
 tasks executes, one stage after the other (a stage boundary is one of the paper's
 barriers); the simulator (:mod:`gridcore.sim.dataplan`) runs the same stages' pipeline

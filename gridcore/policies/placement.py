@@ -83,7 +83,7 @@ def worst_fit(
     replicas: Sequence[Replica] = (),
     bandwidth: Bandwidth | None = None,
 ) -> Placement:
-    """WF (seed 002 Sec. 4): each component on the cluster with the most usable idle left."""
+    """WF (KOALA 2006 Sec. 4): each component on the cluster with the most usable idle left."""
     return place(
         request, clusters, PlacementPolicy.WF, quota, replicas=replicas, bandwidth=bandwidth
     )
@@ -97,7 +97,7 @@ def close_to_files(
     replicas: Sequence[Replica] = (),
     bandwidth: Bandwidth | None = None,
 ) -> Placement:
-    """CF (seed 000 Sec. 2.6): among clusters with room, the shortest input transfer."""
+    """CF (KOALA 2005 Sec. 2.6): among clusters with room, the shortest input transfer."""
     return place(
         request, clusters, PlacementPolicy.CF, quota, replicas=replicas, bandwidth=bandwidth
     )
@@ -111,7 +111,7 @@ def cluster_minimization(
     replicas: Sequence[Replica] = (),
     bandwidth: Bandwidth | None = None,
 ) -> Placement:
-    """CM (seed 002 Fig. 1): first fit over the clusters sorted once by usable idle."""
+    """CM (KOALA 2006 Fig. 1): first fit over the clusters sorted once by usable idle."""
     return place(
         request, clusters, PlacementPolicy.CM, quota, replicas=replicas, bandwidth=bandwidth
     )
@@ -125,7 +125,7 @@ def flexible_cluster_minimization(
     replicas: Sequence[Replica] = (),
     bandwidth: Bandwidth | None = None,
 ) -> Placement:
-    """FCM (seed 002 Fig. 3): cut a flexible request to fill the emptiest clusters."""
+    """FCM (KOALA 2006 Fig. 3): cut a flexible request to fill the emptiest clusters."""
     return place(
         request, clusters, PlacementPolicy.FCM, quota, replicas=replicas, bandwidth=bandwidth
     )
@@ -141,7 +141,7 @@ def validate_request(request: CoAllocationRequest, sites: Collection[str] | None
 
 def usable_idle(cluster: SiteSnapshot, quota: float | None) -> int:
     """Idle processors a placement may use: with quota q, processors in use after the
-    placement stay <= floor(q * total) (seed 002 Sec. 4.1). Idle here is the snapshot's
+    placement stay <= floor(q * total) (KOALA 2006 Sec. 4.1). Idle here is the snapshot's
     :attr:`~SiteSnapshot.free_processors`; the rest of the site counts as in use."""
     idle = cluster.free_processors
     if quota is not None:

@@ -1,6 +1,6 @@
 """Estimate VJM Eq. 1's queue statistics of one cluster from what it showed over time.
 
-VJM (``shared/seeds/vjm-virtual-job-model.md`` Sec. 3.2) treats each cluster as a black
+VJM (``docs/papers.md`` Sec. 3.2) treats each cluster as a black
 box and evaluates it "via the average waiting time of the external jobs from history".
 Eq. 1 needs four numbers per cluster (:class:`gridcore.policies.coreservation.QueueStats`):
 

@@ -2,7 +2,7 @@
 
 Every policy and model that estimates moving bytes between sites uses these: site
 selection (RENCI TR-08-02 Protocol 1, "estimate total time on this resource"), KOALA's
-Close-to-Files placement and claiming (seed 000 Sec. 2.3, 2.6), the staging catalog and
+Close-to-Files placement and claiming (KOALA 2005 Sec. 2.3, 2.6), the staging catalog and
 the simulators. Rates are decimal MB/s (``gridcore.model.MB``), as in the grid file.
 
 Pure: no I/O, no clock.
@@ -46,7 +46,7 @@ def job_transfer_seconds(request: JobRequest, site: str, bandwidth: Bandwidth) -
 
 
 def component_bytes(request: CoAllocationRequest, replica: Replica, component_size: int) -> int:
-    """Bytes a component reads from ``replica`` (seed 000 Sec. 2.3): the whole file, or
+    """Bytes a component reads from ``replica`` (KOALA 2005 Sec. 2.3): the whole file, or
     its share of a chunked file (rounded up)."""
     if request.input_file is not None and request.input_file.delivery is FileDelivery.CHUNKED:
         return -(-replica.size_bytes * component_size // request.processors)

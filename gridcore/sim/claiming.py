@@ -1,7 +1,7 @@
 """A multicluster model of KOALA: placement queues, the claiming queue and ICP, with
 unreliable sites and other users' load.
 
-Seed: Mohamed, Epema, CCGrid 2005 (``shared/seeds/koala-coallocation-icp-ccgrid2005.md``).
+Seed: Mohamed, Epema, CCGrid 2005 (``docs/papers.md``).
 
 Every decision is one of :mod:`gridcore.policies.claiming` (which places and re-places
 with :mod:`gridcore.policies.placement`); the model only supplies time, processors,

@@ -2,7 +2,7 @@
 
 Seed: Sonmez, Mohamed, Epema, "Communication-aware job placement policies for the KOALA
 grid scheduler", e-Science 2006
-(``shared/seeds/koala-communication-aware-placement-escience2006.md``).
+(``docs/papers.md``).
 
 The model supplies what a placement policy cannot see; the decision itself is always
 :func:`gridcore.policies.placement.place`, called on a snapshot of the idle processors of

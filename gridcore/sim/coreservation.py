@@ -2,7 +2,7 @@
 for a multi-cluster parallel job, with expected-wait selection and reorganization.
 
 Seed: Wei, Ding, Xing, Yuan, Li, "VJM: A Novel Grid Resource Co-Allocation Model for
-Parallel Jobs" (``shared/seeds/vjm-virtual-job-model.md``). Every decision is one of
+Parallel Jobs" (``docs/papers.md``). Every decision is one of
 :mod:`gridcore.policies.coreservation`; the queue statistics Eq. 1 reads come from
 :func:`gridcore.policies.queue_stats.estimate_queue_stats` over what each cluster showed
 in this run. The model supplies time, queues and other users:

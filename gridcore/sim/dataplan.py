@@ -2,7 +2,7 @@
 batch-pipeline workload run under All, AllBatch, Slice, Minimal or Remote, job by job.
 
 Seed: Bent, Denehy, Livny, Arpaci-Dusseau, Arpaci-Dusseau, "Data-Driven Batch
-Scheduling", DADC 2009 (``shared/seeds/data-driven-batch-scheduling-dadc2009.md``). The
+Scheduling", DADC 2009 (``docs/papers.md``). The
 workload, the environment, the strategies, their feasibility (Eq. 1-4) and the
 concurrencies of AllBatch (Eq. 15) and Minimal (Eq. 23) are those of
 :mod:`gridcore.policies.dataplan`; this module adds time, contention, runtime variability

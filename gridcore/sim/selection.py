@@ -1,7 +1,7 @@
 """A multicluster model for site selection with monitoring lag and hysteresis.
 
 Seed: Lander, Fowler, Thorpe, Ramakrishnan, RENCI TR-08-02 (2008), Sec. 3-4 and
-Protocol 2 (``shared/seeds/stateful-site-selection-renci2008.md``).
+Protocol 2 (``docs/papers.md``).
 
 The model supplies what a selection policy cannot see; the decision itself is always
 :func:`gridcore.policies.selection.select_site`, called once per arriving job:

@@ -1,7 +1,7 @@
 """The replica catalog: logical file name -> its complete copies (site, URL, size,
 checksum), and the measured transfer rates between sites.
 
-KOALA's replica manager (seed 000 Sec. 2.3) maps the logical file names jobs name onto
+KOALA's replica manager (KOALA 2005 Sec. 2.3) maps the logical file names jobs name onto
 their physical locations; a placement picks, per execution site, the file site with the
 smallest estimated transfer time (Close-to-Files). The estimate starts from the grid's
 bandwidth matrix and is refined by the rates staging actually measured (an exponentially

@@ -1,5 +1,5 @@
 """The barrier command line a co-allocated component is submitted with, checked without
-a grid (seed 000 Sec. 3.3: every component first waits at the start barrier). It names
+a grid (KOALA 2005 Sec. 3.3: every component first waits at the start barrier). It names
 the VJ center and carries the component's token in the environment; no database URL."""
 
 from __future__ import annotations

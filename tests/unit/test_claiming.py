@@ -1,4 +1,4 @@
-"""KOALA's pure scheduling decisions (seed 000 Sec. 3): the claiming queue's times,
+"""KOALA's pure scheduling decisions (KOALA 2005 Sec. 3): the claiming queue's times,
 placement-queue scans, the Incremental Claiming Policy and fault tolerance."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from gridcore.policies.placement import PlacementPolicy, place
 
 PAPER = CoAllocationParams()
 FOUR_GB = 4 * 10**9
-BACKBONE = 12.5  # MB/s: the DAS's 100 Mbit/s (seed 000 Sec. 2.1)
+BACKBONE = 12.5  # MB/s: the DAS's 100 Mbit/s (KOALA 2005 Sec. 2.1)
 
 
 def backbone(src: str, dst: str) -> float:

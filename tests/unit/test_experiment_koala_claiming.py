@@ -1,4 +1,4 @@
-"""The experiment of seed 000 Sec. 4-5: KOALA on an unreliable DAS, with defaults."""
+"""The experiment of KOALA 2005 Sec. 4-5: KOALA on an unreliable DAS, with defaults."""
 
 from __future__ import annotations
 

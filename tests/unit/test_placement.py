@@ -1,5 +1,5 @@
-"""Table-driven scenarios for the co-allocation placement policies (seed 000 Sec. 2.6,
-seed 002 Sec. 2.2 and 4: WF, CF, CM Fig. 1, FCM Fig. 3, quota)."""
+"""Table-driven scenarios for the co-allocation placement policies (KOALA 2005 Sec. 2.6,
+KOALA 2006 Sec. 2.2 and 4: WF, CF, CM Fig. 1, FCM Fig. 3, quota)."""
 
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def layout(placement: Placement) -> list[tuple[int, int, str]]:
             WF,
             None,
             [(0, 8, "C1"), (1, 8, "C2"), (2, 8, "C3")],
-            id="three 8-proc components, 18/15/12 idle: WF uses 3 clusters (seed 002 Fig. 2)",
+            id="three 8-proc components, 18/15/12 idle: WF uses 3 clusters (KOALA 2006 Fig. 2)",
         ),
         pytest.param(
             non_fixed(8, 8, 8),
@@ -110,7 +110,7 @@ def layout(placement: Placement) -> list[tuple[int, int, str]]:
             FCM,
             None,
             [(0, 18, "C1"), (1, 6, "C2")],
-            id="flexible 24, 18/15/12 idle: FCM places 18 on C1 and 6 on C2 (seed 002 Fig. 4)",
+            id="flexible 24, 18/15/12 idle: FCM places 18 on C1 and 6 on C2 (KOALA 2006 Fig. 4)",
         ),
         pytest.param(
             non_fixed(8, 8, 8),
@@ -557,7 +557,7 @@ def test_cf_uses_each_clusters_best_replica() -> None:
     )
     assert [(c.site, c.file_site) for c in placement.components] == [("C2", "B"), ("C1", "A")]
     assert [c.transfer_s for c in placement.components] == pytest.approx([2.0, 8.0])
-    assert placement.file_transfer_s == pytest.approx(8.0)  # FTT, seed 000 Sec. 3.2
+    assert placement.file_transfer_s == pytest.approx(8.0)  # FTT, KOALA 2005 Sec. 3.2
 
 
 def test_cf_moves_on_when_the_replica_site_is_full() -> None:

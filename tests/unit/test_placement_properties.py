@@ -179,7 +179,7 @@ def test_cm_never_combines_more_clusters_than_wf_for_equal_components(
     # With equal components CM is optimal: the clusters sorted by idle hold the most
     # components first. With unequal sizes the claim is false for Fig. 1 taken literally
     # (first fit leaves unusable fragments): see the counterexample below. The paper's
-    # workloads (seed 002 Sec. 5.4) use equal components.
+    # workloads (KOALA 2006 Sec. 5.4) use equal components.
     request = non_fixed([size] * count)
     wf = worst_fit(request, snapshot, quota)
     cm = cluster_minimization(request, snapshot, quota)

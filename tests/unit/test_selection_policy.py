@@ -1,4 +1,4 @@
-"""Table-driven scenarios for the pure selection policy (seed 003, Protocols 1 and 2)."""
+"""Table-driven scenarios for the pure selection policy (Lander 2008, Protocols 1 and 2)."""
 
 from __future__ import annotations
 

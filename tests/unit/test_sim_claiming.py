@@ -1,4 +1,4 @@
-"""The KOALA model (seed 000 Sec. 3-4): hand-checked event traces, determinism and the
+"""The KOALA model (KOALA 2005 Sec. 3-4): hand-checked event traces, determinism and the
 capacity invariant."""
 
 from __future__ import annotations
