@@ -147,7 +147,7 @@ def apply_reorganization(
     )
     # A job that received held pilots starts its lifetime afresh (the paper is silent;
     # read literally, its old timer can expire first and shift them straight back:
-    # gridcore.sim.vjm, "A receiver's lifetime").
+    # gridcore.sim.coreservation, "A receiver's lifetime").
     receivers = sorted({shift.to_job for shift in decision.shifts})
     if receivers:
         conn.execute(
