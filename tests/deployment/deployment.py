@@ -73,6 +73,13 @@ TEST_OVERRIDES: dict[str, str] = {
     # instead of the default 300 s, so the test does not wait five minutes.
     "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
     "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
+    # A task the killed worker had taken from Redis but not started stays queued (late
+    # acks: its message is redelivered only after the broker's visibility timeout) until
+    # the scheduler sends it again: after 90 s here instead of the default 600 s, which
+    # the test otherwise waits out whenever the kill catches such a task (seen: a
+    # batch_pipeline task queued for 10 min, the test took 757 s).
+    "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "90",
+    "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT_CHECK_INTERVAL": "10",
 }
 STOP_GRACE_S = 15.0
 
