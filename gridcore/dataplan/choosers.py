@@ -86,7 +86,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gridcore.errors import ConfigError
-from gridcore.experiments.seeds import student_t_975
 from gridcore.model import Outcome
 from gridcore.policies.dataplan import (
     TIE_ORDER,
@@ -99,6 +98,7 @@ from gridcore.policies.dataplan import (
     minimal_concurrency,
 )
 from gridcore.sim.dataplan import WanSharing, simulate_dataplan
+from gridcore.stats import half_width_95
 
 FIRST_SEEDS = 3
 """The seeds every candidate runs on before the race, nodes not failing (module
@@ -431,11 +431,7 @@ def paired_interval(times: Sequence[float], leader: Sequence[float]) -> tuple[fl
         return -math.inf, math.inf
     scale = _mean(leader)
     differences = [(t - lead) / scale for t, lead in zip(times, leader, strict=True)]
-    half = (
-        student_t_975(len(differences) - 1)
-        * statistics.stdev(differences)
-        / math.sqrt(len(differences))
-    )
+    half = half_width_95(differences)
     centre = statistics.fmean(differences)
     return centre - half, centre + half
 

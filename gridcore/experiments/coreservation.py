@@ -93,7 +93,6 @@ tuned to the outcome:
 
 from __future__ import annotations
 
-import math
 import random
 import statistics
 from collections.abc import Mapping, Sequence
@@ -101,7 +100,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gridcore.experiments.registry import Experiment, RunOptions, text_table
-from gridcore.experiments.seeds import Claim, OverSeeds, student_t_975
+from gridcore.experiments.seeds import Claim, OverSeeds
 from gridcore.policies.coreservation import PAPER_RULE, ReorganizeRule
 from gridcore.progress import progress
 from gridcore.sim.coreservation import (
@@ -114,6 +113,7 @@ from gridcore.sim.coreservation import (
     simulate_vjm,
 )
 from gridcore.sim.workload import LocalJob, SimSite
+from gridcore.stats import half_width_95
 
 CLUSTER_PROCESSORS = 16
 A_INTERVAL_S = 60.0
@@ -258,7 +258,7 @@ def half_width(values: Sequence[float]) -> float:
     """The 95 % Student t half-width of the mean of ``values`` (0 for fewer than 2)."""
     if len(values) < 2:
         return 0.0
-    return student_t_975(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    return half_width_95(values)
 
 
 def coallocation_table(result: Mapping[str, Any]) -> str:

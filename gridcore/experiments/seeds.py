@@ -24,23 +24,18 @@ Nothing here knows an experiment: each entry names its sections and claims.
 from __future__ import annotations
 
 import itertools
-import math
 import re
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gridcore.stats import half_width_95
+
 Result = Mapping[str, Any]
 
 INTERVAL = "95 % Student t over the per-seed values: mean +- t(0.975, N-1) * s / sqrt(N)"
 
-_T_975: tuple[float, ...] = (
-    # t(0.975, df) for df = 1..30, the two-sided 95 % quantiles of every printed t table.
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
 _ESTIMATE_KEYS = frozenset({"mean", "ci95", "half_width", "min", "max", "values"})
 
 
@@ -101,7 +96,7 @@ class OverSeeds:
 
 def estimate(values: Sequence[float]) -> dict[str, Any]:
     """Mean, 95 % Student t interval, range and the values themselves (module docstring)."""
-    half = student_t_975(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    half = half_width_95(values)
     mean = statistics.fmean(values)
     return {
         "mean": mean,
@@ -111,23 +106,6 @@ def estimate(values: Sequence[float]) -> dict[str, Any]:
         "max": max(values),
         "values": list(values),
     }
-
-
-def student_t_975(df: int) -> float:
-    """t(0.975, ``df``): the printed table up to 30 degrees of freedom; beyond, the
-    Cornish-Fisher expansion around the normal quantile (within 1e-4 of the exact value
-    there, well under the table's own rounding)."""
-    if df < 1:
-        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
-    if df <= len(_T_975):
-        return _T_975[df - 1]
-    z = statistics.NormalDist().inv_cdf(0.975)
-    return (
-        z
-        + (z**3 + z) / (4 * df)
-        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
-        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
-    )
 
 
 def render_table(table: Callable[[Result], str], result: Result) -> str:

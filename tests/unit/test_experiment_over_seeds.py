@@ -17,8 +17,9 @@ from gridcore.errors import ConfigError
 from gridcore.experiments import registry
 from gridcore.experiments.coallocation_placement import koala_placement_experiment
 from gridcore.experiments.registry import BENCHMARKS, EXPERIMENTS, RunOptions, text_table
-from gridcore.experiments.seeds import MeanInterval, estimate, student_t_975
+from gridcore.experiments.seeds import MeanInterval, estimate
 from gridcore.sim.coallocation import FIG5_EXECUTION_S
+from gridcore.stats import student_t_975
 
 
 def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:

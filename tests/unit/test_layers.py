@@ -1,6 +1,7 @@
 """The layers of gridcore run one way (issue 23 item 5): the state database and its
 capacity ledger at the bottom, then the pure policies, the site adapters, staging, and
-the engines on top. A module imports only from its own layer or the ones below it, so
+the engines, data-plan planning (above the simulator it runs), the API and the
+experiments on top. A module imports only from its own layer or the ones below it, so
 no cycle can form between them (staging once imported the engines' ledger while the
 engines imported staging; health called back into the runtime)."""
 
@@ -10,7 +11,19 @@ import ast
 from pathlib import Path
 
 GRIDCORE = Path(__file__).resolve().parents[2] / "gridcore"
-LAYERS = ("state", "policies", "sites", "staging", "engine")
+LAYERS = (
+    "state",
+    "policies",
+    "sim",
+    "sites",
+    "staging",
+    "engine",
+    "dataplan",
+    "api",
+    "experiments",
+)
+# File formats sit with config.py beneath every layer: any layer may read them.
+FORMATS = frozenset({"gridcore.dataplan.format"})
 
 
 def _layer_imports(path: Path) -> set[str]:
@@ -25,6 +38,8 @@ def _layer_imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             modules = [f"{node.module}.{alias.name}" for alias in node.names]
         for module in modules:
+            if any(module == f or module.startswith(f"{f}.") for f in FORMATS):
+                continue
             parts = module.split(".")
             if parts[0] == "gridcore" and len(parts) > 1 and parts[1] in LAYERS:
                 found.add(parts[1])
