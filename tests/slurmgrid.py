@@ -1,72 +1,7 @@
 """Start and stop a real three-cluster Slurm grid on localhost for the test suite.
 
-Layout (see ``DEFAULT_LAYOUT``): ``alpha`` = one 16-CPU node, ``beta`` = two 8-CPU nodes
-(two slurmd processes), ``gamma`` = one 4-CPU node. Each cluster has its own slurm.conf,
-ports, JWT key, slurmrestd and job id range; one munged (the host's) serves all three.
-
-Releases (``ClusterLayout.release``): alpha runs Slurm 26.05 (Debian forky), beta the
-host's Slurm 22.05 (Debian 12), gamma Slurm 24.11 (Debian trixie). A newer release runs
-from a Debian chroot that ``tests/slurm_releases.py`` builds and caches outside the clone
-(``start_grid`` waits for a build in progress, or builds a missing chroot itself). Its
-daemons start as ``nsenter --net=NS chroot DIR env -i PATH=.. SLURM_CONF=.. DAEMON``, its
-jobs run in the chroot, and every Slurm tool the suite runs against it is its own
-(``SlurmCluster.cli``). The grid bind-mounts proc, sys, dev, /tmp (the grid's scratch
-dir and the tests' temp dirs, at the same paths) and, read-only, the repository, the venv
-and the base interpreter into each chroot it uses; every mount is recorded in
-``<dir>/mounts.json`` BEFORE it is made and undone by ``stop`` (also a killed run's).
-``SlurmCluster.api_version`` is the newest REST version its slurmrestd serves (from
-``GET /openapi/v3``); readiness checks speak each version's fields.
-
-Network (``network=``, default from ``$GRIDCORE_SLURM_NETWORK``, else ``"loopback"``):
-
-* ``"netns"``: each cluster runs in a network namespace of its own (``ip netns``), joined
-  to the host by a veth pair on a private /24 ``10.213.X.0/24`` (X chosen free per run):
-  the host side is ``10.213.X.1`` (``SlurmCluster.host_address``, where jobs of that
-  cluster reach the host), the namespace side ``10.213.X.2`` (``SlurmCluster.address``,
-  where its slurmctld, slurmd and slurmrestd listen). slurmctld, slurmd and slurmrestd
-  are started inside it (``nsenter --net=/run/netns/NAME``, the namespace ``ip netns``
-  made), so the jobs run in the namespace too. The
-  namespaces route to each other through the host (forwarding enabled on the grid's
-  own host-side veths only; no default route, so jobs reach nothing else). munged stays
-  on the host: its unix socket is on the shared filesystem. Needs root and iproute2.
-* ``"loopback"``: the earlier layout, everything on 127.0.0.1 of the host.
-* ``"auto"``: ``"netns"`` when it can be set up, else ``"loopback"`` with a warning.
-
-Namespace and interface names carry a random per-run tag; each namespace is recorded in
-``/run/gridcore-slurmgrid/<netns>.json`` (owner PID and start time) BEFORE it is made, so
-a later start removes namespaces whose owner died (a killed run) and never another live
-run's. ``stop`` removes the grid's namespaces after its daemons.
-
-Scheduling (``ClusterLayout.sched_interval_s``, changed live by
-:func:`set_scheduler_interval`): ``None`` is the fast default (``sched/backfill``, jobs
-start within about a second); ``N`` seconds makes the cluster start jobs only on N-second
-ticks (``sched/builtin`` with ``defer,sched_interval=N,batch_sched_delay=N``). See
-``docs/slurm-test-grid.md`` for what was measured.
-
-Accounting (``ClusterLayout.accounting``; in ``DEFAULT_LAYOUT`` alpha has it): the cluster
-gets a slurmdbd of its own release, storing into a fresh MariaDB database and user made
-for this grid (``gridcore_slurm_<tag>_<cluster>``, random password) on the server at
-``$GRIDCORE_SLURM_MYSQL`` (default ``127.0.0.1:3306``; the grid connects as root with the
-``mariadb`` client, whose own password sources, ``~/.my.cnf`` or ``$MYSQL_PWD``, apply).
-slurmdbd runs chrooted like the cluster's daemons but in the HOST's network namespace
-(MariaDB listens on the host's 127.0.0.1 only, which a namespace cannot reach); it
-listens on all the host's addresses, and the cluster's slurmctld, slurmrestd and tools
-reach it at ``SlurmCluster.host_address``. The cluster is registered with its own
-``sacctmgr`` before its slurmctld starts; slurmrestd serves slurmdbd's API beside
-slurmctld's (``SlurmCluster.accounting``). Each database is recorded in
-``<dir>/accounting.json`` and ``/run/gridcore-slurmgrid/db-<database>.json`` BEFORE it is
-made; ``stop`` drops it with its user, and a later start drops a killed run's (and any
-``gridcore_slurm_*`` database or user no record owns). Other databases are never touched.
-Without a reachable MariaDB the grid starts without accounting, with a warning.
-
-Every daemon's PID file is recorded in ``<dir>/daemons.json`` BEFORE the daemon starts, so
-``stop`` can always find what a (possibly half-finished) ``start`` launched. Daemons are
-stopped only through those PID files, never by process name.
-
-Command line (from the repository root)::
-
-    python -m tests.slurmgrid start --dir DIR   # prints the grid TOML path
-    python -m tests.slurmgrid stop --dir DIR
+How it works, in full: ``docs/slurm-test-grid.md``
+(section ``tests/slurmgrid.py``).
 """
 
 from __future__ import annotations

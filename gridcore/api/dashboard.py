@@ -116,7 +116,7 @@ def snapshot(store: Store) -> Iterator[Connection]:
 def read_grid(
     store: Store, now: float, *, recent: int = RECENT, window_s: float = WINDOW_S
 ) -> dict[str, Any]:
-    """The whole grid as the state database says at ``now`` (module docstring)."""
+    """The whole grid as the state database says at ``now`` (docs/grid-page.md)."""
     recent = max(1, min(int(recent), RECENT_MAX))
     window_s = max(1.0, min(float(window_s), WINDOW_MAX_S))
     with snapshot(store) as conn:
@@ -511,7 +511,7 @@ class Interval:
 
 
 def _intervals(conn: Connection, since: float, now: float) -> list[Interval]:
-    """Every job of ours that ran at some time in [since, now] (module docstring)."""
+    """Every job of ours that ran at some time in [since, now] (docs/grid-page.md)."""
     sc, cc, pc = selections.c, coalloc_components.c, pilots.c
     sources = (
         (sc.site, sc.processors, sc.started_at, sc.finished_at, sc.state, _UNFINISHED),
@@ -574,7 +574,7 @@ def _steps(deltas: Mapping[float, int], start: float, end: float) -> list[list[f
 
 
 def read_task(store: Store, ref: TaskRef, ids: TaskIds, now: float) -> dict[str, Any]:
-    """What ``ref`` decided, placed, reserved or planned (module docstring)."""
+    """What ``ref`` decided, placed, reserved or planned (docs/grid-page.md)."""
     name = task_job_name(ref.dag_id, ref.task_id, ref.map_index)
     stream = None if ref.run_id is None else dataplan_stream(ref.dag_id, ref.run_id)
     by = "task state store" if not ids.empty else "name"

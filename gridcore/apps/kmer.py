@@ -154,7 +154,7 @@ def merge(taxonomy_path: Path, counts_path: Path, out_path: Path, sample: str) -
 
 
 def make_data(out_dir: Path, samples: int, seed: int = 0, scale: float = 1.0) -> dict[str, Any]:
-    """Write the synthetic data set (module docstring) under ``out_dir``; its manifest."""
+    """Write the synthetic data set (docs/apps.md) under ``out_dir``; its manifest."""
     _check_data_request(samples, seed, scale)
     rng = np.random.default_rng(seed)
     taxonomy = _synthetic_taxonomy(rng, max(MIN_TAXONOMY_ROWS, round(TAXONOMY_ROWS * scale)))
@@ -403,7 +403,7 @@ def read_taxonomy(path: Path) -> dict[int, Taxon]:
 
 
 def report_text(sample: str, counts: TaxonCounts, taxonomy: Mapping[int, Taxon]) -> str:
-    """``merge``'s report (the module docstring's format)."""
+    """``merge``'s report (the format in docs/apps.md)."""
     _check_sample(sample)
     rows = sorted(zip(counts.taxa, counts.counts, strict=True), key=lambda r: (-r[1], r[0]))
     lines = [f"# sample={sample} reads={counts.reads} kmers={counts.kmers}", REPORT_COLUMNS]
@@ -417,7 +417,7 @@ def report_text(sample: str, counts: TaxonCounts, taxonomy: Mapping[int, Taxon])
 
 
 def read_fastq(path: Path) -> Reads:
-    """The FASTQ file's reads (the module docstring's format)."""
+    """The FASTQ file's reads (the format in docs/apps.md)."""
     data = _read_bytes(path)
     if data and not data.endswith(b"\n"):
         raise InputFileError(f"{path}: no newline at the end (a truncated file?)")

@@ -65,7 +65,7 @@ class PeerAddress:
 
 @dataclass(frozen=True)
 class Rendezvous:
-    """How a component finds its neighbours (the protocol in the module docstring)."""
+    """How a component finds its neighbours (the protocol in docs/apps.md)."""
 
     peers: Path
     host: str = DEFAULT_HOST
@@ -288,7 +288,7 @@ def couple(
     n: int, iterations: int, bounds: Sequence[tuple[int, int]], index: int, how: Rendezvous
 ) -> Iterator[tuple[Channel | None, Channel | None]]:
     """The channels to the left and right neighbours of component ``index`` (None at an
-    end), connected as the module docstring describes, closed on exit."""
+    end), connected as docs/apps.md describes, closed on exit."""
     if len(bounds) == 1:
         yield None, None
         return

@@ -1,81 +1,8 @@
 """Choosers of a storage plan beyond the paper's: :func:`choose_by_simulation` runs every
 feasible plan on the project's simulator and picks the fastest.
 
-Seed: Bent et al., "Data-Driven Batch Scheduling", DADC 2009
-(``docs/papers.md``). The paper's chooser,
-:func:`gridcore.policies.dataplan.choose_bent2009`, ranks strategies by closed-form models
-(Eq. 5-24). Two of their simplifications make it pick badly where it matters:
-
-* Eq. 18 averages Slice's concurrency over the ramp (``n`` jobs) and the steady state
-  (``C'``), then caps it at ``N_CPU``; on Table 1's batch workload ``n = 183`` lifts the
-  average to the cap of 50 while the steady state runs ``C' = 17`` jobs: Slice is
-  predicted 2.4 times faster than Minimal and simulates 25 % slower than Minimal with
-  wider groups (below), 40 % and more at larger widths;
-* Eq. 23 caps Minimal's group width at ``N_CPU``, so every 50 pipelines refetch every
-  batch volume over the WAN, although groups three times wider still run 50 jobs at once.
-
-What :func:`choose_by_simulation` does instead:
-
-* **Candidates** (:func:`candidate_plans`): the strategies the paper's chooser considers
-  (Eq. 1-4 feasible ones, All included unless ``consider_all=False``, Remote only when
-  none is), each as the simulator runs it, and, when Minimal is possible, Minimal with
-  groups as wide as storage allows while every group still runs at full concurrency
-  (:func:`wide_minimal_width`; the simulator's ``minimal_width``). A plan with a group
-  width is labelled ``minimal@WIDTH``.
-* **Seeds** (:func:`race`): common random numbers, one seed giving every plan the same
-  runtimes and resets, so that the per-seed difference of two plans' makespans (the
-  *paired* difference) varies far less than either makespan. Every candidate first runs
-  on the first :func:`first_seeds` of :data:`CHOOSING_SEEDS`: :data:`FIRST_SEEDS` = 3
-  where nodes do not fail, which suffice where only runtimes vary (Table 1's 10 % moves a
-  makespan by a few percent, and the plans worth telling apart differ by more), but
-  :data:`FIRST_SEEDS_WITH_FAILURES` = 10 where they do (``F > 0``). A reset costs what
-  the pipeline or barrier it hits has fetched and computed, so on most seeds two plans
-  fare alike and on a few one loses a barrier the other does not: an interval from three
-  seeds that happen to hold no such reset is narrow and wrong. In case 67 of
-  :mod:`gridcore.experiments.dataplan_robustness` Minimal is 0-0.9 % faster than Slice on the
-  first 8 choosing seeds and 21 % to five times slower on 8 of the 30, so three seeds
-  picked Minimal, 14 % slower over 30 (20.7 % on the experiment's measurement seeds); a
-  swing that hits a share ``p`` of the seeds is missed by ``n`` seeds with probability
-  ``(1 - p)^n``, 34 % for ``p = 0.3`` and three seeds, 3 % for ten. Then a race: after
-  each round of seeds, a plan other than the leader (the smallest mean) stays in the
-  race while the 95 % Student t interval of its paired differences to the leader, ``mean
-  +- t(0.975, n - 1) * s / sqrt(n)`` over the ``n`` seeds (:func:`paired_interval`, as
-  :mod:`gridcore.experiments.seeds` bounds a mean), reaches below ``-INDIFFERENCE`` (1 %) of the
-  leader's mean, i.e. while it might still be more than 1 % faster. A plan whose
-  interval stays above that leaves the race: it is slower, or at most 1 % faster, so
-  choosing the leader costs at most 1 % against it, half the issue's 2 % median bound.
-  While plans are in the race beside the leader, the seeds double (3, 6, 12, 24; 10, 20)
-  for those plans and the leader only, up to :data:`MAX_CHOOSING_SEEDS` = 30 (the
-  paper's runs per point, which :mod:`gridcore.experiments.dataplan` measures its
-  ``failure`` sweep with) or the job budget (below). Doubling rather than one seed at a
-  time: fewer looks at the interval, each a chance to stop on a lucky draw, for at most
-  twice the seeds needed. Plans well apart, or running identically (a difference of 0 on
-  every seed), leave after the first round: on 60 random cases without failures (the
-  robustness experiment's ranges, cases from seed 200,000 on, apart from its own), the
-  race added 2.6 % to the runs of three seeds; on 31 with failures, the first round of
-  ten and the race cost 3.3 times those runs.
-  When ``SD_R = 0`` and ``F = 0`` every seed runs the same simulation, so one seed is
-  used and there is no race. The seeds are 1,000,001 onwards, far from 0, so that an
-  experiment measuring the pick on seeds ``0, 1, ...`` measures it on seeds it did not
-  choose with (:func:`gridcore.experiments.dataplan.measurement_seeds` refuses all
-  30).
-* **Pick**: the smallest mean simulated makespan among the plans still in the race at
-  the end, all over the same seeds (``trace=False``); ties go to the first candidate in
-  the policy's tie order, the wide Minimal after Minimal. A run that does not end within
-  :data:`HORIZON_FACTOR` times the largest finite model prediction (without failures) is
-  infinite (failures can make a plan never settle); the mean over seeds is then infinite
-  too, and such a plan leaves the race at once when another has a finite mean.
-* **Cost**: about 0.1 ms per simulated job. Beyond :data:`MAX_SIMULATED_JOBS` jobs
-  (``J`` x seeds x candidates) in the first round the chooser does not simulate and
-  returns the paper's pick, saying so in its reasons, so ``gridcore plan`` stays
-  interactive for huge workloads; a later round is cut to the seeds that fit in what is
-  left of that budget (the reasons say so too).
-
-The result is a :class:`SimulatedPlan`, a :class:`~gridcore.policies.dataplan.DataPlan`
-whose ``predictions`` are the simulated means (one per strategy, Minimal's the better of
-its widths) and whose ``group_width`` says how wide Minimal's groups are (``None``: the
-strategy's own). A plan that left the race reports its mean over the seeds it ran on.
-Not pure (it runs the simulator), but deterministic: the same inputs give the same plan.
+Design, equations and the choices where a paper is ambiguous: ``docs/dataplan.md``
+(section ``gridcore/dataplan/choosers.py``).
 """
 
 from __future__ import annotations
@@ -107,13 +34,13 @@ FIRST_SEEDS_WITH_FAILURES = 10
 """The seeds every candidate runs on before the race when nodes fail (``F > 0``; module
 docstring)."""
 MAX_CHOOSING_SEEDS = 30
-"""The most seeds a plan in the race runs on (module docstring)."""
+"""The most seeds a plan in the race runs on (docs/dataplan.md)."""
 CHOOSING_SEEDS: tuple[int, ...] = tuple(range(1_000_001, 1_000_001 + MAX_CHOOSING_SEEDS))
 """The seeds :func:`choose_by_simulation` chooses with, in the order it uses them: the
 first :func:`first_seeds` always, the others while plans are in the race."""
 INDIFFERENCE = 0.01
 """A plan stays in the race while it might be faster than the leader by more than this
-share of the leader's mean (module docstring)."""
+share of the leader's mean (docs/dataplan.md)."""
 HORIZON_FACTOR = 20.0
 MAX_SIMULATED_JOBS = 600_000
 
@@ -223,7 +150,7 @@ def wide_minimal_width(workload: Workload, env: Environment) -> int | None:
 def candidate_plans(
     workload: Workload, env: Environment, *, consider_all: bool = True, wide_minimal: bool = True
 ) -> tuple[Candidate, ...]:
-    """The plans :func:`choose_by_simulation` compares, in tie order (module docstring);
+    """The plans :func:`choose_by_simulation` compares, in tie order (docs/dataplan.md);
     ``wide_minimal=False`` leaves the wide Minimal out (the paper's strategies only)."""
     considered = choose_bent2009(workload, env, consider_all=consider_all).considered
     plans = [Candidate(s) for s in considered]
@@ -250,7 +177,7 @@ def distinct_seeds(workload: Workload, env: Environment, seeds: Sequence[int]) -
 
 def first_seeds(env: Environment) -> int:
     """How many seeds every candidate runs on before the race: more when nodes fail,
-    whose effect on a makespan a few seeds may not show (module docstring)."""
+    whose effect on a makespan a few seeds may not show (docs/dataplan.md)."""
     return FIRST_SEEDS_WITH_FAILURES if env.F > 0 else FIRST_SEEDS
 
 
@@ -359,7 +286,7 @@ def race(
 ) -> Race:
     """Run every candidate on the first ``first`` seeds, then, while a plan is still in
     the race beside the leader (:func:`still_racing`), the leader and those plans on
-    twice as many seeds, up to all of ``seeds`` (module docstring). ``run(candidate,
+    twice as many seeds, up to all of ``seeds`` (docs/dataplan.md). ``run(candidate,
     seed)`` is one makespan; ``budget`` caps the runs in all (one run: one candidate on
     one seed; ``None``: no cap), a round being cut to the seeds that fit."""
     runs: dict[Candidate, list[float]] = {c: [] for c in candidates}

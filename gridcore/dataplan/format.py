@@ -5,86 +5,8 @@ checks and writes the file: it imports no policy beyond the model's types and no
 simulator; padding it to the paper's canonical workload and planning it on a site are
 :mod:`gridcore.dataplan.planning`.
 
-Format (version 1)::
-
-    version = 1                     # required: the integer 1
-    name = "kmer-count"             # required: the workload's name (it becomes a DAG id):
-                                    # 1-128 of A-Z a-z 0-9 _ . -, first a letter or digit
-
-    [resources]                     # optional: what every job asks of the site, named
-    time_limit = "30m"              # as everywhere in gridcore (and as sbatch): time_limit
-    account = "proj42"              # ("90s", "10m", "2h", "1d", Slurm's "MM", "MM:SS",
-                                    # "HH:MM:SS", "D-HH[:MM[:SS]]", or integer seconds),
-                                    # account, qos, partition, memory or memory_per_cpu
-                                    # ("512M", "4G", "1T", integer MiB), gpus, constraint;
-                                    # the site's [sites.NAME.defaults] fill what is unset
-
-    [[depths]]                      # one table per depth, in pipeline order: D = how many
-    name = "lookup"                 # the job at this depth; a name as above, unique
-    command = "kmer-lookup --index {batch} --reads {input} --out {output}"
-                                    # a template: {batch} the batch volume's staged path,
-                                    # {input} the pipeline's private input (the previous
-                                    # depth's output), {output} this job's private output,
-                                    # {pipeline} the pipeline's name, {depth} its 0-based
-                                    # index, {python} the absolute path of the Python
-                                    # that runs gridcore (site jobs get a bare PATH);
-                                    # every value is filled shell-quoted; {{ and }} are
-                                    # literal braces; the rest is run by /bin/sh as is
-    runtime_mean_s = 4.0            # runtime estimate on a reference site (slowness 1), s
-    runtime_sd_s = 0.5              # optional (default 0): its standard deviation, s
-    processors = 1                  # optional: must be 1 (the paper's jobs use one node)
-    output_bytes = 6_000_000        # the private output every pipeline writes here
-    batch = { logical_name = "kmer/ref/index-k31.bin", size_bytes = 60_000_000 }
-                                    # optional: the batch volume every pipeline reads at
-                                    # this depth, by logical name in the replica catalog;
-                                    # size_bytes may be left out when the catalog knows the
-                                    # file (``gridcore plan`` looks it up). No batch: 0 bytes
-    resources = { time_limit = "2h", memory = "8G" }
-                                    # optional: this depth's jobs ask for these, over the
-                                    # file's [resources] key by key
-
-    [[pipelines]]                   # the W pipelines: EITHER a list of tables ...
-    name = "sample-01"              # unique, a name as above
-    logical_name = "kmer/reads/sample-01.fq"   # its private input by logical name, or
-    # path = "reads/sample-01.fq"   # a path (relative: to this file's directory)
-    size_bytes = 8_000_000          # the input's size; may be left out for a logical name
-                                    # the catalog knows
-
-    [pipeline_range]                # ... OR one generated range (not both):
-    count = 8                       # W: an integer from 1 to 1,000,000
-    first = 1                       # optional (default 1): the first index i
-    name = "sample-{i:02}"          # {i} is the index, {i:0N} the index zero-padded to N
-    logical_name = "kmer/reads/sample-{i:02}.fq"   # or path = "..."; both need an {i}
-    size_bytes = 8_000_000          # as in [[pipelines]]
-
-Sizes are integer bytes (0 to 2**63 - 1; never 6.0e6, "6 MB" or true), seconds finite
-numbers >= 0. At most 1000 depths and 1,000,000 pipelines (every pipeline is one object
-in memory; a bound makes a stray ``count = 1e9`` a refusal, not an exhausted machine).
-Resources are parsed by :func:`gridcore.validation.check_resources`
-(``kmer.toml: depths[1].resources.time_limit: '10x' is not a duration (...)``); a job asks
-for the operator's resources
-(``DataPlanPipelineOperator(time_limit=...)``, like sbatch's command line over its
-``#SBATCH`` lines) over its depth's over the file's, and its site's defaults fill the rest.
-The file must be a regular file of UTF-8 text of at most 32 MiB. Every problem raises
-:class:`~gridcore.errors.ConfigError` in one line naming the file and the field:
-``kmer.toml: depths[2].batch.size_bytes: must be an integer >= 0 (bytes, at most
-9223372036854775807), got -1``. The version is checked first, so a file of a later
-version is refused for its version rather than for a key this version does not know.
-
-Python: a DAG author builds the same thing directly, with the same checks (the message
-then names the class: ``DepthSpec: output_bytes: ...``)::
-
-    spec = PipelineSpec(
-        name="kmer-count",
-        depths=(DepthSpec("lookup", "kmer-lookup {batch} {input} {output}", 4.0,
-                          output_bytes=6_000_000, runtime_sd_s=0.5,
-                          batch=BatchVolume("kmer/ref/index-k31.bin", 60_000_000)),),
-        pipelines=tuple(PipelineInput(f"s{i}", 8_000_000, logical_name=f"reads/s{i}.fq")
-                        for i in range(8)),
-    )
-
-:func:`load_pipeline` reads a file; :func:`dump_pipeline` writes one back (pipelines as
-a list), and loading it gives an equal spec.
+How it works, in full: ``docs/dataplan.md``
+(section ``gridcore/dataplan/format.py``).
 """
 
 from __future__ import annotations

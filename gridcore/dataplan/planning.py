@@ -7,43 +7,8 @@ the one entry ``gridcore plan``, the batch-pipeline DAG
 (:mod:`gridcore.dataplan.live`) plan with. The file itself is
 :mod:`gridcore.dataplan.format`.
 
-Canonical padding (:func:`to_canonical`). The paper's models take a canonical workload
-(Sec. 1): one batch size ``S_B``, one private size ``S_P``, one runtime distribution.
-Its Discussion pads a non-canonical workload "by increasing the size of all batch and
-private volumes to their maximum respective sizes", so that the plan's allocation limits
-hold at the largest volume and no progress is lost when a pipeline reaches it:
-
-* ``S_B`` = the largest batch volume (a depth without one counts 0 bytes);
-* ``S_P`` = the largest private volume: every pipeline's input and every depth's output
-  (the paper merges endpoint and pipeline data into "private");
-* ``R_bar`` and ``SD_R`` = the MEAN of the depths' means and standard deviations, not the
-  largest. Runtimes do not bound any allocation (feasibility, Eq. 1-4, only compares
-  sizes), so padding them buys no safety; and every model uses them only as
-  ``D * R_bar`` and ``D * SD_R`` (Eq. 10, 20, Remote), which the mean keeps exactly equal
-  to the sums over the depths, while the largest would overstate every compute phase.
-
-The :class:`PaddingReport` says what the padding costs: per depth the actual and padded
-batch and output bytes, for the inputs their range and total, and in all the bytes the
-canonical workload assumes beyond the real ones (``S_TotB + S_TotP`` minus the real
-total). Predicted times are of the padded workload: they also include moving the padding.
-
-Environment (:func:`environment_for_site`; the paper's five variables, Sec. 1):
-
-* ``N_CPU`` = the site's ``processors``; ``S`` = its ``storage_gb`` (as bytes). A site
-  without ``storage_gb`` is refused (unless ``measured`` gives ``S``): the plans are
-  about storage, there is nothing to plan without it.
-* ``BW_R`` = the grid's bandwidth from ``origin`` (where inputs live) to the site, MB/s
-  as bytes/s; the paper uses one WAN bandwidth both ways (Eq. 8).
-* ``BW_L`` = :data:`DEFAULT_BW_L`, 1 Gb/s per node (125 MB/s; the policy's
-  ``BandwidthReading.GIGABIT``): the grid file has no bandwidth within a site.
-* ``F`` = :data:`DEFAULT_F`, 0 failure events per second (Table 2's).
-* ``measured`` overrides any of them by the paper's name (:data:`MEASURED_KEYS`: ``N_CPU``
-  processors actually available, ``S`` bytes of storage, ``F`` failure events per second
-  in the cluster, ``BW_R`` and ``BW_L`` observed transfer rates in bytes per second).
-
-A plan for a site (:func:`plan_for_site`) also scales the runtimes by the site's
-``slowness`` (the grid's runtime multiplier against a reference site) and runs every
-chooser of :data:`CHOOSERS` on the result.
+Design, equations and the choices where a paper is ambiguous: ``docs/dataplan.md``
+(section ``gridcore/dataplan/planning.py``).
 """
 
 from __future__ import annotations
@@ -232,7 +197,7 @@ class CanonicalWorkload:
 def to_canonical(
     spec: PipelineSpec, known_sizes: Mapping[str, int] | None = None
 ) -> CanonicalWorkload:
-    """Pad ``spec`` to the paper's canonical workload (module docstring): ``S_B`` the
+    """Pad ``spec`` to the paper's canonical workload (docs/dataplan.md): ``S_B`` the
     largest batch volume, ``S_P`` the largest private volume, runtimes the mean of the
     depths'. ``known_sizes``: logical name -> bytes (the replica catalog's) for volumes
     the spec gives no size; a size neither gives is a ConfigError naming the field."""
@@ -340,7 +305,7 @@ def environment_for_site(
 ) -> Environment:
     """The paper's environment (``N_CPU, S, F, BW_R, BW_L``) of ``site_name`` from the grid
     description, with ``measured`` values (keys :data:`MEASURED_KEYS`) overriding it
-    (module docstring). ConfigError for an unknown site or key, or a site whose storage
+    (docs/dataplan.md). ConfigError for an unknown site or key, or a site whose storage
     neither the grid nor ``measured`` gives."""
     site = grid.site(site_name)
     observed = dict(measured or {})

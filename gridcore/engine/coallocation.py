@@ -240,7 +240,7 @@ class CoAllocationEngine:
     # -- the scan ------------------------------------------------------------------------
 
     def scan(self, now: float | None = None) -> ScanReport:
-        """One KOALA scan (module docstring), or a skipped one if another engine holds
+        """One KOALA scan (docs/coallocation.md), or a skipped one if another engine holds
         the scan lease."""
         now = self.runtime.clock() if now is None else now
         return self.scanner.run(now, lambda grant, work: self._steps(now, grant.index, work))

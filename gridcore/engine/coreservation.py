@@ -327,7 +327,7 @@ class CoReservationEngine:
     # -- the scan ------------------------------------------------------------------------
 
     def scan(self, now: float | None = None) -> ScanReport:
-        """One pass of the module docstring's steps, or a skipped one while another
+        """One pass of docs/coreservation.md's steps, or a skipped one while another
         engine holds the scan lease."""
         now = self.runtime.clock() if now is None else now
         return self.scanner.run(now, lambda _grant, work: self._steps(now, work))

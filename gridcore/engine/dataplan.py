@@ -2,58 +2,8 @@
 jobs submitted at the plan's concurrency, every volume a holder of bytes in THE capacity
 ledger, so the site's storage is never exceeded.
 
-Seed: Bent et al., "Data-Driven Batch Scheduling", DADC 2009
-(``docs/papers.md``). The plan is chosen by
-:mod:`gridcore.policies.dataplan` (or :mod:`gridcore.dataplan.choosers`) and written as
-stages by :func:`gridcore.policies.dataplan_stages.plan_stages`; this module executes the
-stages. The same step functions run a whole plan from the CLI
-(:meth:`DataPlanRunner.run`, ``gridcore pipeline run``) and one stage or one pipeline per
-Airflow task (``operators/dataplan.py``).
-
-**Volumes.** Every volume on the site is a replica in the replica catalog and a volume
-hold of the capacity ledger (``HolderKind.VOLUME``, holder ``<logical name>@<site>``):
-
-* a batch volume is staged by :func:`gridcore.staging.stage_measured` (the hold is
-  claimed before the copy) and evicted by deleting the file and then removing the
-  replica (which releases the hold);
-* a pipeline's input (private volume 0) is staged the same way from where it lives;
-* a job's output (private volume ``d + 1``) is the logical name
-  ``dataplan/<run>/<pipeline>/v<d+1>``; its declared ``output_bytes`` are claimed before
-  the job is submitted (a job whose output does not fit waits: the ledger, not the DAG,
-  keeps storage within the limit), and once the job has completed its file is checked
-  (present, at most the declared size) and registered as a replica;
-* a job's input is evicted once its job has completed; the last output is copied "home"
-  (``home_dir/<pipeline>/<depth name>``, atomically) and then evicted.
-
-The file goes before the bytes are released and the bytes are held before a file is
-written, so the bytes on the site's disk never exceed what the ledger holds, which never
-exceeds ``storage_bytes``.
-
-**Faults.** Every step is idempotent and keyed, so a process killed anywhere and started
-again (or an Airflow retry) continues without running a job twice:
-
-* a job is a pinned selection named ``<pipeline>/<depth name>`` in the stream
-  ``dataplan:<run>``, submitted under the selection's key (the site returns the job it
-  already has); a run started again polls the job it finds instead of submitting;
-* a pipeline resumes after its last job whose output is still on the site (or at home);
-* a batch volume found missing or of the wrong size before a job is re-staged;
-* a pipeline whose private input was lost (a node reset erases it, Sec. 4) starts again
-  from depth 0, as the paper's failure model re-runs the pipeline;
-* a job that fails (non-zero exit, cancelled, or an output above its declared size)
-  raises :class:`~gridcore.errors.GridError` naming it; its output's bytes are released.
-
-**WAN.** ``wan_mbps`` emulates the wide-area link of the paper on one machine: copies
-between the origin and the site (batch volumes, pipeline inputs, final outputs) are
-paced to that rate (:class:`gridcore.staging.Throttle`). None copies at full speed (a
-real WAN paces itself).
-
-Absent: Remote (jobs reading batch data where it lives, no storage at the site) is not
-run live: a runner refuses it (ConfigError), and the chooser picks it only when no
-storage plan is feasible. Storage must be a directory of this machine (local sites and
-Slurm clusters sharing its file system). A batch volume is shared by the runs at a site:
-evicting it while another run of the same workload reads it is not prevented. A pipeline
-that loses its private data inside a Slice or Minimal stage (one depth per stage) fails
-rather than starting again from depth 0; under All and AllBatch it starts again.
+Design, equations and the choices where a paper is ambiguous: ``docs/dataplan.md``
+(section ``gridcore/engine/dataplan.py``).
 """
 
 from __future__ import annotations

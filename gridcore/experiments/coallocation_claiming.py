@@ -1,68 +1,7 @@
 """KOALA on an unreliable DAS: the experiment of CCGrid 2005 Sec. 4-5.
 
-Seed: Mohamed, Epema, "Experiences with the KOALA co-allocating scheduler in
-multiclusters", CCGrid 2005 (``docs/papers.md``).
-
-:func:`koala_claiming_experiment` runs the paper's workload through
-:func:`gridcore.sim.claiming.simulate_koala` (placement queues, claiming queue, ICP and
-fault tolerance of :mod:`gridcore.policies.claiming`, CF placement) and reports what
-Sec. 5 reports: per priority the placement times and start delays (Fig. 5), the failures
-(Fig. 3), co-allocation (Fig. 4), and the clusters removed (Sec. 5.1).
-
-The setup, and where it comes from:
-
-* **Clusters** (Sec. 2.1, 5.1): the DAS-2 has five clusters of dual-processor nodes, one of
-  72 nodes and four of 32. "A total of 310 processors in 4 out of the 5 DAS clusters were
-  available to KOALA", 250 after one cluster was removed, so that cluster had 60. The
-  paper gives no per-cluster split; we use ``vu`` 130 (of its 144), and ``leiden``,
-  ``uva`` and ``delft`` 60 each (of 64); ``utrecht`` is the cluster not available.
-* **Unreliability** (Sec. 4.3, 5.1-5.2): every component start fails with its cluster's
-  probability (:data:`FAILURE_PROBABILITY`), at a uniform time before the job's planned
-  end: 0.6 at ``uva``, which plays the cluster with "a much higher consecutive number of
-  failures" (the paper does not name it), 0.1 elsewhere. With 3-8 components a run then
-  fails far more often than the "below 15%" of the stable system (Sec. 5.2). Sec. 3.4's
-  threshold of consecutive errors is :data:`UNUSABLE_AFTER_ERRORS` = 4; the paper gives
-  none. With 3, a 10%-failure cluster also reached the threshold in 3 of seeds 0-19
-  (losing ``vu`` more than tripled the makespan of seed 5); with 4, seeds 0-19 all lose
-  ``uva`` and only it, as Sec. 5.1 reports (310 -> 250 processors). Whether and when a
-  cluster is removed is the model's outcome, reported under ``setup.unusable``.
-* **Workload** (Sec. 4.2): 500 jobs; priority, job size (36 or 72), number of components
-  and input file size (4 or 8 GB) are each uniform. Components are equal, job size /
-  count, and must exceed 8 processors: size 72 takes 3, 4, 6 or 8 components (24, 18,
-  12, 9), size 36 takes 3 or 4 (12, 9). Each job has its own input file, read whole by
-  every component (Sec. 2.3, Sec. 4.2 "each job component requires the same single
-  file"), replicated at 2 distinct clusters drawn uniformly from the four. Runtimes are
-  uniform in 30-192 s (Sec. 4.2). Arrivals are Poisson (mean gap
-  :data:`MEAN_INTERARRIVAL_S`; the paper gives no rate).
-* **Transfers**: the 100 Mbit/s backbone (Sec. 2.1) between any two clusters, 12.5 MB/s:
-  320 s for 4 GB, 640 s for 8 GB; a replica at the execution site costs nothing.
-* **KOALA** (Sec. 4): no try limits, scans every 4 min, ``L`` = 0.75 lowered by 0.125 to
-  at least 0.25, ``T`` = 0, ``S`` = 2, placement queues capped at 100 jobs in all (jobs
-  arriving beyond the cap are submitted, in order, once a scan brings the queues below it).
-* **Other users** (Sec. 4.2 "in addition to the regular workload of the ordinary users";
-  Fig. 2): Poisson jobs at every cluster, 2-16 processors, exponential runtimes of mean
-  10 min, offering :data:`BACKGROUND_UTILIZATION` of each cluster.
-
-Metrics, on Fig. 1's timeline (A submission, B placement, C claiming, D JST):
-
-* ``mean_placement_s``: A to B, summed over every pass through a placement queue (a
-  failure, preemption or JST abort starts a new pass, Sec. 5.3).
-* ``mean_start_delay_s``: Sec. 3.2's definition, "the difference between the last JST
-  where the job execution succeeds and the original JST".
-* ``mean_wait_s``: submission to start of execution (A of the first pass to D of the
-  successful one), which also counts the first placement.
-* ``component_failure_rate``: the fraction of job runs (passes in which components were
-  started) that a component failure ended: Fig. 3's "percentage of failures", where "by
-  the failure of a job we mean that one the clusters' local resource managers has
-  reported a failure during the execution of the corresponding job component" (Sec. 5.2).
-  ``component_start_failure_rate`` gives failures per component start.
-
-The paper's outcome to reproduce: every job completes despite the failures, and high-
-priority jobs start sooner than low-priority ones (Sec. 5.3). Over seeds (``--seeds N``,
-:mod:`gridcore.experiments.seeds`) the figures above and the per-priority ones are reported as
-means with 95 % intervals, and the paper's ordering is counted per seed as three claims:
-every submitted job completes, and high-priority jobs have the shorter mean start delay
-and the shorter mean placement time.
+Design, equations and the choices where a paper is ambiguous: ``docs/experiments.md``
+(section ``gridcore/experiments/coallocation_claiming.py``).
 """
 
 from __future__ import annotations

@@ -1,84 +1,7 @@
 """KOALA's communication-aware placement experiment (e-Science 2006, Sec. 5-6, Fig. 7).
 
-Seed: Sonmez, Mohamed, Epema, "Communication-aware job placement policies for the KOALA
-grid scheduler", e-Science 2006
-(``docs/papers.md``).
-
-:func:`koala_placement_experiment` runs the workloads W1 and W2 with the Worst-Fit (WF),
-Cluster Minimization (CM) and Flexible Cluster Minimization (FCM) placement policies of
-:mod:`gridcore.policies.placement` on the model of :mod:`gridcore.sim.coallocation`, and reports
-Fig. 7's metrics per workload and policy: mean response, wait and execution time and the
-mean number of clusters combined. Every policy of a workload sees the same arrival trace
-and the same offered local load (same seeds).
-
-The setup follows the paper's testbed and workloads:
-
-* Clusters (Sec. 5.3, Table 1): the five DAS clusters with their *functioning* node
-  counts during the experiments, 67 (Vrije Universiteit), 20 (Amsterdam), 26 (Delft),
-  28 (Utrecht) and 19 (Leiden). DAS nodes are dual Pentium-III ("200 dual Pentium-III
-  nodes (400 processors)"), and jobs, components and the policies all count processors
-  ("the number of processors it needs", "idle processors", Sec. 2.2 and 4), as the
-  CCGrid 2005 KOALA paper on the same DAS does (310 processors in four clusters), so each
-  cluster has 2 processors per functioning node: 134, 40, 52, 56 and 38, 320 in all.
-  (A job's exclusive SGE nodes, Sec. 5.3, hold two of its processes each.)
-* Applications and sizes (Sec. 5.4): the Laplace solver runs with 36 or 64 processors,
-  the 2D-heat solver with 36, 64 or 72. The application, then its size, then the number
-  of components are drawn uniformly ("randomly chosen from a uniform distribution").
-* Components (Sec. 5.4): equal sizes, 2, 3 or 4 of them, none larger than 24, so size 36
-  has 2, 3 or 4 components (18, 12, 9), 64 only 4 (16) and 72 3 or 4 (24, 18). Under WF
-  and CM a job is a non-fixed request with that split; under FCM a flexible request for
-  the same total with the default bounds (components of >= 1 processor, at most one per
-  cluster, Sec. 2.2), which FCM "can split up ... in any way".
-* Arrivals (Sec. 5.4): Poisson, 200 jobs, mean inter-arrival 80 s (W1, low contention)
-  and 40 s (W2, high contention). W2 is W1 with its gaps halved: the same unit-mean
-  exponential gaps and the same jobs, so the workloads differ only in contention.
-* Execution time: :class:`gridcore.sim.coallocation.Fig5ExecutionTime` over
-  :data:`gridcore.sim.coallocation.FIG5_EXECUTION_S` (Fig. 5's axes: job size by clusters
-  combined; read its docstring for where the numbers come from), with ``comm_factor``
-  scaling the co-allocation penalty. Clusters combined, not components: CM's four
-  components on one cluster run as a single-cluster job. ``--growth-table`` replaces
-  the table and ``--comm-factor`` the factor; ``setup.execution_time_s`` reports the
-  table and the rule used.
-* Placement queue: scanned every 4 s, unlimited tries (Sec. 5).
-* Background load (Sec. 5.5): 15-20 % of all processors held by local jobs, kept in the
-  band as the paper's dummy-job control does
-  (:class:`gridcore.sim.workload.BackgroundLoad`'s defaults).
-
-Which inputs are the paper's and which were chosen to match its result: Table 1's
-functioning nodes, the applications and their sizes, the component rule, FCM's flexible
-requests, the two workloads of 200 Poisson jobs at 80 and 40 s, the 4 s scan with
-unlimited tries and the 15-20 % background band are the paper's. Fig. 5's execution
-times are not: the seed's text does not carry the plot's values, so
-:data:`~gridcore.sim.coallocation.FIG5_EXECUTION_S` is a reconstruction bound by what the
-text says, its penalty level chosen so that the model agrees with Sec. 6.2's account
-(a first table with twice its increments, i.e. ``--comm-factor 2`` on today's, did not),
-and ``comm_factor`` 1 is the table as reconstructed. Two processors per node and W2 as
-W1 with halved gaps are readings of the text; the background's job shapes are ours.
-
-Left open by the paper and chosen here: the GRAM start-up overhead between placement and
-start (Fig. 6, 8) is not modelled, so wait = the paper's queue time; the background is
-controlled system-wide and its jobs are 1-4 dual nodes for 1-15 min; a run ends when the
-last grid job completes. ``runs`` > 1 repeats the experiment with independent traces and
-background and pools all jobs into the means.
-
-What emerges, and how firmly (mean response time on W2, s, FCM / CM / WF, seeds 0-4;
-``gridcore experiment koala-placement --seeds 5 [--comm-factor X]`` counts the seeds that
-keep the paper's ordering, Sec. 6.2's "FCM performs consistently better than the other
-policies ... WF performs consistently worse than the others, both when the resource
-contention is low and high": FCM < CM < WF in mean response and in mean wait time, on W1
-and on W2):
-FCM waits least because it splits a job over whatever is idle, at the price of more
-clusters than CM (1.8-2.0 against 1.6-1.9 under W2); CM keeps components together and
-executes shortest; WF spreads every job and is worst on both workloads. With the default
-``comm_factor`` 1 the order FCM < CM < WF holds on seeds 0, 1, 3 and 4 (e.g. seed 0:
-286 / 324 / 630) and not on seed 2 (222 / 218 / 510: FCM waits less, 57 s against 63 s,
-but its extra clusters cost more); pooled over five runs it holds (316 / 368 / 837). It
-holds on all five seeds at ``comm_factor`` 0.5 and on two of five at 2, where W2 runs
-past saturation and the processor time FCM spends on extra clusters outweighs its shorter
-queue: the trade-off the paper set out to study (Sec. 1) and declined to generalise
-(Sec. 6.2, "the results depend very much on ... the execution time of the applications").
-Counted by ``--seeds 5`` (seeds 0-4), all four orderings hold together on 4 seeds at
-``comm_factor`` 1, on 5 at 0.5 and on none at 2 (W2's response order on 2, W1's on 3).
+Design, equations and the choices where a paper is ambiguous: ``docs/experiments.md``
+(section ``gridcore/experiments/coallocation_placement.py``).
 """
 
 from __future__ import annotations
@@ -137,7 +60,7 @@ def koala_placement_experiment(
     runs: int = 1,
     growth_table: Mapping[int, tuple[float, ...]] = FIG5_EXECUTION_S,
 ) -> dict[str, Any]:
-    """Fig. 7: WF, CM and FCM on W1 and W2 (module docstring), means per policy;
+    """Fig. 7: WF, CM and FCM on W1 and W2 (docs/experiments.md), means per policy;
     execution times from ``growth_table`` with its co-allocation penalty scaled by
     ``comm_factor`` (:class:`gridcore.sim.coallocation.Fig5ExecutionTime`)."""
     if jobs < 1 or runs < 1:
@@ -220,7 +143,7 @@ def parse_growth_table(text: str) -> Mapping[int, tuple[float, ...]]:
 
 
 def das_clusters() -> tuple[SimSite, ...]:
-    """Table 1's clusters with 2 processors per functioning node (module docstring)."""
+    """Table 1's clusters with 2 processors per functioning node (docs/experiments.md)."""
     return tuple(
         SimSite(name, functioning * PROCESSORS_PER_NODE) for name, _, _, functioning in DAS_TABLE1
     )

@@ -1,52 +1,8 @@
 """Bent et al.'s Sec. 4 on the simulator: Figs. 4-8, and the paper's chooser against the
 simulation chooser (``gridcore experiment dataplan``).
 
-Seed: Bent, Denehy, Livny, Arpaci-Dusseau, Arpaci-Dusseau, "Data-Driven Batch
-Scheduling", DADC 2009 (``docs/papers.md``). Plans
-run on :func:`gridcore.sim.dataplan.simulate_dataplan` (serial WAN, ``trace=False``).
-
-The setup, and where it comes from:
-
-* **Workloads and cluster**: Table 1's batch, private and mixed workloads
-  (:data:`~gridcore.policies.dataplan.TABLE1_WORKLOADS`) on Table 2's cluster with
-  ``BW_L`` read as 1 Gb/s per node (``BandwidthReading.GIGABIT``, the policy's default
-  and its reasons). Each sweep changes one variable of every workload:
-* ``width`` (Fig. 4): ``W / N_CPU`` = 1..10 (``W`` = 50..500), volume sizes kept;
-* ``depth`` (Fig. 5): ``D`` = 1..10, volume sizes kept (so ``S_TotB`` grows with ``D``,
-  as Sec. 4 says);
-* ``batch_size`` (Fig. 6): ``S_B / S`` in :data:`BATCH_FRACTIONS` (0.05-0.9, 10 points);
-* ``variability`` (Fig. 7): the paper's 99 % compute variant, ``R_bar`` =
-  :data:`VARIABILITY_R_BAR` = 5,000,000 s per job ("five million seconds"; by the
-  paper's premise that Table 1's 5,000 s is half a pipeline's local time, compute is
-  then 99.9 % of it), ``SD_R / R_bar`` in :data:`VARIABILITY_RATIOS` (0-0.5; the paper
-  prints no range);
-* ``failure`` (Fig. 8): ``F`` (resets per second in the cluster, the policy's unit) in
-  :data:`FAILURE_RATES`, 0 to 4e-5 /s (the paper prints no unit or range: at the top a
-  batch pipeline re-run under Slice, about 100,000 s, expects four resets in the
-  cluster), :data:`FAILURE_SEEDS` = 30 measurement seeds per point, as the paper.
-* **Plans measured** per point: every candidate of
-  :func:`gridcore.dataplan.choosers.candidate_plans` (the feasible strategies, All
-  included where Eq. 1 holds, and Minimal with wide groups where it differs), each on
-  the measurement seeds ``seed, seed + 1, ...`` (``--seed``; ``--runs`` of them,
-  default :data:`MEASUREMENT_SEEDS` = 3, for every sweep but ``failure``): three because
-  with ``SD_R = 10 %`` of ``R_bar`` a plan's makespan moves by a few percent between
-  seeds, less than the gaps the choosers are judged on, and five would push the run
-  past a few minutes on one core. When ``SD_R = 0`` and ``F = 0`` one seed stands for
-  all (identical runs).
-* **Choosers** (:data:`CHOOSERS`): ``bent2009`` (the paper's models) and ``simulation``
-  (:func:`~gridcore.dataplan.choosers.choose_by_simulation`, which chooses with its own
-  seeds :data:`~gridcore.dataplan.choosers.CHOOSING_SEEDS`; the run refuses measurement
-  seeds that meet them, so its regret is measured on seeds it did not choose with).
-* **Per point**: the feasible set, the predicted time per considered strategy (the
-  paper's models with the failure model; ``null`` when infinite), the simulated mean
-  makespan per plan, the best and worst plan, each chooser's pick and its regret
-  ``(simulated(pick) - simulated(best)) / simulated(best)``, the best being the fastest
-  of every plan measured (a wide Minimal included: the paper's chooser is charged for
-  not having it), and ``worst_excess``, the worst plan's excess over the best.
-* **Per sweep and workload**: each chooser's median and max regret over the points.
-
-Claims (``ok``): the default chooser's (``simulation``) median regret <= 2 % and max <=
-10 % on every sweep and workload. The paper's chooser is reported as it is.
+Design, equations and the choices where a paper is ambiguous: ``docs/experiments.md``
+(section ``gridcore/experiments/dataplan.py``).
 """
 
 from __future__ import annotations
@@ -105,7 +61,7 @@ MAX_REGRET_MAX = 0.10
 def sweep_points(
     sweep: str, workload: Workload, env: Environment
 ) -> tuple[tuple[float, Workload, Environment], ...]:
-    """``(x, workload, environment)`` for every point of ``sweep`` (module docstring)."""
+    """``(x, workload, environment)`` for every point of ``sweep`` (docs/experiments.md)."""
     if sweep == "width":
         return tuple((r, replace(workload, W=r * env.N_CPU), env) for r in WIDTH_RATIOS)
     if sweep == "depth":
@@ -133,7 +89,7 @@ def dataplan_experiment(
     points: int | None = None,
     bandwidth_reading: BandwidthReading = BandwidthReading.GIGABIT,
 ) -> dict[str, Any]:
-    """Every sweep for every workload (module docstring). ``points`` keeps only the
+    """Every sweep for every workload (docs/experiments.md). ``points`` keeps only the
     first that many points of each sweep (reduced runs, tests); ``failure_runs``:
     measurement seeds per failure point (default :data:`FAILURE_SEEDS`)."""
     failure_runs = FAILURE_SEEDS if failure_runs is None else failure_runs

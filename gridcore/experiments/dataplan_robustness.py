@@ -1,69 +1,8 @@
 """Storage plans for batch-pipeline workloads nobody tuned: both choosers on random cases
 (``gridcore experiment dataplan-robustness``).
 
-Seed: Bent et al., "Data-Driven Batch Scheduling", DADC 2009
-(``docs/papers.md``). The ``dataplan`` experiment
-(:mod:`gridcore.experiments.dataplan`) sweeps one variable at a time around Table 1's
-three workloads on Table 2's cluster, the setting the simulation chooser was built on. A
-user's workload is not one of them. This experiment draws ``cases`` random canonical
-workloads and clusters from the ranges below (each case from its own seed: cases ``seed ..
-seed + cases - 1``, ``--seed`` and ``--cases``), measures every candidate plan on the
-simulator as the ``dataplan`` experiment measures a point
-(:func:`~gridcore.experiments.dataplan.measure_point`), and reports per chooser the
-distribution of its regret over the cases.
-
-Ranges, fixed before this experiment was first run (uniform unless said; integers where
-the quantity is one; "log-uniform" for quantities spanning orders of magnitude, so that
-each decade is drawn as often):
-
-* ``N_CPU``: 8-64 nodes;
-* ``W / N_CPU``: 0.5-8 (``W = max(1, round(ratio * N_CPU))``);
-* ``D``: 1-8;
-* ``S``: Table 2's 250 GB, fixed: every size below is a fraction of it, and only sizes
-  over bandwidths and runtimes matter to the plans, which the other ranges spread;
-* ``S_B / S``: 0.02-0.9; ``S_P / S``: 0.001-0.2, log-uniform (both rounded to whole
-  bytes, as the simulator counts them);
-* ``R_bar``: 60-5000 s, log-uniform; ``SD_R / R_bar``: 0-0.5;
-* ``BW_R``: 1-100 MB/s, log-uniform; ``BW_L``: 125 MB/s (the policy's reading of Table 2,
-  1 Gb/s per node);
-* ``F``: 0 in 75 % of cases; in the others ``phi / (D * R_bar)`` resets per second in
-  the cluster, ``phi`` log-uniform in 0.01-0.3: ``phi`` resets expected while one
-  pipeline computes, a small rate (the failure sweep of ``dataplan`` reaches ``phi = 1``
-  on Table 1, where the paper's failure model diverges).
-
-A draw is rejected and drawn again from the same case's stream (reported as ``redrawn``,
-by reason) when fewer than 2 of the storage strategies (All, AllBatch, Slice, Minimal;
-Eq. 1-4) are possible, since there is then nothing to choose, or when ``W * D`` exceeds
-:data:`MAX_JOBS` = 2000 jobs, which bounds a case's cost: every candidate plan (at most 5)
-runs on 3 measurement seeds and on the chooser's seeds (3, or 10 where nodes fail, raced up
-to 30: :mod:`gridcore.dataplan.choosers`), at most about 330,000 simulated jobs (seconds
-on one core) plus the re-runs failures cause.
-
-Per case, as the ``dataplan`` experiment does per point: the feasible set, the mean
-simulated makespan of every candidate plan
-(:func:`~gridcore.dataplan.choosers.candidate_plans`, a wide Minimal included) over the
-measurement seeds ``0 .. MEASUREMENT_SEEDS - 1``
-(:func:`~gridcore.experiments.dataplan.measurement_seeds`, which refuses seeds that
-meet the simulation chooser's :data:`~gridcore.dataplan.choosers.CHOOSING_SEEDS`), each
-chooser's pick and its regret ``(simulated(pick) - simulated(best)) / simulated(best)``,
-``None`` in the JSON when the pick never ended within the simulation horizon. The
-measurement seeds are the same for every case (the cases differ; the seeds only draw
-runtimes and resets).
-
-Per chooser over the cases: regret min / p10 / median / p90 / max (linear interpolation,
-numpy's default) and the share of cases where its pick is slower than the best (regret
-> 0), more than 5 % slower and more than 10 % slower, and its worst cases by seed.
-
-Default cases: :data:`DEFAULT_CASES` = 800, about what runs in three minutes on one core:
-timed (wall clock, the CLI) before the default run on cases apart from its seeds, 5
-cases from seed 100000 took 1.4 s and 20 cases from seed 100005 took 4.0 s, about 0.2 s
-a case (most cases are far below the job cap), so 800 cases were expected to take about
-160 s. The default run (seeds 0-799) then took 250 s, the larger cases being costlier than
-those 25 suggested; 800 is kept, so that the reported set is not changed after its
-figures were seen.
-
-Claim (``ok``, the issue's for its own chooser): the simulation chooser's median regret
-<= 2 % and max <= 10 % over the cases. The paper's chooser is reported as it is.
+Design, equations and the choices where a paper is ambiguous: ``docs/experiments.md``
+(section ``gridcore/experiments/dataplan_robustness.py``).
 """
 
 from __future__ import annotations
@@ -124,7 +63,7 @@ REDRAW_OVER_JOBS = "over_job_cap"
 
 @dataclass(frozen=True)
 class RandomCase:
-    """One generated workload and cluster (see the module docstring for the ranges);
+    """One generated workload and cluster (see docs/experiments.md for the ranges);
     ``redrawn_few_feasible`` and ``redrawn_over_jobs`` count the draws rejected before it."""
 
     seed: int
@@ -205,7 +144,7 @@ def dataplan_robustness(
     measurement_first_seed: int = MEASUREMENT_FIRST_SEED,
 ) -> dict[str, Any]:
     """Cases ``seed`` .. ``seed + cases - 1``, every candidate plan measured, both
-    choosers' regret (module docstring)."""
+    choosers' regret (docs/experiments.md)."""
     if cases < 1:
         raise ConfigError(f"--cases must be >= 1, got {cases}")
     seeds = measurement_seeds(measurement_first_seed, MEASUREMENT_SEEDS)

@@ -1,84 +1,7 @@
 """Experiments reproducing the seed papers' comparisons on ``gridcore.sim`` models.
 
-Stateful site selection (RENCI TR-08-02, Sec. 4.2, Fig. 2)
------------------------------------------------------------
-:func:`stateful_selection_experiment` schedules one canonical job trace with each
-selection protocol and reports the Fig. 2 metrics: the time the last job completes
-(measured from the first arrival), total and mean time queued, total and mean compute time.
-Protocols with a random component are averaged over ``runs`` runs with different seeds,
-as the paper's "mean values over twenty runs"; the trace itself is fixed by ``seed``.
-
-The canonical trace follows the paper's live test bench (Sec. 4, Table 1):
-
-* Sites: Table 1's four clusters, ``canbc01`` (6 CPUs), ``ci-team`` (4), ``mileva`` (16)
-  and ``scoops`` (8). The paper gives no speeds, only that "the performance
-  characteristics of the emulated resources have little variation", so slowness rises in
-  5 % steps in Table 1's order: 1.00, 1.05, 1.10, 1.15.
-* Jobs: the ensemble of ten members (Alberto's ten wind fields). Each member needs 2-4
-  CPUs (uniform integer, so every member fits every site, the smallest having 4) and runs
-  300-900 s on a slowness-1 site (uniform; "several minutes", cf. the 400 s external
-  jobs of Sec. 4.3). The members are drawn once from ``seed``.
-* Arrivals: the paper's cron pattern for one hour: a burst at four and one at five minutes
-  past the hour (t = 240 s and 300 s; the monitor publishes at every whole minute), each
-  submitting the ten members 30 s apart, so the two bursts interleave: 20 jobs in 300 s,
-  close to the paper's "approximately one every 20 seconds".
-* Hysteresis: uniform 1.5-2.5 min per job (Sec. 3.2), drawn from ``seed``. Monitor
-  delay: MDS's default 60 s (``--monitor-interval``; Sec. 3.2: "Often sites will
-  increase the intervals").
-* Streams: for ``stateful_split`` the jobs, in arrival order, alternate between two
-  streams, each an independent stateful+best selector knowing only its own jobs;
-  ``stateful_split_shared`` keeps the two streams but lets them share one in-flight state
-  (what gridcore's shared state database gives). The other protocols select all jobs
-  as one stream.
-
-Which inputs are the paper's and which were chosen to match its result: the paper's own
-are Table 1's clusters and CPU counts, the ten-member ensemble, the cron bursts at four
-and five past the hour with members 30 s apart, the 1.5-2.5 min hysteresis measured in
-Sec. 3.2, MDS's 60 s collection interval, the protocols (naive falling back to a random
-site, stateful with ``random`` or ``best``) and the mean over twenty runs. The paper
-gives no site speeds and no member sizes or runtimes, so the slowness order (below), the
-2-4 CPUs and the 300-900 s are ours, the slowness order chosen because it reproduces
-Fig. 2's outcome; so is the alternating split of the two streams.
-
-Beyond the paper, the operators' default (``earliest-completion``) runs beside Fig. 2's
-protocols, on one stream like naive. ``--all-orderings`` runs the canonical trace with
-Table 1's four slowness values in each of their 24 orderings over the sites (the order
-this trace was chosen for is one of them) and reports per ordering the mean completion
-over the seeds of the default and of ``stateful_best`` over naive's; ``--case SEED``
-replays a selection-robustness case (:mod:`gridcore.experiments.selection_robustness`)
-instead of the canonical trace.
-
-Over seeds (``--seeds N``, :mod:`gridcore.experiments.seeds`): each trace seed is one sample, and
-the paper's ordering counted per seed is Sec. 4.2's "the naive selection protocol,
-measured by ensemble time to completion, is indeed worse than either of the stateful
-protocols": naive's ``completion_s`` above both ``stateful_best``'s and
-``stateful_random``'s.
-
-Why this trace separates the protocols: naive selection sends a job to the fastest site
-whose *reported* idle count fits it. Every member selected within a hysteresis-plus-
-monitor window (up to 150 + 60 s: up to fourteen arrivals while the two bursts
-interleave) sees the same report, so they all go to the same site. Worse, the monitor reports idle
-processors, not queues: once the favoured site's queue head is blocked waiting for CPUs,
-the site keeps reporting the same few idle CPUs and naive keeps sending every member
-that fits them there. With the 6-CPU ``canbc01`` fastest and the 4-CPU ``ci-team`` next,
-naive sends 18 of seed 0's 20 jobs to those two and runs them a few at a time on 10 CPUs
-while 24 CPUs elsewhere sit idle: the paper's "executed sequentially rather than in
-parallel". Stateful selection discounts its own jobs not
-yet seen running, so it fills every site and only then queues.
-
-The result depends on that mechanism, hence on which site is fastest, not only on the
-protocol. The slowness order was chosen after trying others on this trace (mean of 20
-runs, seeds 0-4, stateful_best / naive completion): Table 1 order 0.48-0.57; the 16-CPU
-``mileva`` fastest (1.00, then scoops 1.05, canbc01 1.10, ci-team 1.15) 0.78-1.32; all
-equal 0.78-1.04. With the large site fastest, a window's worth of members mostly fits
-there, the 20 members (about 60 CPUs) oversubscribe the 34 CPUs anyway, and
-``best``'s rule for a full grid (the largest idle count, in absolute CPUs) queues as much
-work behind 4-CPU ``ci-team`` as behind 16-CPU ``mileva``, so naive can even win. The
-Fig. 2 criterion (stateful_best within 60 % of naive's completion) is therefore a claim
-about a trace whose favoured site is small, like the paper's observation that the
-favoured resources were overloaded "while other, less capable resources remained idle".
-On this trace two independent stateful streams queue longer in total than one (seeds 0-9)
-but do not always finish later: ``best``'s absolute-CPU rule is itself a weak point.
+Design, equations and the choices where a paper is ambiguous: ``docs/experiments.md``
+(section ``gridcore/experiments/selection.py``).
 """
 
 from __future__ import annotations
@@ -288,7 +211,7 @@ def _across_seeds(options: RunOptions) -> dict[str, Any]:
 
 
 def canonical_trace(seed: int = 0) -> SelectionTrace:
-    """The test-bench trace of the module docstring, drawn deterministically from ``seed``."""
+    """The test-bench trace of docs/experiments.md, drawn deterministically from ``seed``."""
     # the seed string keeps the former module path, so seeded runs reproduce
     rng = random.Random(f"gridcore.sim.experiments.canonical_trace:{seed}")
     members = [

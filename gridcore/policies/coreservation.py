@@ -46,7 +46,7 @@ class QueueStats:
 @dataclass(frozen=True)
 class ClusterView:
     """One candidate cluster: its name, its queue statistics, and how many virtual jobs of
-    one job it can hold at once (``floor(processors / g)``; see the module docstring)."""
+    one job it can hold at once (``floor(processors / g)``; see docs/coreservation.md)."""
 
     name: str
     stats: QueueStats
@@ -89,7 +89,7 @@ def expected_wait_printed(stats: QueueStats, vj_seq: int) -> float:
 
 
 def expected_wait(stats: QueueStats, vj_seq: int) -> float:
-    """Eq. 1, ``T_avail(C_i, VJob_j)``, not below 0 (module docstring)."""
+    """Eq. 1, ``T_avail(C_i, VJob_j)``, not below 0 (docs/coreservation.md)."""
     return max(0.0, expected_wait_printed(stats, vj_seq))
 
 
@@ -404,7 +404,7 @@ class Reorganization:
 
 @dataclass(frozen=True)
 class ReorganizeRule:
-    """How :func:`reorganize` reads Sec. 3.3 (module docstring)."""
+    """How :func:`reorganize` reads Sec. 3.3 (docs/coreservation.md)."""
 
     earlier_only: bool = False
     held_only: bool = False
@@ -569,7 +569,7 @@ def release_slower_half(a: PendingJob) -> Reorganization:
     """Step 3: split ``C'`` into complete and incomplete clusters; sort the incomplete
     ones ascending by the mean wait of their not-yet-acquired virtual jobs; with
     ``k = ceil(m / 2)`` release ``C_k .. C_m`` and keep ``C_1 .. C_(k-1)`` and the
-    complete ones (module docstring on the printed ranges)."""
+    complete ones (docs/coreservation.md on the printed ranges)."""
     incomplete = sorted(
         (c for c, r in a.clusters.items() if not r.complete),
         key=lambda c: (a.clusters[c].mean_wait_s, c),

@@ -2,109 +2,8 @@
 Minimal, or Remote as the last resort) a canonical batch-pipeline workload should run
 with on one compute cluster, and how long each plan is predicted to take.
 
-Seed: Bent, Denehy, Livny, Arpaci-Dusseau, Arpaci-Dusseau, "Data-Driven Batch
-Scheduling", DADC 2009 (``docs/papers.md``).
-
-* The canonical workload (Sec. 1, :class:`Workload`): ``W`` pipelines of ``D`` jobs; every
-  job at one depth reads that depth's batch volume (``S_B``) and its pipeline's private
-  input, and writes a private output (``S_P`` each); runtimes have mean ``R_bar`` and
-  standard deviation ``SD_R``. The cluster (:class:`Environment`): ``N_CPU`` nodes, ``S``
-  bytes of storage in all, failure rate ``F``, bandwidths ``BW_R`` (home to cluster) and
-  ``BW_L`` (within the cluster).
-* Feasibility (Sec. 2): :func:`all_possible` (Eq. 1), :func:`all_batch_possible` (Eq. 2),
-  :func:`slice_possible` (Eq. 3), :func:`minimal_possible` (Eq. 4); Remote needs no
-  storage and is always possible (:func:`check_feasibility`).
-* Runtime models (Sec. 3): All, Eq. 5-14 (:func:`predict_all`); AllBatch, Eq. 15 and the
-  All model (:func:`predict_all_batch`); Slice, Eq. 16-20 and the All model
-  (:func:`predict_slice`); Minimal, Eq. 21-24 (:func:`predict_minimal`); Remote, a model
-  of ours (:func:`predict_remote`). Each equation is its own function below.
-* The failure model (Sec. 3, :func:`failure_model`) and the chooser
-  (:func:`choose_bent2009`): the feasible strategy with the smallest predicted time.
-
-Pure: no I/O, no clock, no randomness; closed forms only (no loop over pipelines or
-jobs; the failure iteration is capped), so choosing for ``W = 100,000, D = 50`` costs
-microseconds. Sizes are bytes, times seconds, bandwidths bytes per second.
-
-Where the paper is ambiguous, what we chose:
-
-* Units. ``GB = 10**9`` and ``MB = 10**6`` bytes (decimal, as bandwidths are quoted;
-  :data:`gridcore.model.MB`). Feasibility only compares sizes with each other, so the
-  choice changes no feasibility; it changes predicted times (bytes over bytes/s). With
-  decimal units Table 1's ``S_B`` and ``S_P`` are whole bytes, so every floor below is
-  exact for them.
-* Table 2's ``BW_L = 1 MB/s`` (:class:`BandwidthReading`). Printed, the cluster's own
-  network would be 12 times slower than the WAN: every warm phase of the batch workload
-  would read 883 GB at 1 MB/s (10 days) and the cluster, not the WAN, would be the
-  bottleneck, against the paper's premise ("an obvious bottleneck of such a system is the
-  wide-area connection"). We read it by default as 1 Gb/s = 125 MB/s per node
-  (``BandwidthReading.GIGABIT``); ``BandwidthReading.LITERAL`` keeps 1 MB/s.
-* ``S_TotP = (D + 1) * W * S_P`` as printed: a pipeline of ``D`` jobs has ``D + 1``
-  private volumes (its input and one output per job). Table 1's ``S_P`` is therefore
-  ``S_TotP / ((D + 1) * W)`` (:meth:`Workload.from_totals`).
-* ``F`` is failure events per second in the whole cluster (each event resets one node,
-  evicting its job, as Sec. 4's simulator does). Sec. 3 "multiplies the predicted runtime
-  by the failure rate to determine the number of failed jobs": a count from a time
-  needs a rate per second of wall-clock time for the cluster (a per-node rate would also
-  need ``N_CPU``, a per-job-second rate the number of busy nodes). Table 2 has ``F = 0``
-  and Fig. 8 prints no unit. As printed, every event counts as a failed job, even one
-  that hits an idle node.
-* The failure model (:func:`failure_model`). A failed job loses its pipeline's private
-  data (the node's disk is erased), so a failure re-runs its whole pipeline: the failed
-  jobs of one round form a workload of the same ``D`` and sizes whose width is the number
-  failed, ``floor(F * T_round)`` (whole jobs; a fraction of a failure is none), at most
-  the round's width (a pipeline re-runs once per round). The re-runs of All and AllBatch
-  have no cold phase (batch data stays cached: ``ceil(W / C)`` warm phases); those of
-  Slice, Minimal and Remote are their full models (batch is refetched). The rounds run
-  one after another: the prediction is the sum. It stops when fewer than one job is
-  expected to fail. No model's time shrinks as the width grows, so once ``F`` times
-  the re-run of a single pipeline is ``>= 1`` the iteration never ends: the prediction is
-  ``inf`` with a reason, without iterating; a round that re-runs the workload it just ran
-  is a fixed point and also ``inf``; after :data:`FAILURE_ROUNDS_MAX` rounds it is ``inf``
-  too (only when nearly every pipeline of every round fails).
-* Eq. 15, 16, 17, 23 with ``S_P = 0``: no private volume limits anything (an infinite
-  count, not a division by zero). Eq. 19 with ``S_B = 0``: ``N_B`` is infinite and Eq. 20
-  adds no barrier penalty.
-* Eq. 18 (:func:`slice_concurrency`) is a weighted mean of ``n`` (the first and last
-  ``n`` jobs) and ``C'`` (the other ``J - 2n``). When ``2n > J`` the weight of ``C'`` is
-  negative and the printed value can even go negative (``W = 2, D = 1`` with room for 20
-  privates after the batch volume: ``(2 * 10**2 - 18 * 18) / 2 = -62``); the ramp then
-  covers every job, so we clamp the ramp's share at ``J`` jobs: ``C = min(W, N_CPU, n)``.
-  Otherwise the printed value is kept (:func:`slice_concurrency_printed` always). The
-  result lies between ``C'`` and ``n``, both ``>= 1`` when Slice is possible, so a
-  possible Slice never gets a concurrency below 1 (a clamp at 1 instead of the weight
-  clamp would run an unconstrained two-pipeline slice one pipeline at a time). The
-  paper says ``n > C'``; for narrow workloads ``C' > n`` and the weighting still applies.
-  ``C`` stays fractional, as printed: the All model then runs ``ceil(W / C)`` phases.
-  This is also what makes Minimal's sub-workloads run "at full CPU utilization".
-* Eq. 19 (:func:`slice_batch_volumes`): its ``C'`` counts "a second volume for as many
-  additional jobs as can execute"; jobs that can execute are also bounded by ``N_CPU``
-  and ``W``, so we use ``min(C', N_CPU, W)``. As printed ``C'`` takes all room left after
-  one batch volume, and ``N_B`` would be 1 plus the leftover below one private volume
-  divided by ``S_B``, never larger "when storage is plentiful" as the text says it can
-  be (:func:`slice_batch_volumes_printed`). ``N_B`` is not capped at ``D``.
-* Eq. 21 / 24 (:func:`minimal_subworkloads`): ``N_Cycles`` sub-workloads of width ``C``
-  (Eq. 23), the last one the remainder ``W - (N_Cycles - 1) * C``, each predicted with
-  the Slice model (batch fetched over the WAN once per cycle). Every width is at most
-  ``n``, so each is a possible Slice that runs in one phase at full concurrency. Eq. 23
-  caps ``C`` at ``N_CPU``: Table 1's batch workload on Table 2 runs cycles of 50
-  pipelines although ``n = 183`` fit, so Minimal's sawtooth over ``W / N_CPU`` has period
-  1, where Sec. 4 reports peaks "at multiples of three" (partial slices of about ``n``
-  pipelines); we keep Eq. 23 as printed.
-* Remote (:func:`predict_remote`; the paper gives no model): nothing is cached, every job
-  reads its batch volume and private input and writes its private output over the WAN
-  and the cluster at the serial bandwidth ``BW`` (Eq. 8), ``C = min(W, N_CPU)`` pipelines
-  at a time, no barriers: ``ceil(W / C) * D * ((S_B + 2 S_P) / BW + R_bar)``. Like the
-  paper's models it ignores contention (pipelines sharing the WAN).
-* Floats at a feasibility boundary: Eq. 1-4 compare with ``<=`` exactly as printed. A
-  possible strategy's concurrency is mathematically ``>= 1``; Eq. 15 and 23 are clamped
-  at 1 so that float rounding exactly at Eq. 2's or Eq. 4's boundary cannot make a floor
-  0.
-* The chooser (:func:`choose_bent2009`) considers All by default: a user wants the
-  fastest plan, and where All is possible it is never slower than the others by the
-  models. ``consider_all=False`` winnows it as the paper's evaluation does (Sec. 2).
-  Remote is considered only when none of Eq. 1-4 holds. Ties (equal predicted times,
-  also both infinite) go to the first in :class:`Strategy` order, the least constrained
-  allocation first (fewer barriers and refetches the model may undercount).
+Design, equations and the choices where a paper is ambiguous: ``docs/dataplan.md``
+(section ``gridcore/policies/dataplan.py``).
 """
 
 from __future__ import annotations
@@ -142,7 +41,7 @@ TIE_ORDER = tuple(Strategy)
 
 
 class BandwidthReading(enum.StrEnum):
-    """How Table 2's ``BW_L = 1 MB/s`` is read (module docstring)."""
+    """How Table 2's ``BW_L = 1 MB/s`` is read (docs/dataplan.md)."""
 
     GIGABIT = "gigabit"  # 1 Gb/s per node = 125 MB/s: the default
     LITERAL = "literal"  # 1 MB/s as printed
@@ -201,7 +100,7 @@ class Workload:
 @dataclass(frozen=True)
 class Environment:
     """The compute cluster (Sec. 1): ``N_CPU`` nodes, ``S`` bytes of storage in all, ``F``
-    failure events per second in the whole cluster (module docstring), ``BW_R`` the
+    failure events per second in the whole cluster (docs/dataplan.md), ``BW_R`` the
     bandwidth from the home storage server and ``BW_L`` the local one (bytes/s)."""
 
     N_CPU: int
@@ -509,7 +408,7 @@ def slice_concurrency_printed(workload: Workload, env: Environment) -> float:
 
 def slice_concurrency(workload: Workload, env: Environment) -> float:
     """Eq. 18 with the ramp's share at most ``J`` jobs: when ``2n >= J`` every job runs
-    at ``n`` (module docstring); otherwise as printed. At least 1."""
+    at ``n`` (docs/dataplan.md); otherwise as printed. At least 1."""
     n, J = slice_ramp_jobs(workload, env), workload.J
     if 2 * n >= J:
         mean = n
@@ -555,7 +454,7 @@ def minimal_cycles(workload: Workload, env: Environment) -> int:
 
 def minimal_subworkloads(workload: Workload, env: Environment) -> tuple[tuple[int, Workload], ...]:
     """Eq. 21 / 24's sub-workloads as ``(how many, sub-workload)``: ``N_Cycles`` of width
-    ``C``, the last one the remainder (module docstring)."""
+    ``C``, the last one the remainder (docs/dataplan.md)."""
     C, cycles = minimal_concurrency(workload, env), minimal_cycles(workload, env)
     last = workload.W - (cycles - 1) * C
     full = replace(workload, W=C)
@@ -610,7 +509,7 @@ def predict_minimal(workload: Workload, env: Environment) -> Estimate:
 
 
 def predict_remote(workload: Workload, env: Environment) -> Estimate:
-    """Remote (not in the paper; module docstring): ``ceil(W / C)`` phases of one
+    """Remote (not in the paper; docs/dataplan.md): ``ceil(W / C)`` phases of one
     pipeline doing all its I/O at ``BW``, ``C = min(W, N_CPU)``."""
     C = all_concurrency(workload, env)
     phases = math.ceil(workload.W / C)
@@ -702,7 +601,7 @@ def failure_model(
     strategy: Strategy, workload: Workload, env: Environment, base_s: float
 ) -> FailureEstimate:
     """Sec. 3: ``floor(F * T)`` jobs of a round of ``T`` seconds fail; their pipelines
-    re-run as the next round; repeat until fewer than one fails (module docstring)."""
+    re-run as the next round; repeat until fewer than one fails (docs/dataplan.md)."""
     if env.F == 0:
         return FailureEstimate(base_s, 0, 0, "F = 0: no failures")
     one = rerun_time(strategy, replace(workload, W=1), env)

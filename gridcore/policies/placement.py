@@ -182,7 +182,7 @@ def _dispatch(
 ) -> tuple[list[_Slot] | None, list[str]]:
     if request.kind is RequestKind.FIXED:
         return _fixed(request, pool)
-    # FCM on dictated sizes has nothing to cut: it is CM (module docstring).
+    # FCM on dictated sizes has nothing to cut: it is CM (docs/coallocation.md).
     sized = PlacementPolicy.CM if policy is PlacementPolicy.FCM else policy
     if request.kind is RequestKind.NON_FIXED:
         slots, reasons = _sized(sized, [c.size for c in request.components], pool, transfers)
@@ -315,7 +315,7 @@ def _closest(
 
 
 def _fcm(request: CoAllocationRequest, pool: _Pool) -> tuple[list[_Slot] | None, list[str]]:
-    """Seed 002 Fig. 3, with the user's bounds of Sec. 2.2 (rules in the module docstring)."""
+    """Seed 002 Fig. 3, with the user's bounds of Sec. 2.2 (rules in docs/coallocation.md)."""
     least = request.flexible.min_component_size
     most = request.flexible.max_components or len(pool.sites)
     left = pool.left

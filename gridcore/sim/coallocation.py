@@ -1,56 +1,7 @@
 """A multicluster co-allocation model: KOALA's placement queue over a fluctuating local load.
 
-Seed: Sonmez, Mohamed, Epema, "Communication-aware job placement policies for the KOALA
-grid scheduler", e-Science 2006
-(``docs/papers.md``).
-
-The model supplies what a placement policy cannot see; the decision itself is always
-:func:`gridcore.policies.placement.place`, called on a snapshot of the idle processors of
-every cluster at the instant of the try:
-
-* **Clusters** (:class:`gridcore.sim.cluster.Cluster`, shared by every model) are
-  space-shared (SGE runs applications "on the nodes in an exclusive
-  fashion", Sec. 5.3): a processor runs at most one job at a time.
-* **Grid jobs** get one placement try when they arrive ("upon receiving a job request ...
-  the scheduler uses one of the placement policies", Sec. 3.2). A job that does not fit
-  goes to the tail of the **placement queue**, which is scanned from head to tail (by
-  :func:`gridcore.policies.claiming.scan_placement_queue`, as the KOALA model does) every
-  ``scan_interval_s`` (4 s in the paper's experiments, Sec. 5). Each queued job is tried
-  on a fresh snapshot, so a job placed earlier in the same scan has already taken its
-  processors; a job that still does not fit keeps its place and does not block the ones
-  behind it (the scan looks for "whether any job is able to be placed"). Tries are
-  unlimited (Sec. 5 sets the maximum number of placement tries to infinite).
-* **Claiming is immediate**: a placed job starts all its components at the placement
-  instant and holds their processors for its execution time. The paper's wait time also
-  holds the GRAM start-up overhead between placement and start (Fig. 6, Fig. 8); it is not
-  modelled, so ``wait_s`` here is the paper's *queue time* and the response time is the
-  queue time plus the execution time. The applications read no input files (Sec. 5), so
-  nothing is staged either.
-* **Execution time** is a function of the job's size and the number of clusters its
-  placement combines, the quantity Fig. 5 measures. :class:`Fig5ExecutionTime` encodes
-  that growth (see :data:`FIG5_EXECUTION_S` for where its numbers come from) and scales the
-  wide-area part by ``comm_factor``.
-* **Local load** (Sec. 5.5): jobs of the clusters' own users hold processors too. Explicit
-  :class:`~gridcore.sim.workload.LocalJob` entries can be given (tests), and a
-  :class:`~gridcore.sim.workload.BackgroundLoad` generates them:
-  local jobs arrive by a Poisson process at a cluster drawn in proportion to its size,
-  each of 1-4 whole dual-processor nodes (exclusive nodes) for 1-15 minutes (the DAS's
-  15-minute limit, Sec. 6.2), and the paper's control is applied system-wide: a local job
-  is admitted only if it fits the cluster's idle processors and keeps the local load at
-  or under ``high_fraction`` (the paper kills its dummy jobs above 20 %); whenever the
-  local load falls under ``low_fraction`` (15 %), dummy local jobs are injected at once
-  on clusters drawn in proportion to their idle processors until it is back in the band.
-  Releasing processors therefore lets local users in first, as the local resource
-  manager starts its own queue at once while KOALA only sees the processors at its next
-  scan. Idle counts fluctuate with the local load, as on the real testbed.
-
-Randomness: the local arrival stream draws from its own ``random.Random`` the same numbers
-in the same order whatever the policy does (gap, cluster, nodes, duration per job), so runs
-of different policies with the same seed see the same offered local load; dummy jobs draw
-from a second generator. The same inputs and seed give the same run.
-
-At equal times events run in this order: releases (job ends), local submissions, grid
-arrivals, then the queue scan, so a scan sees everything that happened at its instant.
+Design, equations and the choices where a paper is ambiguous: ``docs/coallocation.md``
+(section ``gridcore/sim/coallocation.py``).
 """
 
 from __future__ import annotations

@@ -1,70 +1,8 @@
 """VJM on the shared simulated clusters: virtual jobs (pilots) that co-reserve processors
 for a multi-cluster parallel job, with expected-wait selection and reorganization.
 
-Seed: Wei, Ding, Xing, Yuan, Li, "VJM: A Novel Grid Resource Co-Allocation Model for
-Parallel Jobs" (``docs/papers.md``). Every decision is one of
-:mod:`gridcore.policies.coreservation`; the queue statistics Eq. 1 reads come from
-:func:`gridcore.policies.queue_stats.estimate_queue_stats` over what each cluster showed
-in this run. The model supplies time, queues and other users:
-
-* **Clusters** (:class:`VjmCluster`) are :class:`gridcore.sim.cluster.Cluster` s with an
-  optional scheduler interval: queued work starts only on ticks at ``phase + k * N``,
-  FIFO, no backfill (Slurm's builtin scheduler with ``defer,sched_interval=N``; Sec. 4.2
-  "the length of the schedule interval is used to simulate the job average waiting
-  time"). Other users' jobs (:class:`~gridcore.sim.workload.LocalJob`) queue there too.
-* **A parallel job** (:class:`ParallelJob`) of ``P`` processors is split into
-  ``ceil(P / g)`` virtual jobs of ``g`` processors (``VjmParams.vj_processors``, default 1;
-  the last takes the remainder). The selection (:class:`Selection`) decides how many go
-  to each cluster: ``VJM`` is :func:`~gridcore.policies.coreservation.select_clusters`
-  (steps 1-3, limit ``M``) over :class:`~gridcore.policies.coreservation.QueueStats`
-  estimated from every job the cluster has seen (other users', probes', pilots': submit
-  and start times; never the true interval); ``ROUND_ROBIN`` is MPICH-G2's static
-  machine file, the virtual jobs dealt one by one over the clusters in file order,
-  skipping a cluster once it holds ``floor(processors / g)`` of them.
-* **Pilots**: each virtual job reaches its cluster's queue after a submission delay
-  (``VjmParams.submit_delay_s``, uniform, drawn per pilot from the seed and its name, so
-  the draw does not depend on the variant) and, once started, holds its processors until
-  its job ends, it is shifted to another job, or it is released. When every pilot of a
-  job holds, the job starts at once (co-allocation time = that instant - submit) and runs
-  ``runtime_s``, then frees every processor.
-* **Lifetime and reorganization** (``VjmParams.reorganize``, Sec. 3.3): a job not started
-  ``T_life_time`` (Eq. 2, at least ``lifetime_floor_s``) after its selection is checked
-  with :func:`~gridcore.policies.coreservation.reorganize` against a snapshot
-  (:class:`~gridcore.policies.coreservation.PendingJob`) of every pending pilot job.
-  A shift moves held pilots of ``J_a`` to ``J_b`` (``J_b`` cancels as many of its own
-  pilots still waiting on that cluster, its latest first); ``J_a``'s other pilots on the
-  released clusters are released (held) or cancelled (waiting or in flight); substitutes
-  are selected by ``select_substitutes(n, ..., already=kept counts, avoid=released)``
-  (the released clusters only when the others cannot take them: as the live engine)
-  and a new lifetime starts. A substitute selection that fits nowhere is retried after
-  the floor. Without reorganization pilots hold until their job runs, however long that
-  takes. ``VjmParams.rule`` is the reading of Sec. 3.3 (the global order by default,
-  the printed rule as ``PAPER_RULE``; :mod:`gridcore.policies.coreservation`).
-* **A receiver's lifetime** (``VjmParams.restart_lifetime_on_shift``, the paper is
-  silent): Sec. 3.3 sets a new ``T_life_time`` for ``J_a`` after its substitutes; by
-  default ``J_b`` also starts its last lifetime afresh when it receives a shift. Read
-  literally (``False``), ``J_b``'s old timer keeps running, and when it expires first
-  ``J_b`` finds ``J_b = J_a`` on the same cluster and shifts the pilots straight back:
-  on the deadlock experiment two jobs then pass the same held pilots to and fro every
-  lifetime (seen while building it; both readings are reported there).
-* **The KOALA baseline** (``Mode.COMPONENTS``): KOALA's claiming model
-  (:mod:`gridcore.sim.claiming`) cannot run this trace: its claims bypass the local
-  queue ("a claim never waits") on clusters without scheduler intervals, it places with
-  its own policies at periodic scans on snapshots of idle processors and needs a
-  placement-queue and transfer setup this trace does not have; fed the same jobs it would
-  measure another grid. So the baseline here is what the brief of issue 9 names: each
-  job's share of a cluster (counts chosen by the same ``select_clusters`` as VJM's first
-  selection, so only the co-allocation mechanism differs) is submitted directly as one
-  real job (a component) after the same kind of submission delay; each starts when its
-  cluster's scheduler starts it and holds its processors; the job starts at the barrier
-  when all its components have started (DUROC-style), with no lifetime, no
-  reorganization and no abort.
-* **Idle-held processor-seconds** (the price of pilots, which the paper does not
-  measure): from a pilot's (or component's) start until its job starts, or until it is
-  released, or until the end of the run; a shifted pilot keeps counting for its new job.
-
-At equal times: job ends (releases) first, then scheduler ticks, arrivals at a queue
-(pilots, components, other users), job submissions, and lifetime checks.
+Design, equations and the choices where a paper is ambiguous: ``docs/coreservation.md``
+(section ``gridcore/sim/coreservation.py``).
 """
 
 from __future__ import annotations

@@ -1,141 +1,8 @@
 """Bent et al.'s storage plans executed on the shared simulated cluster: a canonical
 batch-pipeline workload run under All, AllBatch, Slice, Minimal or Remote, job by job.
 
-Seed: Bent, Denehy, Livny, Arpaci-Dusseau, Arpaci-Dusseau, "Data-Driven Batch
-Scheduling", DADC 2009 (``docs/papers.md``). The
-workload, the environment, the strategies, their feasibility (Eq. 1-4) and the
-concurrencies of AllBatch (Eq. 15) and Minimal (Eq. 23) are those of
-:mod:`gridcore.policies.dataplan`; this module adds time, contention, runtime variability
-and failures. :func:`simulate_dataplan` is the entry point.
-
-**The cluster** is one :class:`gridcore.sim.cluster.Cluster` (the one every model uses)
-with ``N_CPU`` processors (one per node, as the paper counts nodes) and ``S`` bytes of
-storage. Every volume is a storage holder there (``B1``: depth 1's batch volume,
-``P0.2``: pipeline 0's private volume 2, the input of its job at depth 2 and the output of
-its job at depth 1); every running job holds one processor (``Owner.GRID``, named like
-``p0d2``). A volume is claimed before the job that needs it starts and released by the
-strategy's rule; a claim the rule did not check first is a model bug
-(:class:`~gridcore.sim.core.SimulationError`), and after every event the model asserts
-that storage in use is at most ``S`` and that the processors it believes busy are the
-ones the cluster counts.
-
-**A job** ``(p, d)`` starts when a processor is free and (except under Remote) its batch
-volume ``B{d}`` and both its private volumes, input ``P{p}.{d}`` and output
-``P{p}.{d+1}``, are held. It keeps its processor while it moves its data, as under the
-paper's remote I/O and as the models count it (Eq. 6, 13: I/O is inside a phase), in the
-models' order (Eq. 6: batch, input, compute, output):
-
-1. its batch volume: from the cluster's cache at ``BW_L`` (``S_B / BW_L``, Eq. 14) when
-   cached; otherwise over the WAN at the serial bandwidth ``BW`` (Eq. 8). One fetch fills
-   the cache for everyone: jobs that need a volume whose fetch is under way wait for it
-   and read it as it arrives (the cooperative cache reads through), so a cold phase
-   costs ``S_B / BW`` per depth (Eq. 7) however many pipelines read it;
-2. its private input: over the WAN at ``BW`` at depth 0 (from the home server), else
-   within the cluster at ``BW_L`` (Eq. 9);
-3. its runtime, drawn from normal(``R_bar``, ``SD_R``) truncated to ``> 0`` by redrawing
-   (the exact truncated normal; ``R_bar >= 0`` so a draw is kept with probability at
-   least 1/2; a clamp would pile probability at 0). ``SD_R = 0`` draws nothing. Each
-   job's first runtime is drawn up front, pipeline by pipeline, depth by depth, from a
-   ``random.Random`` seeded by the run's seed, so every strategy run with one seed sees
-   the same job runtimes (common random numbers); re-runs draw from the same stream;
-4. its private output: within the cluster at ``BW_L``, except at the last depth, where
-   it is written home over the WAN at ``BW`` (Eq. 9's text).
-
-**Contention** (:class:`WanSharing`). By default (``SERIAL``) the WAN is one shared link
-that carries one transfer at a time, in request order (FIFO), at ``BW``: concurrent
-fetches and private transfers queue. This is what makes refetching expensive (Minimal's
-every group refetches every batch volume through the same link that carries every
-pipeline's input and final output) and what the paper says its models leave out ("does
-not consider any costs due to contention"). A FIFO link moves the same bytes per second
-as a fairly shared one, and its transfers end in a fixed order, so traces stay exact.
-``INDEPENDENT`` gives every transfer the whole ``BW`` at once, as the models assume.
-
-**Against the models** (``SD_R = 0``, ``F = 0``): All, AllBatch and Remote on the
-``INDEPENDENT`` WAN run exactly the models' phases (Eq. 5-15), and so do AllBatch and
-Minimal at ``C = 1`` on either WAN (one transfer at a time). Elsewhere they differ where
-the models simplify: the serial WAN queues concurrent transfers (All with three
-pipelines ends two private transfers late); Slice runs at the concurrency storage
-allows at each instant where Eq. 18 runs ``ceil(W / C)`` phases at an averaged ``C``;
-barriers wait for the slowest job where Eq. 20 adds ``SD_R / N_B`` per job; Minimal's
-groups inherit both; a reset that finds no job and no data costs nothing here, while
-the failure model counts every event as a failed job.
-Transfers within the cluster (``BW_L``) never contend: the policy reads ``BW_L`` as each
-node's own 1 Gb/s link, and the cooperative cache serves a volume from many nodes. A
-read of data the node itself holds is still charged at ``BW_L``, as the models do.
-
-**The traversals** (Sec. 2, Fig. 2) are the policy's stage plan
-(:func:`gridcore.policies.dataplan_stages.plan_stages`, what the live engine and the DAG
-run): the run takes pipelines in the order of the plan's JOBS stages and groups them as
-they do (Slice one group of all, Minimal groups of the plan's width), while storage
-(below) and processors decide, at each instant, which job of them starts:
-
-* ``All`` claims every volume at time 0 (``S_TotB + S_TotP``, Eq. 1) and releases them
-  when the last pipeline ends; pipelines run as processors allow, no barriers, a begun
-  pipeline's next job before a new pipeline (so a pipeline keeps its node, as the
-  models' phases have it).
-* ``AllBatch`` claims every batch volume at time 0 and keeps it to the end. A pipeline is
-  admitted when a processor is free and a pair of private volumes fits beside the pairs
-  of the pipelines already admitted (they go on first, so the volume one frees between
-  two of its jobs is never taken from it), so at most Eq. 15's ``C`` run at once; it
-  then runs depth-first, releasing each input once its job is done and its last pair
-  when it ends (its output written home).
-* ``Slice`` runs one depth at a time (breadth-first) over every pipeline: the depth's
-  batch volume is claimed at the start of the depth and released when the whole depth is
-  done (a barrier; nothing is refetched). A job at depth 0 claims its input and output, a
-  later job its output (its input is the output it already holds); a job starts when
-  they fit. Each begun pipeline thus holds one private volume, and the room left decides
-  how many hold a second one: up to Eq. 17's ``n`` run while few have begun (ramp-up)
-  and more again after some have ended (ramp-down), ``C'`` (Eq. 16) in between, as Sec.
-  3 describes (Eq. 17-18); no limit is imposed beyond storage and processors.
-* ``Minimal`` runs groups of Eq. 23's ``C`` pipelines (the policy's
-  :func:`~gridcore.policies.dataplan.minimal_concurrency`, so ``N_Cycles`` groups, Eq.
-  22; the last one the remainder), each group a Slice of its own: depth by depth with a
-  barrier, its batch volume claimed at the start of each depth and released at the end,
-  so every group fetches every batch volume again. A group of ``C`` fits with both
-  privates for every member (Eq. 23), so it runs at full concurrency. Eq. 23 caps ``C``
-  at ``N_CPU``, so on Table 2 the batch workload runs groups of 50 where 183 pairs fit
-  (Eq. 17's ``n``) and Sec. 4 reports partial slices of about ``n`` ("peaks at multiples
-  of three"). We keep Eq. 23, as the policy does, and let ``minimal_width`` ask for wider
-  partial slices "as storage allows" (any width that is a possible slice, Eq. 3): they
-  run ``N_CPU`` jobs at a time and refetch less often.
-* ``Remote`` claims no storage: every job reads its batch volume and its input and
-  writes its output over the WAN at ``BW`` (nothing cached, every batch read is a fetch),
-  pipelines as processors allow (the policy's Remote model).
-
-**Failures** (Sec. 4, "Sensitivity to Failure"): node resets arrive as a Poisson process
-of rate ``F`` per second for the whole cluster (the policy's unit), drawn from their own
-``random.Random`` (the same resets, times and nodes, for every strategy under one seed);
-each picks a node uniformly. A reset is instantaneous: the node is usable again at once.
-Tests may also give explicit ``resets`` (time, node). What a reset erases:
-
-* the job running on the node is evicted (its processor freed, its transfers aborted;
-  the bytes already sent still count as WAN bytes);
-* private data lives on the node of its pipeline's latest job (a job stages its input to
-  its node and writes its output there), and is not replicated: every unfinished
-  pipeline whose latest job ran on that node, running or waiting, loses its data and
-  restarts from its first job (its input fetched from home again);
-* batch volumes are replicated in the cluster's cooperative cache (Sec. 4's file
-  system) and survive a reset, as the paper's account of failures requires ("in
-  AllBatch the batch data is not removed and failed pipelines can be rerun using the
-  already locally cached batch data").
-
-How a lost pipeline restarts follows each plan's storage rule: under All it keeps its
-(empty) volumes and restarts at once; under AllBatch its private volumes are released,
-it keeps its admission and restarts at once, reading every batch volume from the cache;
-under Slice and Minimal its private volumes are released and, if its group is still at
-depth 0, it simply redoes depth 0; otherwise the batch volumes it needs are gone, so it
-leaves its group and re-runs in a later group (for Slice, a new slice over the lost
-pipelines once the current one ends), refetching all its batch data, as the policy's
-failure model has it (re-run rounds that refetch for Slice and Minimal). Under Remote
-nothing is stored, so only the evicted job is redone.
-
-**At equal times** job steps and transfers run first, then resets; within each the event
-scheduled first runs first (the event core's counter), so a run depends only on its
-inputs and seed.
-
-**Whole bytes**: the cluster counts bytes in integers, so a volume takes ``ceil(S_B)``
-/ ``ceil(S_P)`` bytes and the storage is ``floor(S)``; feasibility is checked on the
-workload as given and again on these (the two differ only within a byte of a boundary).
+Design, equations and the choices where a paper is ambiguous: ``docs/dataplan.md``
+(section ``gridcore/sim/dataplan.py``).
 """
 
 from __future__ import annotations
@@ -173,7 +40,7 @@ _RESET = 1  # node resets, after everything else at one instant
 
 
 class WanSharing(enum.StrEnum):
-    """How concurrent transfers share the WAN (module docstring)."""
+    """How concurrent transfers share the WAN (docs/dataplan.md)."""
 
     SERIAL = "serial"  # one link, one transfer at a time, FIFO, at BW (Eq. 8)
     INDEPENDENT = "independent"  # every transfer at BW at once, as the models assume

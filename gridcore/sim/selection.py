@@ -1,44 +1,7 @@
 """A multicluster model for site selection with monitoring lag and hysteresis.
 
-Seed: Lander, Fowler, Thorpe, Ramakrishnan, RENCI TR-08-02 (2008), Sec. 3-4 and
-Protocol 2 (``docs/papers.md``).
-
-The model supplies what a selection policy cannot see; the decision itself is always
-:func:`gridcore.policies.selection.select_site`, called once per arriving job:
-
-* **Sites** have processors, a slowness factor (a job's runtime there is its reference
-  runtime times the slowness) and a strict FIFO queue: the head starts as soon as enough
-  processors are free, and nothing overtakes it (no backfill).
-* **Hysteresis**: from its selection until it reaches the site's queue a job holds no
-  processors and no monitor can see it (package creation and upload, Sec. 3.2).
-* **Monitoring lag**: a periodic monitor (default every 60 s, MDS's default) publishes
-  each site's idle processors and its running and queued jobs. Selectors only ever see
-  the LAST report, so a job that started after it is invisible.
-* **External load**: jobs of another system submitted straight to a site's queue. Nobody
-  selects them; selectors learn of them only through the monitor.
-* **Streams**: every job carries a stream id; each stream has its own protocol, mode and
-  seeded ``random.Random``. A stateful stream adds to the snapshot the processors of the
-  jobs of its *state* (by default only its own) that the last report does not show
-  running: selected, in hysteresis, or queued (Protocol 2's "foreach job that selected
-  this site but is not yet running"). Streams naming the same ``state`` share that
-  knowledge, as streams using one state database would; streams with private state do
-  not know each other's selections, which is why independent stateful streams are weaker
-  (Sec. 4.2). Queued jobs in the report that are not the state's own are passed as other
-  users' queued processors; mean queue waits and runtimes of the state's finished jobs
-  per site feed the ``earliest`` mode.
-
-Per job the run records the selected site, the arrival (= selection) time, the time it
-reached the site's queue, its start and its end. ``queued_s`` is measured from reaching
-the site's queue to the start, as the paper's "time queued" (arrival at the batch queue to
-start); the hysteresis is kept apart (``queue_arrival_s - arrival_s``).
-
-Transfers are not modelled separately: the paper's 1.5-2.5 min hysteresis is mostly
-building and uploading the package, so the policy is given a bandwidth under which every
-transfer takes no time.
-
-At equal times events run in this order: job ends (free processors), jobs reaching
-queues, the monitor (so a report shows everything that happened at its instant), then
-selections (so a selection at a report's instant sees that report).
+Design, equations and the choices where a paper is ambiguous: ``docs/selection.md``
+(section ``gridcore/sim/selection.py``).
 """
 
 from __future__ import annotations
@@ -329,7 +292,7 @@ class _SelectionModel(ClusterModel):
         decision = select_site(
             request,
             snapshots,
-            # Transfers are part of the hysteresis (module docstring): none is costed.
+            # Transfers are part of the hysteresis (docs/selection.md): none is costed.
             free_bandwidth,
             config.protocol,
             config.mode,

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import textwrap
 import tomllib
 from pathlib import Path
 
 import pytest
 
-from gridcore import config
 from gridcore.config import load_grid, parse_grid
 from gridcore.errors import ConfigError
 from gridcore.model import NO_RESOURCES, CredentialRef, JobResources, MemoryScope, SiteKind
@@ -232,8 +230,8 @@ def test_each_mistake_in_a_sites_defaults_is_named(defaults: object, message: st
 
 
 def test_the_documented_format_parses(tmp_path: Path) -> None:
-    doc = config.__doc__ or ""
-    example = doc.split("Format (version 1)::")[1].split("\nResources are parsed")[0]
-    grid = parse_grid(tomllib.loads(textwrap.dedent(example)), source="doc")
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "grid-file.md").read_text()
+    example = doc.split("Format (version 1):\n\n```toml\n")[1].split("```")[0]
+    grid = parse_grid(tomllib.loads(example), source="docs/grid-file.md")
     assert grid.site("alpha").defaults.time_limit_s == 3600
     assert grid.site("laptop").defaults == JobResources(time_limit_s=1800)
