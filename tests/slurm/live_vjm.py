@@ -41,7 +41,7 @@ from gridcore.config import load_grid
 from gridcore.engine.coreservation import CoReservationEngine, CoReservationParams
 from gridcore.engine.phases import ReservationPhase
 from gridcore.engine.runtime import GridRuntime
-from gridcore.experiments.coreservation import expected_max_uniform, half_width
+from gridcore.experiments.coreservation import expected_max_uniform, fig3_summary, half_width
 from gridcore.model import CoReservationRequest, JobSubmission
 from gridcore.state.store import open_store
 from tests.slurmgrid import (
@@ -86,14 +86,9 @@ def run_live(
             print(json.dumps(points[-1]), file=sys.stderr)
     finally:
         stop_grid(grid)
-    first = points[0]
     return {
         "points": points,
-        "summary": {
-            "vjm_b10_s": first["vjm_s"],
-            "round_robin_b10_s": first["round_robin_s"],
-            "ratio_b10": first["vjm_s"] / first["round_robin_s"],
-        },
+        "summary": fig3_summary(points),
         "setup": {
             "source": "VJM Sec. 4.2, Fig. 3, live on the Slurm test grid",
             "a_interval_s": A_INTERVAL_S,
