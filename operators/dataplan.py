@@ -53,8 +53,7 @@ from gridcore.engine.dataplan import (
 from gridcore.model import ORIGIN, GridSpec
 from gridcore.policies.dataplan import Strategy
 from gridcore.policies.dataplan_stages import Stage, StageKind
-from gridcore_airflow.operators.base import RESOURCE_FIELDS, GridcoreJobOperator
-from gridcore_airflow.operators.site_job import translated
+from gridcore_airflow.operators.base import RESOURCE_FIELDS, GridcoreJobOperator, translated
 
 PIPELINE_CONTEXT_KEY = "gridcore_pipeline"  # what map_index_template shows
 DEFAULT_RETRIES = 2

@@ -35,22 +35,12 @@ from gridcore_airflow.operators.base import (
     JobLifecycleOperator,
     job_name,
     map_index,
-    state_store,
     translated,
 )
 from gridcore_airflow.sensors.base import EventContract
 from gridcore_airflow.sensors.triggers import SiteJobTrigger
 
-__all__ = [
-    "AUTO_SITE",
-    "SELECTION_KEY",
-    "JobPlan",
-    "SiteJobOperator",
-    "job_name",
-    "map_index",
-    "state_store",
-    "translated",
-]
+__all__ = ["AUTO_SITE", "SELECTION_KEY", "JobPlan", "SiteJobOperator"]
 
 AUTO_SITE = "auto"
 INPUTS_ENV = "GRIDCORE_INPUTS"

@@ -183,7 +183,7 @@ def test_a_task_instance_is_found_by_what_its_operator_put_in_the_task_state_sto
 def test_the_dashboard_names_a_task_as_the_operators_do(
     dag_id: str, task_id: str, map_index: int
 ) -> None:
-    from gridcore_airflow.operators.site_job import job_name
+    from gridcore_airflow.operators.base import job_name
 
     assert dashboard.task_job_name(dag_id, task_id, map_index) == job_name(
         dag_id, task_id, map_index

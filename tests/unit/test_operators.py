@@ -20,12 +20,8 @@ from gridcore.sites.local import TIME_LIMIT_FILE, LocalSite
 from gridcore.state.schema import selections
 from gridcore.state.store import open_store
 from gridcore.validation import RESOURCE_KEYS
-from gridcore_airflow.operators.site_job import (
-    INPUTS_ENV,
-    SELECTION_KEY,
-    SiteJobOperator,
-    job_name,
-)
+from gridcore_airflow.operators.base import job_name
+from gridcore_airflow.operators.site_job import INPUTS_ENV, SELECTION_KEY, SiteJobOperator
 from gridcore_airflow.sensors.triggers import SiteJobTrigger
 from tests.fakes import FakeTaskStateStore
 

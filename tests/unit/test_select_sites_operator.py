@@ -20,13 +20,14 @@ from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.engine.selection import ledger_totals
 from gridcore.state.schema import selections
 from gridcore.state.store import open_store
+from gridcore_airflow.operators.base import job_name
 from gridcore_airflow.operators.select_sites import (
     RESULT_KEYS,
     SELECTIONS_KEY,
     SelectSitesOperator,
     with_selections,
 )
-from gridcore_airflow.operators.site_job import SELECTION_KEY, SiteJobOperator, job_name
+from gridcore_airflow.operators.site_job import SELECTION_KEY, SiteJobOperator
 from gridcore_airflow.sensors.triggers import SiteJobTrigger
 from tests.capacity_checks import assert_capacity_invariant
 from tests.fakes import FakeTaskStateStore
