@@ -72,9 +72,11 @@ lint: $(VENV)/.dev
 typecheck: $(VENV)/.dev
 	$(BIN)/mypy
 
-# The tiers run side by side on $(TEST_WORKERS) pytest-xdist workers; the Slurm grid and
-# the deployment each stay on one worker (tests/conftest.py). The third worker keeps both
-# cores busy while the other two mostly wait on Slurm jobs and Airflow's services.
+# The tiers run side by side on $(TEST_WORKERS) pytest-xdist workers; the Slurm tier and
+# the deployment tier each run whole on one worker (tests/tier_scheduling.py), the other
+# tests fill all three as they free up. Three, on two cores: the Slurm and deployment
+# workers mostly wait on daemons, so a third keeps the cores busy (with two, every other
+# test would have one worker until a tier ends). Measured: 2090 s of tests in 734 s.
 TEST_WORKERS ?= 3
 
 test: $(VENV)/.dev system-packages slurm-chroots lint typecheck
