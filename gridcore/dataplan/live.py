@@ -71,7 +71,7 @@ from gridcore.progress import progress as progress_bar
 from gridcore.staging import ReplicaCatalog, register_source
 from gridcore.state.store import open_store
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "pipelines"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "pipelines"
 EXAMPLE_PIPELINE = EXAMPLES / "kmer_count.toml"
 EXAMPLE_GRID = EXAMPLES / "grid.toml"
 LIVE_RUNS = 3
