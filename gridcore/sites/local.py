@@ -81,8 +81,11 @@ KILL_GRACE_S = 10  # SIGTERM at the limit, SIGKILL this much later (Slurm's Kill
 # limit a watchdog runs beside it in the same process group: past the limit it marks the
 # attempt timed out and signals the whole group (itself included, so it ignores TERM
 # first); a command that ends in time stops it (its trap stops its sleep too).
+# The trap kills $! rather than $s: a TERM that lands between the sleep's fork and
+# ``s=$!`` runs the trap with $s still empty (the sleep would outlive the job), while $!
+# is set as soon as the ``&`` command completes, before any trap can run.
 _WATCHDOG = (
-    "( trap 'kill $s 2>/dev/null; exit 0' TERM; "
+    "( trap 'kill $! 2>/dev/null; exit 0' TERM; "
     f'sleep "$(cat {TIME_LIMIT_FILE})" & s=$!; wait $s || exit 0; '
     f'echo timed out > "start.$GRIDCORE_ATTEMPT/{TIMED_OUT}"; '
     f"trap '' TERM; kill -TERM 0; sleep {KILL_GRACE_S}; kill -KILL 0 ) & w=$!; "
