@@ -37,11 +37,12 @@ from dataclasses import dataclass, field
 from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import text
 
 from gridcore.api import grid_routes
-from gridcore.api.auth import bearer_token, refused
+from gridcore.api.auth import bearer_token, invalid, refused
 from gridcore.api.grid_routes import Dashboard, DashboardRefused
 from gridcore.engine import barrier_pool, pilot_pool
 from gridcore.engine.barrier_pool import BarrierAnswer, BarrierState
@@ -58,26 +59,39 @@ T = TypeVar("T")
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: a number is a JSON number of its type (no true, "40001" or 40001.0 for an
+    # int), and nothing the model does not name
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# A host name, an IPv4 address or an IPv6 one (brackets, a zone after %): no space, no
+# control character, so nothing a client sends can forge a log line or reach the
+# database with a NUL in it (PostgreSQL refuses those).
+HOST_PATTERN = r"^[A-Za-z0-9._:%\[\]-]+$"
+# Free text (a pilot's message) may hold anything printable and line breaks, not NUL.
+TEXT_PATTERN = r"^[^\x00]*$"
 
 
 class PilotRegistration(_Body):
-    host: str = Field(min_length=1, max_length=255)
+    host: str = Field(min_length=1, max_length=255, pattern=HOST_PATTERN)
     port: int = Field(ge=1, le=65535)
-    processors: int = Field(ge=1)
+    processors: int = Field(ge=1, lt=2**31)
 
 
 class PilotResult(_Body):
     exit_code: int = Field(ge=-(2**31), lt=2**31)
-    message: str = Field(default="", max_length=MESSAGE_CHARS)
+    message: str = Field(default="", max_length=MESSAGE_CHARS, pattern=TEXT_PATTERN)
 
 
 class ComponentRegistration(_Body):
-    host: str = Field(min_length=1, max_length=255)
+    host: str = Field(min_length=1, max_length=255, pattern=HOST_PATTERN)
     port: int = Field(ge=1, le=65535)
 
 
-Id = Annotated[int, Path(ge=0, lt=2**31)]
+# A path id is plain decimal digits: "1.0", " 1" or "1 " are refused, not read as 1.
+# Nine digits keep it below 2**31, the columns' range.
+ID_PATTERN = r"^(0|[1-9][0-9]{0,8})$"
+Id = Annotated[str, Path(pattern=ID_PATTERN)]
 Authorization = Annotated[str | None, Header()]
 Wait = Annotated[float, Query(ge=0.0, description=f"seconds, at most {MAX_WAIT_S:g}")]
 
@@ -130,6 +144,7 @@ def create_app(
     app = FastAPI(title="gridcore VJ center", version="1")
     app.state.center = Center(store, heartbeat_s, clock)
     app.add_exception_handler(TokenRefused, refused)
+    app.add_exception_handler(RequestValidationError, invalid)
     app.include_router(_pilot_routes(), prefix=PREFIX)
     app.include_router(_component_routes(), prefix=PREFIX)
     app.add_api_route(f"{PREFIX}/health", _health, methods=["GET"])
@@ -153,8 +168,8 @@ CenterDep = Annotated[Center, Depends(_center)]
 async def _pilot(center: CenterDep, pilot_id: Id, authorization: Authorization = None) -> int:
     """The pilot of the path, once the request's token is shown to be its own."""
     token = bearer_token(authorization)
-    await asyncio.to_thread(pilot_pool.check_token, center.store, pilot_id, token)
-    return pilot_id
+    await asyncio.to_thread(pilot_pool.check_token, center.store, int(pilot_id), token)
+    return int(pilot_id)
 
 
 async def _component(
@@ -162,9 +177,9 @@ async def _component(
 ) -> tuple[int, int, int]:
     """The component of the path, once the request's token is shown to be its own."""
     token = bearer_token(authorization)
-    check = barrier_pool.check_component_token
-    await asyncio.to_thread(check, center.store, job_id, epoch, idx, token)
-    return job_id, epoch, idx
+    key = int(job_id), int(epoch), int(idx)
+    await asyncio.to_thread(barrier_pool.check_component_token, center.store, *key, token)
+    return key
 
 
 Pilot = Annotated[int, Depends(_pilot)]

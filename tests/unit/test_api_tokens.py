@@ -340,3 +340,97 @@ def test_tokens_are_stored_hashed_and_compared_in_constant_time() -> None:
 
 def test_health_needs_no_token(center: Center) -> None:
     assert center.client.get("/api/v1/health").json() == {"status": "ok"}
+
+
+# Issue 21 items 7-10: what a hostile client sent, as raw JSON text (NaN and Infinity are
+# not JSON, but Python's parser on the server reads them), with a valid token.
+HOSTILE_PILOT_BODIES = [
+    ("register", '{"host": "h", "port": 1, "processors": NaN}', "processors"),
+    ("register", '{"host": "h", "port": 1, "processors": Infinity}', "processors"),
+    ("register", '{"host": "h", "port": 1e400, "processors": 1}', "port"),
+    ("register", '{"host": "h", "port": true, "processors": 1}', "port"),
+    ("register", '{"host": "h", "port": "40001", "processors": 1}', "port"),
+    ("register", '{"host": "h", "port": 40001.0, "processors": 1}', "port"),
+    ("register", '{"host": "h", "port": 40001, "processors": true}', "processors"),
+    ("register", '{"host": "h", "port": 40001, "processors": 18446744073709551616}', "processors"),
+    ("register", '{"host": "127.0.0.1\\u0000evil", "port": 40001, "processors": 1}', "host"),
+    (
+        "register",
+        '{"host": "127.0.0.1\\nFORGED-LOG-LINE pilot 1 registered from 6.6.6.6",'
+        ' "port": 40001, "processors": 1}',
+        "host",
+    ),
+    ("result", '{"exit_code": NaN}', "exit_code"),
+    ("result", '{"exit_code": -Infinity}', "exit_code"),
+    ("result", '{"exit_code": true}', "exit_code"),
+    ("result", '{"exit_code": 0, "message": "done\\u0000"}', "message"),
+]
+
+
+@pytest.mark.parametrize(("path", "text", "field"), HOSTILE_PILOT_BODIES)
+def test_hostile_pilot_bodies_get_422_naming_the_field_and_change_nothing(
+    center: Center, path: str, text: str, field: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    target = min(center.pilot_tokens)
+    center.set_pilot(target, PilotState.DISPATCHED, component=0, host="h", port=1)
+    before = center.snapshot()
+    with caplog.at_level(logging.DEBUG):
+        answer = center.call(
+            "POST",
+            f"/pilots/{target}/{path}",
+            center.pilot_tokens[target],
+            content=text.encode(),
+            headers={"Content-Type": "application/json"},
+        )
+    assert answer.status_code == 422, answer.text
+    assert [field] == [e["loc"][-1] for e in answer.json()["detail"]]
+    assert "input" not in answer.text  # the value is never echoed back
+    assert center.snapshot() == before
+    assert not any("FORGED" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"host": "h", "port": NaN}',
+        '{"host": "h", "port": true}',
+        '{"host": "h\\u0000", "port": 4000}',
+        '{"host": "h h", "port": 4000}',
+    ],
+)
+def test_hostile_component_bodies_get_422_and_change_nothing(center: Center, text: str) -> None:
+    before = center.snapshot()
+    answer = center.call(
+        "POST",
+        f"/components/{center.koala_job}/0/0/register",
+        center.component_tokens[0],
+        content=text.encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    assert answer.status_code == 422, answer.text
+    assert center.snapshot() == before
+
+
+@pytest.mark.parametrize("shape", ["{id}.0", "%20{id}", "{id}%20", "+{id}", "0{id}", "{id}e0"])
+def test_a_path_id_is_plain_digits_only(center: Center, shape: str) -> None:
+    target = min(center.pilot_tokens)
+    token = center.pilot_tokens[target]
+    before = center.snapshot()
+    path_id = shape.format(id=target)
+    assert center.call("POST", f"/pilots/{path_id}/heartbeat", token).status_code == 422
+    component = shape.format(id=center.koala_job)
+    answer = center.call(
+        "POST", f"/components/{component}/0/0/released", center.component_tokens[0]
+    )
+    assert answer.status_code == 422
+    assert center.snapshot() == before
+
+
+def test_an_ipv6_host_and_a_multi_line_message_are_still_accepted(center: Center) -> None:
+    target = min(center.pilot_tokens)
+    token = center.pilot_tokens[target]
+    body = {"host": "[fe80::1%eth0]", "port": 40001, "processors": 1}
+    assert center.call("POST", f"/pilots/{target}/register", token, json=body).status_code == 200
+    center.set_pilot(target, PilotState.DISPATCHED, component=0, host="h", port=1)
+    result = {"exit_code": 0, "message": "line one\nline two\ttab"}
+    assert center.call("POST", f"/pilots/{target}/result", token, json=result).status_code == 200
