@@ -10,6 +10,7 @@ naming the field. No token ever reaches a log record (uvicorn's access log inclu
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Iterator
@@ -69,6 +70,15 @@ class Center:
 @pytest.fixture
 def center(tmp_path: Path) -> Iterator[Center]:
     store = open_store(f"sqlite:///{tmp_path / 'state.db'}", upgrade=True)
+    with started_center(store) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def started_center(store: Store) -> Iterator[Center]:
+    """Two pilots of a co-reservation and two components of a co-allocation in
+    ``store``, each with its token, and the center serving them (also used on
+    PostgreSQL by tests/postgres/test_api_hostile_pg.py)."""
     now = time.time()
     pilot_tokens: dict[int, str] = {}
     component_tokens: dict[int, str] = {}
@@ -371,6 +381,13 @@ HOSTILE_PILOT_BODIES = [
 def test_hostile_pilot_bodies_get_422_naming_the_field_and_change_nothing(
     center: Center, path: str, text: str, field: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    check_hostile_pilot_body(center, path, text, field, caplog)
+
+
+def check_hostile_pilot_body(
+    center: Center, path: str, text: str, field: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """422 naming ``field``, the value never echoed, no row changed, no forged log line."""
     target = min(center.pilot_tokens)
     center.set_pilot(target, PilotState.DISPATCHED, component=0, host="h", port=1)
     before = center.snapshot()
