@@ -11,6 +11,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -95,3 +97,23 @@ def test_the_installed_package_imports_without_the_checkout_on_the_path(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["None", "None"]
+
+
+AIRFLOW_MODULES = sorted(
+    f"gridcore_airflow.{folder}" + ("" if path.stem == "__init__" else f".{path.stem}")
+    for folder in ("operators", "sensors", "demo")
+    for path in (REPO / folder).glob("*.py")
+)
+
+
+@pytest.mark.parametrize("module", AIRFLOW_MODULES)
+def test_every_airflow_module_imports_first_in_a_fresh_interpreter(module: str) -> None:
+    """Issue 21 item 20: importing one module first (as Airflow's provider discovery or a
+    DAG may) must not hit a circular import."""
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", f"import {module}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
