@@ -829,7 +829,20 @@ class _CoAllocationRequest(_Model):
             self._check_flexible()
         else:
             self._check_components(_known(info))
+        self._check_component_names()
         return self
+
+    def _check_component_names(self) -> None:
+        # Each component's site job is named NAME#i in a JOB_NAME_MAX column (issue 21
+        # item 18); a flexible request has at most ``total`` components.
+        count = self.total if self.kind is RequestKind.FLEXIBLE else len(self.components)
+        room = JOB_NAME_MAX - len(f"#{max(count - 1, 0)}")
+        if len(self.name) > room:
+            raise _refused(
+                f"must be at most {room} characters: each component's site job is named"
+                f" NAME#i (up to #{max(count - 1, 0)}), got {len(self.name)}",
+                "name",
+            )
 
     def _check_components(self, sites: frozenset[str] | None) -> None:
         kind = self.kind

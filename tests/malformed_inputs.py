@@ -407,6 +407,12 @@ def _sized(*sizes: Any, name: str = "j") -> CoAllocationRequest:
 OK = _sized(2, 2)
 SUBMIT_CASES = [
     SubmitCase(
+        "a name that leaves no room for the components' #i",
+        _sized(2, 2, name="n" * 255),
+        r"^request\.name: must be at most 254 characters: each component's site job is named"
+        r" NAME#i \(up to #1\), got 255$",
+    ),
+    SubmitCase(
         "size a float",
         _sized(2, 2.0),
         r"^request\.components\[1\]\.size: must be a positive integer .*, got 2\.0$",
