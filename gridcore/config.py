@@ -28,11 +28,23 @@ MAX_GRID_BYTES = 4 * 1024 * 1024
 def load_grid(path: str | os.PathLike[str]) -> GridSpec:
     """Read and validate a grid description file: a regular file of UTF-8 TOML text."""
     file = Path(path)
+    raw = parse_toml(file, read_text_file(file))
     try:
-        raw = tomllib.loads(read_text_file(file))
+        return parse_grid(raw, source=str(file))
+    except RecursionError as exc:
+        raise ConfigError(f"{file}: nested too deeply to be a grid file") from exc
+
+
+def parse_toml(file: Path, text: str) -> dict[str, Any]:
+    """``text`` (read from ``file``) as TOML; one ConfigError naming the file for text
+    that is not TOML or is nested too deeply to parse (a 100,000-deep array recursed
+    past Python's limit, issue 21 item 12)."""
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{file}: not valid TOML: {exc}") from exc
-    return parse_grid(raw, source=str(file))
+    except RecursionError as exc:
+        raise ConfigError(f"{file}: not valid TOML: nested too deeply") from exc
 
 
 def parse_grid(raw: Mapping[str, Any], source: str = "<memory>") -> GridSpec:

@@ -17,13 +17,12 @@ import re
 import shlex
 import string
 import sys
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gridcore.config import read_text_file
+from gridcore.config import parse_toml, read_text_file
 from gridcore.errors import ConfigError, RequestError
 from gridcore.model import NO_RESOURCES, JobResources
 from gridcore.validation import (
@@ -370,18 +369,14 @@ def load_pipeline(path: str | os.PathLike[str]) -> PipelineSpec:
     """Read and validate a pipeline file: a regular file of UTF-8 TOML text. Relative
     input paths are taken relative to the file's directory."""
     file = Path(path)
+    text = read_text_file(
+        file, "pipeline file", MAX_PIPELINE_BYTES, " (use [pipeline_range] for many pipelines)"
+    )
+    raw = parse_toml(file, text)
     try:
-        raw = tomllib.loads(
-            read_text_file(
-                file,
-                "pipeline file",
-                MAX_PIPELINE_BYTES,
-                " (use [pipeline_range] for many pipelines)",
-            )
-        )
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{file}: not valid TOML: {exc}") from exc
-    return parse_pipeline(raw, source=str(file), base_dir=file.parent)
+        return parse_pipeline(raw, source=str(file), base_dir=file.parent)
+    except RecursionError as exc:
+        raise ConfigError(f"{file}: nested too deeply to be a pipeline file") from exc
 
 
 def parse_pipeline(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -235,3 +236,31 @@ def test_the_documented_format_parses(tmp_path: Path) -> None:
     grid = parse_grid(tomllib.loads(example), source="docs/grid-file.md")
     assert grid.site("alpha").defaults.time_limit_s == 3600
     assert grid.site("laptop").defaults == JobResources(time_limit_s=1800)
+
+
+@pytest.mark.parametrize(
+    ("what", "text"),
+    [
+        ("100,000 nested arrays", "version = 1\nx = " + "[" * 100_000 + "]" * 100_000 + "\n"),
+        ("3,000 nested inline tables", "version = 1\nx = " + "{a = " * 3000 + "1" + "}" * 3000),
+        ("500 nested arrays", "version = 1\nx = " + "[" * 500 + "]" * 500 + "\n"),
+    ],
+)
+def test_a_deeply_nested_grid_file_is_one_error_naming_the_file(
+    tmp_path: Path, what: str, text: str
+) -> None:
+    """Issue 21 item 12: no RecursionError traceback, whatever the depth."""
+    path = tmp_path / "deep.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: ") as err:
+        load_grid(path)
+    assert "\n" not in str(err.value), what
+
+
+def test_a_deeply_nested_pipeline_file_is_one_error_naming_the_file(tmp_path: Path) -> None:
+    from gridcore.dataplan.format import load_pipeline
+
+    path = tmp_path / "deep.toml"
+    path.write_text("version = 1\nx = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: "):
+        load_pipeline(path)
