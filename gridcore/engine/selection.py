@@ -680,16 +680,9 @@ def record_finished_stats(
     )
 
 
-def ledger_totals(conn: Connection) -> dict[str, tuple[int, int, int, int]]:
-    """Per site: (claimed counter, sum of claimed holds, queued counter, sum of queued
-    holds); the two pairs must be equal (used by tests and benchmarks)."""
-    return capacity.totals(conn)
-
-
 __all__: Sequence[str] = (
     "Recorded",
     "SnapshotReader",
-    "ledger_totals",
     "pg_decision_sql",
     "record_finished_stats",
     "record_pinned",

@@ -456,7 +456,7 @@ def check_ledger(store: Store, bench: BenchGrid) -> list[str]:
     """Every way the ledger could be wrong, as readable lines (empty when sound)."""
     problems = []
     with store.begin() as conn:
-        totals = selection_engine.ledger_totals(conn)
+        totals = capacity.totals(conn)
         granted = {
             r.name: r.reported_idle - r.external_pending for r in conn.execute(select(sites))
         }

@@ -25,7 +25,7 @@ import pytest
 from sqlalchemy import select
 
 from gridcore.engine.runtime import GridRuntime
-from gridcore.engine.selection import ledger_totals
+from gridcore.state import capacity
 from gridcore.state.schema import selections
 from gridcore.state.store import open_store
 from tests.capacity_checks import assert_capacity_invariant
@@ -193,7 +193,7 @@ def assert_state_db_agrees(results: Mapping[int, Mapping[str, Any]], name_prefix
                 "completed",
             )
         with runtime.store.begin() as conn:
-            totals = ledger_totals(conn)
+            totals = capacity.totals(conn)
     finally:
         runtime.store.dispose()
     # Nothing is left in flight: every claimed/queued processor was released.

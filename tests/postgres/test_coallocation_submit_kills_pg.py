@@ -19,7 +19,6 @@ import pytest
 from sqlalchemy import select
 
 from gridcore.config import default_grid
-from gridcore.engine import selection as selection_engine
 from gridcore.engine.coallocation import CoAllocationEngine
 from gridcore.engine.runtime import GridRuntime
 from gridcore.model import CoAllocationRequest, Component, JobSubmission, RequestKind
@@ -131,7 +130,7 @@ def _run_killed_engines(pg_url: str, center: str, home: str, kills: Path, store:
         jobs = conn.execute(select(local_jobs.c.key, local_jobs.c.state)).all()
         violations = capacity.check_invariant(conn)
         live = capacity.live_holds(conn)
-        totals = selection_engine.ledger_totals(conn)
+        totals = capacity.totals(conn)
     store.dispose()
     per_key = Counter(key for key, _ in jobs)
     assert None not in per_key and set(per_key.values()) == {1}, per_key

@@ -153,7 +153,7 @@ def test_eight_processes_deciding_bursts_never_overcommit_and_every_row_has_its_
     )
     assert_capacity_invariant(store)
     with store.begin() as conn:
-        totals = selection_engine.ledger_totals(conn)
+        totals = capacity.totals(conn)
         rows, held = _rows_and_holds(conn)
         per_stream = dict(
             conn.execute(

@@ -100,7 +100,7 @@ def test_eight_processes_never_overcommit_and_lose_no_row(pg_url: str, store: St
 
     with store.begin() as conn:
         assert capacity.check_invariant(conn) == []
-        totals = selection_engine.ledger_totals(conn)
+        totals = capacity.totals(conn)
         held = {h.holder for h in capacity.live_holds(conn, HolderKind.SELECTION)}
         ids = {str(i) for i in conn.execute(select(selections.c.id)).scalars()}
         per_stream = dict(
@@ -190,7 +190,7 @@ def test_pinned_selections_racing_on_one_site_never_overcommit(pg_url: str, stor
         p.join(120)
         assert p.exitcode == 0
     with store.begin() as conn:
-        claimed, claimed_rows, queued, queued_rows = selection_engine.ledger_totals(conn)["s0"]
+        claimed, claimed_rows, queued, queued_rows = capacity.totals(conn)["s0"]
         assert capacity.check_invariant(conn) == []
     assert (claimed, queued) == (claimed_rows, queued_rows)
     assert claimed == 6, "two 3-processor claims fit in 8; every other pinned job queues"

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from gridcore.config import load_grid
-from gridcore.engine import selection as selection_engine
 from gridcore.engine.runtime import GridRuntime
 from gridcore.model import JobRequest, JobSubmission
 from gridcore.sites.slurm import SlurmSite
+from gridcore.state import capacity
 from gridcore.state.store import open_store
 from tests.slurmgrid import SlurmGrid
 
@@ -49,12 +49,12 @@ def _wait_idle(rt: GridRuntime, timeout: float = 60.0) -> None:
 def _claims(rt: GridRuntime) -> dict[str, int]:
     """Processors of FIT selections not yet visible, per site."""
     with rt.store.begin() as conn:
-        return {site: t[0] for site, t in selection_engine.ledger_totals(conn).items()}
+        return {site: t[0] for site, t in capacity.totals(conn).items()}
 
 
 def _queued(rt: GridRuntime) -> dict[str, int]:
     with rt.store.begin() as conn:
-        return {site: t[2] for site, t in selection_engine.ledger_totals(conn).items()}
+        return {site: t[2] for site, t in capacity.totals(conn).items()}
 
 
 def test_observations_report_the_clusters(runtime: GridRuntime) -> None:

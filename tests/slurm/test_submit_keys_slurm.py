@@ -16,11 +16,11 @@ import pytest
 import requests
 
 from gridcore.config import load_grid
-from gridcore.engine import selection as selection_engine
 from gridcore.engine.runtime import GridRuntime
 from gridcore.model import JobRequest, JobState, JobSubmission
 from gridcore.sites.keys import selection_key
 from gridcore.sites.slurm import SlurmSite
+from gridcore.state import capacity
 from gridcore.state.store import open_store
 from tests.capacity_checks import assert_capacity_invariant
 from tests.slurmgrid import SlurmCluster, SlurmGrid
@@ -87,7 +87,7 @@ def test_a_retry_after_the_worker_died_adopts_the_job_slurm_accepted(
     assert runtime.record(sid).state == "completed"
     runtime.refresh()
     with runtime.store.begin() as conn:
-        assert selection_engine.ledger_totals(conn)[site] == (0, 0, 0, 0)
+        assert capacity.totals(conn)[site] == (0, 0, 0, 0)
     assert_capacity_invariant(runtime.store, no_live_holds=True)
 
 

@@ -19,7 +19,6 @@ import pytest
 from sqlalchemy import select
 
 from gridcore.config import default_grid
-from gridcore.engine import selection as selection_engine
 from gridcore.engine.barrier_command import TOKEN_ENV
 from gridcore.engine.coallocation import CoAllocationEngine, CoAllocationRecord
 from gridcore.engine.pilot_pool import token_hash
@@ -29,6 +28,7 @@ from gridcore.policies.claiming import CoAllocationParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.sites.keys import component_key
 from gridcore.sites.local import LocalSite
+from gridcore.state import capacity
 from gridcore.state.schema import coalloc_components, coalloc_jobs, local_jobs, sites
 from gridcore.state.store import open_store
 from tests.barrier_checks import running_center
@@ -127,7 +127,7 @@ def test_an_engine_killed_mid_submission_doubles_no_component(
         assert done.retries == 1 and len(jobs) == 3 + nth - (0 if accepted else 1), jobs
     koala.runtime.refresh()
     with koala.store.begin() as conn:
-        totals = selection_engine.ledger_totals(conn)
+        totals = capacity.totals(conn)
         site_errors = dict(conn.execute(select(sites.c.name, sites.c.last_error)).all())
     assert all(v == (0, 0, 0, 0) for v in totals.values()), totals
     # A component its engine lost before the site had it is not the site's error.

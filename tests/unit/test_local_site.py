@@ -15,13 +15,13 @@ import pytest
 from sqlalchemy import func, select
 
 from gridcore.config import default_grid
-from gridcore.engine import selection as selection_engine
 from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.engine.submission import submit_once
 from gridcore.errors import ConfigError, RequestError, SiteRejected
 from gridcore.model import JobRequest, JobResources, JobState, JobSubmission, SiteKind, SiteSpec
 from gridcore.sites import local as local_site
 from gridcore.sites.local import LocalSite
+from gridcore.state import capacity
 from gridcore.state.schema import local_jobs, selections
 from gridcore.state.store import open_store
 from tests.capacity_checks import assert_capacity_invariant
@@ -65,7 +65,7 @@ def _workdir(rt: GridRuntime, sid: int) -> Path:
 
 def in_flight_zero(rt: GridRuntime) -> None:
     with rt.store.begin() as conn:
-        assert all(v == (0, 0, 0, 0) for v in selection_engine.ledger_totals(conn).values())
+        assert all(v == (0, 0, 0, 0) for v in capacity.totals(conn).values())
 
 
 def test_job_runs_on_its_site_and_releases_its_processors(tmp_path: Path) -> None:
@@ -194,7 +194,7 @@ def test_a_selection_never_submitted_gives_its_processors_back(tmp_path: Path) -
     assert record.state == "failed" and "never submitted" in record.message
     assert rt.record(kept.selection_id).state != "failed", "submitted jobs are not expired"
     with rt.store.begin() as conn:
-        totals = selection_engine.ledger_totals(conn)
+        totals = capacity.totals(conn)
     assert totals["local-a"] == (0, 0, 0, 0)
     assert_capacity_invariant(rt.store)
     rt.cancel(kept.selection_id)

@@ -14,9 +14,9 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskD
 from sqlalchemy import func, inspect, select
 
 from gridcore.engine.runtime import GridRuntime, JobRecord
-from gridcore.engine.selection import ledger_totals
 from gridcore.model import JobResources
 from gridcore.sites.local import TIME_LIMIT_FILE, LocalSite
+from gridcore.state import capacity
 from gridcore.state.schema import selections
 from gridcore.state.store import open_store
 from gridcore.validation import RESOURCE_KEYS
@@ -349,7 +349,7 @@ def test_a_selection_that_cannot_be_persisted_is_released(runtime: GridRuntime) 
         operator().execute(context={"task_state_store": BrokenTaskStateStore()})
 
     with runtime.store.begin() as conn:
-        totals = ledger_totals(conn)
+        totals = capacity.totals(conn)
         states = list(conn.execute(select(selections.c.state)).scalars())
     assert states == ["cancelled"]
     assert {site: t for site, t in totals.items() if any(t)} == {}

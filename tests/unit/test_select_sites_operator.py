@@ -17,7 +17,7 @@ from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 from sqlalchemy import func, inspect, select
 
 from gridcore.engine.runtime import GridRuntime, JobRecord
-from gridcore.engine.selection import ledger_totals
+from gridcore.state import capacity
 from gridcore.state.schema import selections
 from gridcore.state.store import open_store
 from gridcore_airflow.operators.base import job_name
@@ -292,7 +292,7 @@ def test_a_burst_that_cannot_be_persisted_is_released(db_url: str, runtime: Grid
 
     assert {row["state"] for row in selection_rows(db_url)} == {"cancelled"}
     with runtime.store.begin() as conn:
-        totals = ledger_totals(conn)
+        totals = capacity.totals(conn)
     assert {site: t for site, t in totals.items() if any(t)} == {}
     assert_capacity_invariant(db_url, no_live_holds=True)
 

@@ -74,7 +74,7 @@ def decide(
 def assert_sound(store: Store) -> None:
     with store.begin() as conn:
         assert capacity.check_invariant(conn) == []
-        totals = selection_engine.ledger_totals(conn)
+        totals = capacity.totals(conn)
         granted = dict(
             conn.execute(
                 select(sites.c.name, sites.c.reported_idle - sites.c.external_pending)

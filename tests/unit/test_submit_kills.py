@@ -24,7 +24,6 @@ from sqlalchemy import Connection, select
 
 import gridcore.sites.local as local_site
 from gridcore.config import default_grid
-from gridcore.engine import selection as selection_engine
 from gridcore.engine.runtime import SUBMIT_DEADLINE_S, GridRuntime, JobRecord
 from gridcore.errors import SiteRejected
 from gridcore.model import GridSpec, JobRequest, JobSubmission, SiteKind, SiteSpec
@@ -153,7 +152,7 @@ def assert_exactly_once_and_everything_back(rt: GridRuntime, where: str) -> None
 
 
 def assert_capacity_back(conn: Connection, where: str) -> None:
-    totals = selection_engine.ledger_totals(conn)
+    totals = capacity.totals(conn)
     assert all(v == (0, 0, 0, 0) for v in totals.values()), f"{where}: {totals}"
     assert capacity.check_invariant(conn) == [], where
     assert capacity.live_holds(conn) == [], where
