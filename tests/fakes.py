@@ -71,10 +71,13 @@ class FakeSite:
     ``find(key)`` looks up what was submitted with the key. A job stays pending until
     the test ends it (:meth:`finish`), or, with ``finish_after_polls`` = N, completes at
     its N-th status poll. ``after_accept`` runs after the site recorded a submission and
-    before its id is returned (a test's submitter dies there)."""
+    before its id is returned (a test's submitter dies there). ``forgets_finished``:
+    as a Slurm controller past MinJobAge, ``find`` sees a finished job only when asked
+    with ``since`` (its accounting records)."""
 
     spec: SiteSpec
     finish_after_polls: int | None = None
+    forgets_finished: bool = False
     clock: Callable[[], float] = time.time
     after_accept: Callable[[FakeJob], None] | None = None
     jobs: dict[str, FakeJob] = field(default_factory=dict)
@@ -113,7 +116,9 @@ class FakeSite:
         found = [
             j.job_id
             for j in self.jobs.values()
-            if j.key == key and (since is None or j.submitted_at >= since)
+            if j.key == key
+            and (since is None or j.submitted_at >= since)
+            and (since is not None or not (self.forgets_finished and j.state.finished))
         ]
         return found[0] if found else None
 

@@ -583,7 +583,7 @@ class CoAllocationEngine:
                 holder = component_holder(row["id"], row["epoch"], part["idx"])
                 capacity.set_site_job(conn, HolderKind.COMPONENT, holder, found)
 
-        adopt_stale(self.runtime.adapter, part["site"], key, record)
+        adopt_stale(self.runtime.adapter, part["site"], key, record, since=row["submitted_at"])
 
     def _poll_component(self, row: RowMapping, part: RowMapping) -> None:
         try:

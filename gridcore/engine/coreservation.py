@@ -395,6 +395,7 @@ class CoReservationEngine:
                 row["site"],
                 row["key"],
                 functools.partial(self._record_site_job, row["id"]),
+                since=row["submitted_at"],
             )
             if found is submission.Lookup.NOT_FOUND:
                 self._resubmit(row, now)

@@ -327,7 +327,7 @@ class GridRuntime:
         their keys: a worker may have died after the site accepted the job."""
         with self.store.begin() as conn:
             stale = conn.execute(
-                select(selections.c.id, selections.c.site).where(
+                select(selections.c.id, selections.c.site, selections.c.selected_at).where(
                     and_(
                         selections.c.state == JobState.SELECTED.value,
                         selections.c.job_id.is_(None),
@@ -335,7 +335,7 @@ class GridRuntime:
                     )
                 )
             ).all()
-        for sid, site in stale:
+        for sid, site, selected_at in stale:
             # Not found (or the site cannot be asked): it expires; a job the site does
             # have is an orphan the next refresh cancels.
             submission.adopt_stale(
@@ -343,6 +343,7 @@ class GridRuntime:
                 site,
                 selection_key(self.install_id, sid),
                 functools.partial(self._adopt_selection_job, sid),
+                since=selected_at,
             )
 
     def _adopt_selection_job(self, selection_id: int, job_id: str) -> None:

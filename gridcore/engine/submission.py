@@ -128,12 +128,16 @@ def adopt_stale(
     site: str,
     key: str,
     record: Callable[[str], object],
-    since: float | None = None,
+    *,
+    since: float,
 ) -> Lookup:
     """A holder left without its site job by a submitter that died: ask ``site`` (its
     adapter from ``adapter``) for the job with ``key`` and, if it has one, ``record``
     its id (in the holder's own transaction). A site that cannot be asked now is logged
-    and left to the holder."""
+    and left to the holder. ``since``: when the holder was made. A stale holder is
+    looked up minutes later, when a short job may have ended and left a Slurm
+    controller's memory (MinJobAge, 300 s by default): the site's records back to
+    ``since`` are asked too (``SiteAdapter.find``)."""
     try:
         found = adapter(site).find(key, since)
     except GridError as exc:

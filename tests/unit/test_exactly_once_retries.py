@@ -129,6 +129,28 @@ def test_a_selection_past_its_deadline_adopts_the_job_the_site_accepted(
     assert only.state is JobState.PENDING and site.cancelled == []
 
 
+def test_a_selection_past_its_deadline_adopts_a_job_that_already_ended(
+    runtime: GridRuntime, clock: Clock
+) -> None:
+    """Ten minutes on, a short job has ended and left a Slurm controller's memory: the
+    deadline's look-up asks the site's records back to the selection's time."""
+    site = _fake(runtime, "local-a")
+    site.forgets_finished = True
+    rec = runtime.select(JobRequest(JOB.name, JOB.processors, 1.0), site="local-a")
+    _die_after_accepting(site)
+    with pytest.raises(_Died):
+        runtime.submit(rec.selection_id, JOB)
+    key = selection_key(runtime.install_id, rec.selection_id)
+    (only,) = site.keyed(key)
+    site.finish(only.job_id)
+
+    clock.now += SUBMIT_DEADLINE_S + 1
+    runtime.refresh()
+
+    assert runtime.record(rec.selection_id).job_id == only.job_id
+    assert site.keyed(key) == [only]
+
+
 # 4 + 2 + 2 on local-a (8), local-b (4), local-c (4): one scan starts all three.
 SPREAD = CoAllocationRequest(
     "spread",
@@ -177,6 +199,7 @@ def test_a_vjm_scan_adopts_the_pilot_a_dead_submitter_sent(
 ) -> None:
     engine = CoReservationEngine(runtime, CENTER, CoReservationParams(lease_s=5.0))
     site = _fake(runtime, "local-b")
+    site.forgets_finished = True  # a Slurm controller past MinJobAge
     _die_after_accepting(site)
     with pytest.raises(_Died):
         engine.submit(CoReservationRequest("again", "true", 1, sites=("local-b",)))
