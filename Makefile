@@ -76,7 +76,7 @@ typecheck: $(VENV)/.dev
 # the deployment tier each run whole on one worker (tests/tier_scheduling.py), the other
 # tests fill all three as they free up. Three, on two cores: the Slurm and deployment
 # workers mostly wait on daemons, so a third keeps the cores busy (with two, every other
-# test would have one worker until a tier ends). Measured: 2090 s of tests in 734 s.
+# test would have one worker until a tier ends). Times: README, "Quick start".
 TEST_WORKERS ?= 3
 
 test: $(VENV)/.dev system-packages slurm-chroots lint typecheck

@@ -6,4 +6,5 @@ import sys
 
 from gridcore_airflow.demo.harness import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())

@@ -441,7 +441,7 @@ class SiteSelection:
 
 
 class RequestKind(enum.StrEnum):
-    """Seed 002 Sec. 2.2: the three request structures."""
+    """KOALA 2006 Sec. 2.2: the three request structures."""
 
     FIXED = "fixed"  # component sizes AND their execution sites
     NON_FIXED = "non-fixed"  # component sizes; the scheduler picks sites
@@ -454,7 +454,7 @@ class Priority(enum.StrEnum):
 
 
 class FileDelivery(enum.StrEnum):
-    """Seed 000 Sec. 2.3: the two file-distribution models."""
+    """KOALA 2005 Sec. 2.3: the two file-distribution models."""
 
     WHOLE = "whole"  # every component reads the whole file
     CHUNKED = "chunked"  # each component reads its share of the file

@@ -1,4 +1,4 @@
-"""The selection ledger: snapshot -> policy -> one transaction that records the decision.
+"""The selection engine: snapshot -> policy -> one transaction that records the decision.
 
 Every function here takes an open connection and does only database work; the callers
 (:mod:`gridcore.engine.runtime`) do site I/O outside transactions. The policy is called

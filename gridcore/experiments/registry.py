@@ -40,7 +40,7 @@ class RunOptions:
     growth table as JSON text, parsed by the entry) for koala-placement,
     ``monitor_interval_s``, ``case`` (a selection-robustness case's seed, replayed) and
     ``all_orderings`` (True when given) for stateful-selection, ``cases`` for
-    selection-robustness, ``live`` (True when given) for vjm-coallocation. Errors name
+    selection-robustness, ``live`` (True when given) for dataplan. Errors name
     the command-line option.
     """
 

@@ -221,7 +221,7 @@ def _splits(
     pool: _Pool,
     transfers: _Transfers,
 ) -> tuple[list[_Slot] | None, list[str]]:
-    """Seed 002 Sec. 2.2: the allowed splits in order of preference; the first that fits."""
+    """KOALA 2006 Sec. 2.2: the allowed splits in order of preference; the first that fits."""
     reasons: list[str] = []
     for k, split in enumerate(splits):
         label = f"split {k} ({'+'.join(map(str, split))})"
@@ -238,7 +238,7 @@ def _splits(
 
 
 def _wf(order: Sequence[tuple[int, int]], pool: _Pool) -> tuple[list[_Slot] | None, list[str]]:
-    """Seed 002 Sec. 4: the cluster with the largest remaining number of idle processors."""
+    """KOALA 2006 Sec. 4: the cluster with the largest remaining number of idle processors."""
     left = pool.left
     positions = range(len(left))
     slots: list[_Slot] = []
@@ -252,7 +252,7 @@ def _wf(order: Sequence[tuple[int, int]], pool: _Pool) -> tuple[list[_Slot] | No
 
 
 def _cm(order: Sequence[tuple[int, int]], pool: _Pool) -> tuple[list[_Slot] | None, list[str]]:
-    """Seed 002 Fig. 1: clusters by decreasing idle, sorted once (lines 1-2); each
+    """KOALA 2006 Fig. 1: clusters by decreasing idle, sorted once (lines 1-2); each
     component on the first cluster in that order that can accommodate it (lines 3-8)."""
     left = pool.left
     ranked = sorted(range(len(left)), key=pool.usable.__getitem__, reverse=True)
@@ -271,7 +271,7 @@ def _cm(order: Sequence[tuple[int, int]], pool: _Pool) -> tuple[list[_Slot] | No
 def _cf(
     order: Sequence[tuple[int, int]], pool: _Pool, transfers: _Transfers
 ) -> tuple[list[_Slot] | None, list[str]]:
-    """Seed 000 Sec. 2.6: "when there is a choice among execution sites for a job
+    """KOALA 2005 Sec. 2.6: "when there is a choice among execution sites for a job
     component, we choose the site such that the (estimated) delay of transferring the
     input file to the execution site is minimal"."""
     left = pool.left
@@ -315,7 +315,7 @@ def _closest(
 
 
 def _fcm(request: CoAllocationRequest, pool: _Pool) -> tuple[list[_Slot] | None, list[str]]:
-    """Seed 002 Fig. 3, with the user's bounds of Sec. 2.2 (rules in docs/coallocation.md)."""
+    """KOALA 2006 Fig. 3, with the user's bounds of Sec. 2.2 (rules in docs/coallocation.md)."""
     least = request.flexible.min_component_size
     most = request.flexible.max_components or len(pool.sites)
     left = pool.left
@@ -355,7 +355,7 @@ def _fcm_failure(
 
 
 def _fixed(request: CoAllocationRequest, pool: _Pool) -> tuple[list[_Slot] | None, list[str]]:
-    """Seed 002 Sec. 2.2: a fixed request names its sites; each must have room."""
+    """KOALA 2006 Sec. 2.2: a fixed request names its sites; each must have room."""
     where: dict[str, int] = {}
     for pos, site in enumerate(pool.sites):
         where.setdefault(site, pos)
