@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -38,11 +39,12 @@ from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from sqlalchemy import text
 
 from gridcore.api import grid_routes
-from gridcore.api.auth import bearer_token, invalid, refused
+from gridcore.api.auth import bearer_token, refused
 from gridcore.api.grid_routes import Dashboard, DashboardRefused
 from gridcore.engine import barrier_pool, pilot_pool
 from gridcore.engine.barrier_pool import BarrierAnswer, BarrierState
@@ -88,10 +90,15 @@ class ComponentRegistration(_Body):
     port: int = Field(ge=1, le=65535)
 
 
-# A path id is plain decimal digits: "1.0", " 1" or "1 " are refused, not read as 1.
-# Nine digits keep it below 2**31, the columns' range.
-ID_PATTERN = r"^(0|[1-9][0-9]{0,8})$"
-Id = Annotated[str, Path(pattern=ID_PATTERN)]
+def _plain_digits(value: object) -> object:
+    # A path id is plain decimal digits: "1.0", " 1", "1 ", "+1" or "01" are refused,
+    # not read as 1 (the int check after this bounds it to the columns' range).
+    if isinstance(value, str) and not re.fullmatch(r"0|[1-9][0-9]*", value):
+        raise ValueError("must be plain decimal digits")
+    return value
+
+
+Id = Annotated[int, BeforeValidator(_plain_digits), Path(ge=0, lt=2**31)]
 Authorization = Annotated[str | None, Header()]
 Wait = Annotated[float, Query(ge=0.0, description=f"seconds, at most {MAX_WAIT_S:g}")]
 
@@ -155,6 +162,24 @@ def create_app(
     return app
 
 
+async def invalid(_request: Request, exc: Exception) -> JSONResponse:
+    """422 for a request that fails validation, naming each field and what is wrong, but
+    never echoing the value: a NaN, an infinity or a number past a float's range cannot
+    be written as JSON (the default handler answered 500), and a value is the client's
+    to know, not ours to repeat into responses and logs."""
+    if not isinstance(exc, RequestValidationError):  # registered for it only
+        raise exc
+    detail = [
+        {
+            "loc": list(error.get("loc", ())),
+            "msg": str(error.get("msg", "")),
+            "type": str(error.get("type", "")),
+        }
+        for error in exc.errors()
+    ]
+    return JSONResponse({"detail": detail}, status_code=422)
+
+
 def _center(request: Request) -> Center:
     center = request.app.state.center
     if not isinstance(center, Center):
@@ -168,8 +193,8 @@ CenterDep = Annotated[Center, Depends(_center)]
 async def _pilot(center: CenterDep, pilot_id: Id, authorization: Authorization = None) -> int:
     """The pilot of the path, once the request's token is shown to be its own."""
     token = bearer_token(authorization)
-    await asyncio.to_thread(pilot_pool.check_token, center.store, int(pilot_id), token)
-    return int(pilot_id)
+    await asyncio.to_thread(pilot_pool.check_token, center.store, pilot_id, token)
+    return pilot_id
 
 
 async def _component(
@@ -177,7 +202,7 @@ async def _component(
 ) -> tuple[int, int, int]:
     """The component of the path, once the request's token is shown to be its own."""
     token = bearer_token(authorization)
-    key = int(job_id), int(epoch), int(idx)
+    key = job_id, epoch, idx
     await asyncio.to_thread(barrier_pool.check_component_token, center.store, *key, token)
     return key
 

@@ -7,7 +7,6 @@ nothing; its message never repeats the token."""
 from __future__ import annotations
 
 from fastapi import Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from gridcore.engine.pilot_pool import TokenRefused, Unauthenticated
@@ -31,21 +30,3 @@ async def refused(_request: Request, exc: Exception) -> JSONResponse:
         raise exc
     headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthenticated) else None
     return JSONResponse({"detail": str(exc)}, status_code=exc.status, headers=headers)
-
-
-async def invalid(_request: Request, exc: Exception) -> JSONResponse:
-    """422 for a request that fails validation, naming each field and what is wrong, but
-    never echoing the value: a NaN, an infinity or a number past a float's range cannot
-    be written as JSON (the default handler answered 500), and a value is the client's
-    to know, not ours to repeat into responses and logs."""
-    if not isinstance(exc, RequestValidationError):  # registered for it only
-        raise exc
-    detail = [
-        {
-            "loc": list(error.get("loc", ())),
-            "msg": str(error.get("msg", "")),
-            "type": str(error.get("type", "")),
-        }
-        for error in exc.errors()
-    ]
-    return JSONResponse({"detail": detail}, status_code=422)

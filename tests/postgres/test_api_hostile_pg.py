@@ -1,6 +1,6 @@
 """The VJ center's hostile-input probes (issue 21 items 7-10) on PostgreSQL, where a NUL
 byte in a text column is a server error rather than a stored character: every probe is
-a 422 naming its field, and no row changes (the table: tests/unit/test_api_tokens.py)."""
+a 422 naming its field, and no row changes (the table: tests/api_checks.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from gridcore.state.store import open_store
-from tests.unit.test_api_tokens import (
+from tests.api_checks import (
     HOSTILE_PILOT_BODIES,
     Center,
     check_hostile_pilot_body,

@@ -10,61 +10,22 @@ naming the field. No token ever reaches a log record (uvicorn's access log inclu
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from sqlalchemy import insert, select, update
 
-from gridcore.api.server import RunningCenter, start_in_thread
-from gridcore.engine.phases import ComponentState, JobPhase, PilotState, ReservationPhase
+from gridcore.engine.phases import PilotState
 from gridcore.engine.pilot_pool import new_token, token_hash, tokens_match
-from gridcore.state import schema
-from gridcore.state.store import Store, open_store
-
-TABLES = (
-    schema.pilots,
-    schema.reservations,
-    schema.coalloc_jobs,
-    schema.coalloc_components,
-    schema.holds,
+from gridcore.state.store import open_store
+from tests.api_checks import (
+    HOSTILE_PILOT_BODIES,
+    Center,
+    check_hostile_pilot_body,
+    started_center,
 )
-
-
-@dataclass
-class Center:
-    store: Store
-    running: RunningCenter
-    client: httpx.Client
-    pilot_tokens: dict[int, str]  # pilot id -> token
-    component_tokens: dict[int, str]  # component index of job `koala_job` (epoch 0)
-    koala_job: int
-
-    def call(
-        self, method: str, path: str, token: str | None = None, **kwargs: Any
-    ) -> httpx.Response:
-        headers = kwargs.pop("headers", {})
-        if token is not None:
-            headers["Authorization"] = f"Bearer {token}"
-        return self.client.request(method, f"/api/v1{path}", headers=headers, **kwargs)
-
-    def snapshot(self) -> dict[str, list[tuple[Any, ...]]]:
-        with self.store.begin() as conn:
-            return {t.name: sorted(tuple(r) for r in conn.execute(select(t)).all()) for t in TABLES}
-
-    def set_pilot(self, pilot_id: int, state: PilotState, **values: Any) -> None:
-        with self.store.begin() as conn:
-            conn.execute(
-                update(schema.pilots)
-                .where(schema.pilots.c.id == pilot_id)
-                .values(state=state.value, **values)
-            )
 
 
 @pytest.fixture
@@ -72,80 +33,6 @@ def center(tmp_path: Path) -> Iterator[Center]:
     store = open_store(f"sqlite:///{tmp_path / 'state.db'}", upgrade=True)
     with started_center(store) as running:
         yield running
-
-
-@contextlib.contextmanager
-def started_center(store: Store) -> Iterator[Center]:
-    """Two pilots of a co-reservation and two components of a co-allocation in
-    ``store``, each with its token, and the center serving them (also used on
-    PostgreSQL by tests/postgres/test_api_hostile_pg.py)."""
-    now = time.time()
-    pilot_tokens: dict[int, str] = {}
-    component_tokens: dict[int, str] = {}
-    with store.begin() as conn:
-        job = conn.execute(
-            insert(schema.reservations).values(
-                name="tokens",
-                command="true",
-                processors=2,
-                vj_size=1,
-                max_clusters=2,
-                lifetime_floor_s=60.0,
-                state=ReservationPhase.RESERVING.value,
-                submitted_at=now,
-            )
-        ).inserted_primary_key[0]
-        for i in range(2):
-            token, digest = new_token()
-            pid = conn.execute(
-                insert(schema.pilots).values(
-                    job_id=job,
-                    first_job_id=job,
-                    site=f"site-{i}",
-                    processors=1,
-                    state=PilotState.PENDING.value,
-                    key=f"key-{i}",
-                    token_hash=digest,
-                    submitted_at=now,
-                )
-            ).inserted_primary_key[0]
-            pilot_tokens[int(pid)] = token
-        koala_job = conn.execute(
-            insert(schema.coalloc_jobs).values(
-                name="barrier",
-                request="{}",
-                command="true",
-                policy="CM",
-                priority="high",
-                state=JobPhase.CLAIMING.value,
-                epoch=0,
-                L=1.0,
-                submitted_at=now,
-            )
-        ).inserted_primary_key[0]
-        for idx in range(2):
-            token, digest = new_token()
-            conn.execute(
-                insert(schema.coalloc_components).values(
-                    job_id=koala_job,
-                    idx=idx,
-                    epoch=0,
-                    size=1,
-                    site=f"site-{idx}",
-                    transfer_s=0.0,
-                    state=ComponentState.SUBMITTED.value,
-                    token_hash=digest,
-                )
-            )
-            component_tokens[idx] = token
-    running = start_in_thread(store)
-    client = httpx.Client(base_url=running.url, timeout=30.0)
-    try:
-        yield Center(store, running, client, pilot_tokens, component_tokens, int(koala_job))
-    finally:
-        client.close()
-        running.stop()
-        store.dispose()
 
 
 # (method, path, json body, the target's state in which an accepted call writes)
@@ -352,58 +239,11 @@ def test_health_needs_no_token(center: Center) -> None:
     assert center.client.get("/api/v1/health").json() == {"status": "ok"}
 
 
-# Issue 21 items 7-10: what a hostile client sent, as raw JSON text (NaN and Infinity are
-# not JSON, but Python's parser on the server reads them), with a valid token.
-HOSTILE_PILOT_BODIES = [
-    ("register", '{"host": "h", "port": 1, "processors": NaN}', "processors"),
-    ("register", '{"host": "h", "port": 1, "processors": Infinity}', "processors"),
-    ("register", '{"host": "h", "port": 1e400, "processors": 1}', "port"),
-    ("register", '{"host": "h", "port": true, "processors": 1}', "port"),
-    ("register", '{"host": "h", "port": "40001", "processors": 1}', "port"),
-    ("register", '{"host": "h", "port": 40001.0, "processors": 1}', "port"),
-    ("register", '{"host": "h", "port": 40001, "processors": true}', "processors"),
-    ("register", '{"host": "h", "port": 40001, "processors": 18446744073709551616}', "processors"),
-    ("register", '{"host": "127.0.0.1\\u0000evil", "port": 40001, "processors": 1}', "host"),
-    (
-        "register",
-        '{"host": "127.0.0.1\\nFORGED-LOG-LINE pilot 1 registered from 6.6.6.6",'
-        ' "port": 40001, "processors": 1}',
-        "host",
-    ),
-    ("result", '{"exit_code": NaN}', "exit_code"),
-    ("result", '{"exit_code": -Infinity}', "exit_code"),
-    ("result", '{"exit_code": true}', "exit_code"),
-    ("result", '{"exit_code": 0, "message": "done\\u0000"}', "message"),
-]
-
-
 @pytest.mark.parametrize(("path", "text", "field"), HOSTILE_PILOT_BODIES)
 def test_hostile_pilot_bodies_get_422_naming_the_field_and_change_nothing(
     center: Center, path: str, text: str, field: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     check_hostile_pilot_body(center, path, text, field, caplog)
-
-
-def check_hostile_pilot_body(
-    center: Center, path: str, text: str, field: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    """422 naming ``field``, the value never echoed, no row changed, no forged log line."""
-    target = min(center.pilot_tokens)
-    center.set_pilot(target, PilotState.DISPATCHED, component=0, host="h", port=1)
-    before = center.snapshot()
-    with caplog.at_level(logging.DEBUG):
-        answer = center.call(
-            "POST",
-            f"/pilots/{target}/{path}",
-            center.pilot_tokens[target],
-            content=text.encode(),
-            headers={"Content-Type": "application/json"},
-        )
-    assert answer.status_code == 422, answer.text
-    assert [field] == [e["loc"][-1] for e in answer.json()["detail"]]
-    assert "input" not in answer.text  # the value is never echoed back
-    assert center.snapshot() == before
-    assert not any("FORGED" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.parametrize(
@@ -441,6 +281,13 @@ def test_a_path_id_is_plain_digits_only(center: Center, shape: str) -> None:
     )
     assert answer.status_code == 422
     assert center.snapshot() == before
+
+
+def test_a_path_id_up_to_the_columns_range_is_read(center: Center) -> None:
+    token = center.pilot_tokens[min(center.pilot_tokens)]
+    # a pilot the database does not have: refused by its token, not by its id's form
+    assert center.call("POST", f"/pilots/{2**31 - 1}/heartbeat", token).status_code == 403
+    assert center.call("POST", f"/pilots/{2**31}/heartbeat", token).status_code == 422
 
 
 def test_an_ipv6_host_and_a_multi_line_message_are_still_accepted(center: Center) -> None:
