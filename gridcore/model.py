@@ -509,6 +509,12 @@ class CoAllocationRequest:
         return sum(c.size for c in self.components)
 
 
+def component_job_name(name: str, index: int) -> str:
+    """The name of component ``index`` of co-allocated job ``name`` (its site job, its
+    holder in the simulator, its single-component re-placement)."""
+    return f"{name}#{index}"
+
+
 @dataclass(frozen=True)
 class Replica:
     """A complete, checksum-verified copy of a logical file at a site."""

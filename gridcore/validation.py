@@ -81,6 +81,7 @@ from gridcore.model import (
     RequestKind,
     SiteKind,
     SiteSpec,
+    component_job_name,
 )
 from gridcore.sites import slurm_api
 
@@ -834,13 +835,19 @@ class _CoAllocationRequest(_Model):
 
     def _check_component_names(self) -> None:
         # Each component's site job is named NAME#i in a JOB_NAME_MAX column (issue 21
-        # item 18); a flexible request has at most ``total`` components.
-        count = self.total if self.kind is RequestKind.FLEXIBLE else len(self.components)
-        room = JOB_NAME_MAX - len(f"#{max(count - 1, 0)}")
+        # item 18); a flexible request has at most total / min_component_size components
+        # and no more than its max_components.
+        if self.kind is RequestKind.FLEXIBLE:
+            count = self.total // self.flexible.min_component_size
+            count = min(count, self.flexible.max_components or count)
+        else:
+            count = len(self.components)
+        last = max(count - 1, 0)
+        room = JOB_NAME_MAX - (len(component_job_name(self.name, last)) - len(self.name))
         if len(self.name) > room:
             raise _refused(
                 f"must be at most {room} characters: each component's site job is named"
-                f" NAME#i (up to #{max(count - 1, 0)}), got {len(self.name)}",
+                f" NAME#i (up to #{last}), got {len(self.name)}",
                 "name",
             )
 

@@ -56,6 +56,7 @@ from gridcore.model import (
     Replica,
     SiteKind,
     SiteSnapshot,
+    component_job_name,
 )
 from gridcore.policies.claiming import (
     ClaimDecision,
@@ -533,7 +534,7 @@ class CoAllocationEngine:
             bind=None if local else REMOTE_BARRIER_BIND,
         )
         return JobSubmission(
-            f"{row['name']}#{component.index}",
+            component_job_name(row["name"], component.index),
             barrier.shell,
             component.size,
             env=barrier.env,

@@ -42,6 +42,7 @@ from gridcore.model import (
     RequestKind,
     SiteHealth,
     SiteSnapshot,
+    component_job_name,
 )
 from gridcore.policies.placement import PlacementPolicy, close_to_files, place
 from gridcore.policies.transfer import Bandwidth, best_replica
@@ -473,7 +474,7 @@ class _Claim:
         """Re-place ``component`` with CF; keep it only if its file arrives by the JST."""
         request = self.job.request
         single = CoAllocationRequest(
-            f"{request.name}#{component.index}",
+            component_job_name(request.name, component.index),
             RequestKind.NON_FIXED,
             (Component(component.size),),
             input_file=request.input_file,

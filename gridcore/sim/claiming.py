@@ -60,6 +60,7 @@ from gridcore.model import (
     RequestKind,
     SiteHealth,
     SiteSnapshot,
+    component_job_name,
 )
 from gridcore.policies.claiming import (
     ClaimDecision,
@@ -694,7 +695,7 @@ class _KoalaModel(ClusterModel):
 
 
 def _holder(job: _Job, index: int) -> str:
-    return f"{job.name}#{index}"
+    return component_job_name(job.name, index)
 
 
 def _new_job(spec: KoalaJob, params: CoAllocationParams) -> _Job:

@@ -430,3 +430,17 @@ def test_resources_round_trip_through_their_json() -> None:
         "gpus": 2,
     }
     assert NO_RESOURCES.as_json() == {} and JobResources.from_json(None) == NO_RESOURCES
+
+
+def test_a_flexible_name_leaves_room_for_as_many_components_as_it_may_have() -> None:
+    """Issue 21 item 18: a flexible request has at most min(total / min_component_size,
+    max_components) components, so NAME#1 is the longest a 2-component cap allows."""
+    from gridcore.model import CoAllocationRequest, FlexibleOptions, RequestKind
+    from gridcore.validation import check_coallocation_request
+
+    capped = FlexibleOptions(max_components=2)
+    fits = CoAllocationRequest("n" * 254, RequestKind.FLEXIBLE, total=100, flexible=capped)
+    assert check_coallocation_request(fits).name == "n" * 254
+    uncapped = CoAllocationRequest("n" * 254, RequestKind.FLEXIBLE, total=100)
+    with pytest.raises(RequestError, match=r"at most 253 characters.*up to #99\), got 254"):
+        check_coallocation_request(uncapped)
