@@ -18,7 +18,15 @@ from gridcore.errors import ConfigError
 from gridcore.model import ORIGIN, GridSpec, SiteKind, SiteSpec
 from gridcore.validation import FORMAT_VERSION, grid_from_raw
 
-__all__ = ["FORMAT_VERSION", "GRID_ENV", "default_grid", "load_grid", "parse_grid"]
+__all__ = [
+    "FORMAT_VERSION",
+    "GRID_ENV",
+    "default_grid",
+    "load_grid",
+    "parse_grid",
+    "parse_toml",
+    "read_text_file",
+]
 
 GRID_ENV = "GRIDCORE_GRID"
 # A grid description is a few KB per hundred sites; anything this big is not one.
@@ -28,11 +36,7 @@ MAX_GRID_BYTES = 4 * 1024 * 1024
 def load_grid(path: str | os.PathLike[str]) -> GridSpec:
     """Read and validate a grid description file: a regular file of UTF-8 TOML text."""
     file = Path(path)
-    raw = parse_toml(file, read_text_file(file))
-    try:
-        return parse_grid(raw, source=str(file))
-    except RecursionError as exc:
-        raise ConfigError(f"{file}: nested too deeply to be a grid file") from exc
+    return parse_grid(parse_toml(file, read_text_file(file)), source=str(file))
 
 
 def parse_toml(file: Path, text: str) -> dict[str, Any]:

@@ -372,11 +372,7 @@ def load_pipeline(path: str | os.PathLike[str]) -> PipelineSpec:
     text = read_text_file(
         file, "pipeline file", MAX_PIPELINE_BYTES, " (use [pipeline_range] for many pipelines)"
     )
-    raw = parse_toml(file, text)
-    try:
-        return parse_pipeline(raw, source=str(file), base_dir=file.parent)
-    except RecursionError as exc:
-        raise ConfigError(f"{file}: nested too deeply to be a pipeline file") from exc
+    return parse_pipeline(parse_toml(file, text), source=str(file), base_dir=file.parent)
 
 
 def parse_pipeline(
