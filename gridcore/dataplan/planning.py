@@ -13,6 +13,7 @@ Design, equations and the choices where a paper is ambiguous: ``docs/dataplan.md
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -26,6 +27,7 @@ from typing import Any
 
 from gridcore.dataplan.choosers import choose_by_simulation
 from gridcore.dataplan.format import PipelineFieldError, PipelineSpec, _bytes, _check_fields
+from gridcore.engine.dataplan import stage_parameters
 from gridcore.errors import ConfigError
 from gridcore.model import MB, ORIGIN, GridSpec
 from gridcore.policies.dataplan import (
@@ -511,16 +513,8 @@ def choose_plan(
     plans, _ = plan_sites(to_canonical(spec), grid, site=site)
     best, why = choose_site(plans, chooser)
     plan = best.plans[chooser]
-    prediction = plan.prediction(plan.strategy)
-    return ChosenPlan(
-        best.site,
-        chooser,
-        plan.strategy,
-        prediction.concurrency if prediction is not None else plan.concurrency,
-        getattr(plan, "group_width", None),
-        plan.reasons,
-        why,
-    )
+    concurrency, width = stage_parameters(plan, plan.strategy)
+    return ChosenPlan(best.site, chooser, plan.strategy, concurrency, width, plan.reasons, why)
 
 
 def cached_plan(
@@ -532,11 +526,12 @@ def cached_plan(
     chooser: str = DEFAULT_CHOOSER,
 ) -> ChosenPlan:
     """:func:`choose_plan`, made once per content: kept in ``cache_dir`` under a hash of
-    the parsed pipeline file and grid, the site, the chooser and gridcore's version, so
-    an unchanged file is never planned twice (a DAG parsed every few seconds does not
-    simulate), and any change to either file plans again. The choice is deterministic
-    (fixed seeds), so a cached plan is the one planning would make. A cache that cannot
-    be read is planned again; one that cannot be written is not kept."""
+    the parsed pipeline file and grid, the site, the chooser and the source of the code
+    that plans (:func:`_planner_digest`), so an unchanged file is never planned twice (a
+    DAG parsed every few seconds does not simulate), and any change to either file or
+    to the planner plans again. The choice is deterministic (fixed seeds), so a cached
+    plan is the one planning would make. A cache that cannot be read is planned again;
+    one that cannot be written is not kept."""
     path = Path(cache_dir) / f"{_plan_key(spec, grid, site, chooser)}.json"
     try:
         return ChosenPlan.from_json(json.loads(path.read_text()))
@@ -546,19 +541,40 @@ def cached_plan(
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".plan-", suffix=".json")
+    except OSError:
+        return chosen
+    try:
         with os.fdopen(fd, "w") as out:
             json.dump(chosen.as_json(), out)
         os.replace(tmp, path)  # whole or not at all, for a parse running beside this one
     except OSError:
         pass
+    finally:
+        Path(tmp).unlink(missing_ok=True)  # left only when the replace did not happen
     return chosen
 
 
 def _plan_key(spec: PipelineSpec, grid: GridSpec, site: str | None, chooser: str) -> str:
-    from gridcore import __version__
-
-    text = repr((PLAN_CACHE_VERSION, __version__, spec, grid, site, chooser))
+    text = repr((PLAN_CACHE_VERSION, _planner_digest(), spec, grid, site, chooser))
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+@functools.cache
+def _planner_digest() -> str:
+    """A hash of the source of every module that decides a plan (the policy, the
+    stages, the choosers, this module, the simulator they run): a gridcore whose planner
+    changed does not render a plan the old one made (the version string alone does not
+    move with every change)."""
+    from gridcore.dataplan import choosers
+    from gridcore.policies import dataplan, dataplan_stages, transfer
+    from gridcore.sim import cluster, core
+    from gridcore.sim import dataplan as sim_dataplan
+
+    digest = hashlib.sha256()
+    for module in (dataplan, dataplan_stages, transfer, choosers, sim_dataplan, cluster, core):
+        digest.update(Path(str(module.__file__)).read_bytes())
+    digest.update(Path(__file__).read_bytes())
+    return digest.hexdigest()
 
 
 def _time(seconds: float) -> str:

@@ -660,11 +660,18 @@ def build_run(
         raise ConfigError(
             f"strategy: {chosen.value} is not feasible at site {site} (feasible: {feasible})"
         )
+    concurrency, width = stage_parameters(plan, chosen)
+    stages = stages_at_site(spec, grid, site, chosen, concurrency=concurrency, group_width=width)
+    return PipelineRun(run_id, spec, site, chosen, stages, home_dir, wan_mbps, resources)
+
+
+def stage_parameters(plan: DataPlan, chosen: Strategy) -> tuple[float, int | None]:
+    """How ``plan`` runs ``chosen``: the concurrency it was predicted with, and the group
+    width a chooser that widened Minimal's groups picked (only for its own pick)."""
     prediction = plan.prediction(chosen)
     concurrency = prediction.concurrency if prediction is not None else plan.concurrency
     width = getattr(plan, "group_width", None) if chosen is plan.strategy else None
-    stages = stages_at_site(spec, grid, site, chosen, concurrency=concurrency, group_width=width)
-    return PipelineRun(run_id, spec, site, chosen, stages, home_dir, wan_mbps, resources)
+    return concurrency, width
 
 
 def stages_at_site(

@@ -99,3 +99,16 @@ def test_an_unreadable_cache_entry_is_planned_again(tmp_path: Path) -> None:
     (entry,) = tmp_path.glob("*.json")
     entry.write_text("{not json")
     assert cached_plan(spec, grid, tmp_path) == fresh
+
+
+def test_a_changed_planner_plans_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same files under a gridcore whose planning code changed are planned afresh."""
+    from gridcore.dataplan import planning
+
+    spec = load_pipeline(EXAMPLES / "kmer_count.toml")
+    grid = load_grid(EXAMPLES / "grid.toml")
+    cached_plan(spec, grid, tmp_path)
+    _refuse_simulation(monkeypatch)
+    monkeypatch.setattr(planning, "_planner_digest", lambda: "another planner")
+    with pytest.raises(SimulatorCalled):
+        cached_plan(spec, grid, tmp_path)
