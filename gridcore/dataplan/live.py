@@ -70,13 +70,13 @@ from gridcore.policies.dataplan import STORAGE_STRATEGIES, Strategy
 from gridcore.progress import progress as progress_bar
 from gridcore.staging import ReplicaCatalog, register_source
 from gridcore.state.store import open_store
+from gridcore.stats import half_width_95
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "pipelines"
 EXAMPLE_PIPELINE = EXAMPLES / "kmer_count.toml"
 EXAMPLE_GRID = EXAMPLES / "grid.toml"
 LIVE_RUNS = 3
 LOGICAL_PREFIX = "kmer"
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}
 
 
 def run_live(
@@ -279,8 +279,7 @@ def _half_width(values: list[float]) -> float | None:
     """The 95 % Student t half-width of the mean; None from one run."""
     if len(values) < 2:
         return None
-    t = T95.get(len(values) - 1, 1.96)
-    return round(float(t * statistics.stdev(values) / len(values) ** 0.5), 3)
+    return round(half_width_95(values), 3)
 
 
 def _within_noise(pick: Mapping[str, Any], best: Mapping[str, Any]) -> bool:

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 from gridcore.dataplan.choosers import (
@@ -20,12 +19,11 @@ from gridcore.dataplan.choosers import (
     Candidate,
     candidate_of,
     candidate_plans,
-    choose_by_simulation,
     mean_makespan,
     plan_label,
     simulation_horizon,
 )
-from gridcore.dataplan.planning import DEFAULT_CHOOSER
+from gridcore.dataplan.planning import CHOOSERS, DEFAULT_CHOOSER, Chooser
 from gridcore.errors import ConfigError
 from gridcore.experiments.registry import Experiment, RunOptions, text_table
 from gridcore.experiments.seeds import Claim
@@ -40,11 +38,6 @@ from gridcore.policies.dataplan import (
 )
 from gridcore.progress import note, progress
 
-Chooser = Callable[[Workload, Environment], DataPlan]
-
-CHOOSERS: Mapping[str, Chooser] = MappingProxyType(
-    {"bent2009": choose_bent2009, "simulation": choose_by_simulation}
-)
 SWEEPS = ("width", "depth", "batch_size", "variability", "failure")
 WIDTH_RATIOS: tuple[int, ...] = tuple(range(1, 11))
 DEPTHS: tuple[int, ...] = tuple(range(1, 11))

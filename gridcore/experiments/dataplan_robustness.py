@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gridcore.dataplan.choosers import CHOOSING_SEEDS
-from gridcore.dataplan.planning import DEFAULT_CHOOSER
+from gridcore.dataplan.planning import CHOOSERS, DEFAULT_CHOOSER
 from gridcore.errors import ConfigError
 from gridcore.experiments.dataplan import (
-    CHOOSERS,
     MAX_REGRET_MAX,
     MEASUREMENT_SEEDS,
     MEDIAN_REGRET_MAX,

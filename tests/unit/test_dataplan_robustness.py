@@ -13,9 +13,10 @@ import pytest
 
 from gridcore.cli import main
 from gridcore.dataplan.choosers import CHOOSING_SEEDS
+from gridcore.dataplan.planning import CHOOSERS
 from gridcore.errors import ConfigError
 from gridcore.experiments import dataplan_robustness as dr
-from gridcore.experiments.dataplan import CHOOSERS, MEASUREMENT_SEEDS
+from gridcore.experiments.dataplan import MEASUREMENT_SEEDS
 from gridcore.model import MB
 
 
