@@ -52,7 +52,6 @@ class FakeJob:
     submitted_at: float
     state: JobState = JobState.PENDING
     exit_code: int | None = None
-    polls: int = 0
     started_at: float | None = None
     finished_at: float | None = None
 
@@ -69,14 +68,12 @@ class FakeSite:
     It does NOT deduplicate by submission key: two submissions with one key are two
     jobs, as on Slurm, so what a test sees is the engines' own exactly-once logic;
     ``find(key)`` looks up what was submitted with the key. A job stays pending until
-    the test ends it (:meth:`finish`), or, with ``finish_after_polls`` = N, completes at
-    its N-th status poll. ``after_accept`` runs after the site recorded a submission and
-    before its id is returned (a test's submitter dies there). ``forgets_finished``:
+    the test ends it (:meth:`finish`). ``after_accept`` runs after the site recorded a
+    submission and before its id is returned (a test's submitter dies there). ``forgets_finished``:
     as a Slurm controller past MinJobAge, ``find`` sees a finished job only when asked
     with ``since`` (its accounting records)."""
 
     spec: SiteSpec
-    finish_after_polls: int | None = None
     forgets_finished: bool = False
     clock: Callable[[], float] = time.time
     after_accept: Callable[[FakeJob], None] | None = None
@@ -124,9 +121,6 @@ class FakeSite:
 
     def status(self, job_id: str) -> JobStatus:
         job = self._job(job_id)
-        job.polls += 1
-        if not job.state.finished and job.polls == self.finish_after_polls:
-            self.finish(job_id)
         return JobStatus(
             job_id,
             job.state,
@@ -154,10 +148,6 @@ class FakeSite:
         job.started_at = job.started_at or self.clock()
         job.state, job.finished_at = state, self.clock()
         job.exit_code = 0 if state is JobState.COMPLETED else 1
-
-    def start(self, job_id: str) -> None:
-        job = self._job(job_id)
-        job.state, job.started_at = JobState.RUNNING, self.clock()
 
     def keyed(self, key: str) -> list[FakeJob]:
         """Every job submitted with ``key`` (exactly-once: at most one)."""

@@ -144,13 +144,12 @@ class CoAllocationEngine:
         self.grid = runtime.grid
         self.catalog = catalog
         self.params = params or CoAllocationParams()
-        self.holder = holder or holder_id()
         self.lease_s = LEASE_SCANS * self.params.scan_interval_s if lease_s is None else lease_s
         # renew_lease False only in tests that stand for a stalled scanner
         self.scanner = FencedScan(
             self.store,
             SCAN_LEASE,
-            self.holder,
+            holder or holder_id(),
             self.lease_s,
             runtime.clock,
             events=SCAN_EVENTS,
@@ -159,7 +158,6 @@ class CoAllocationEngine:
             cancel=self._cancel_site_jobs,
             renew=renew_lease,
         )
-        self.lease = self.scanner.lease
         self.python = python or sys.executable
         self.barrier_slack_s = barrier_slack_s
 

@@ -145,11 +145,10 @@ class CoReservationEngine:
         self.center_url = center_url
         self.site_center_urls = dict(site_center_urls or {})
         self.params = params or CoReservationParams()
-        self.holder = holder or holder_id()
         self.scanner = FencedScan(
             self.store,
             SCAN_LEASE,
-            self.holder,
+            holder or holder_id(),
             self.params.lease_s,
             runtime.clock,
             events=SCAN_EVENTS,
@@ -157,7 +156,6 @@ class CoReservationEngine:
             fail=self._fail_handled,
             cancel=self._cancel_site_jobs,
         )
-        self.lease = self.scanner.lease
 
     # -- submission ----------------------------------------------------------------------
 

@@ -33,7 +33,6 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 from sqlalchemy import Connection, Table, select, update
 
@@ -75,14 +74,6 @@ class ScanReport:
 
     def __getitem__(self, event: str) -> tuple[int, ...]:
         return self.events[event]
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "skipped": self.skipped,
-            "lease_lost": self.lease_lost,
-            "events": {name: list(ids) for name, ids in self.events.items()},
-            "reasons": list(self.reasons),
-        }
 
 
 @dataclass
@@ -138,10 +129,6 @@ class FencedScan:
         self.cancel = cancel
         self.renew = renew
         self._grant: Grant | None = None
-
-    @property
-    def holder(self) -> str:
-        return self.lease.holder
 
     @property
     def grant(self) -> Grant | None:

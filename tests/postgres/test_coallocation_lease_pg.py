@@ -46,7 +46,7 @@ def _contend(url: str, center: str, index: int, rounds: int, out: multiprocessin
     )
     held: list[tuple[float, float]] = []
     for _ in range(rounds):
-        if engine.lease.take(time.time()) is not None:
+        if engine.scanner.lease.take(time.time()) is not None:
             start = time.time()
             time.sleep(0.005)  # "scanning"
             end = time.time()

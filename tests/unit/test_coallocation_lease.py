@@ -184,7 +184,7 @@ def test_a_scan_whose_lease_was_taken_over_commits_no_transition_after(
         assert held.state == "running"
         assert [c.state for c in held.components] == ["submitting", "submitting"]
         other = other_engine(tmp_path, center, "other", lease_s=0.5)
-        taken = other.lease.take(time.time() + 1.0)  # after the slow scan's lease expired
+        taken = other.scanner.lease.take(time.time() + 1.0)  # after the slow scan's lease expired
         assert taken is not None and taken.token == 2
     finally:
         gate.set()
