@@ -571,35 +571,6 @@ def _hold(row: Any) -> Hold:
     )
 
 
-__all__: Sequence[str] = (
-    "ADD",
-    "CLAIM",
-    "FREE",
-    "Hold",
-    "HolderKind",
-    "Ledger",
-    "Usage",
-    "add",
-    "check_invariant",
-    "claim",
-    "component_holder",
-    "free_processors",
-    "held_by_prefix",
-    "hold",
-    "hold_params",
-    "live_holds",
-    "own_job_ids",
-    "release",
-    "release_prefix",
-    "release_visible",
-    "release_where",
-    "set_site_job",
-    "totals",
-    "usage",
-    "volume_holder",
-)
-
-
 # -- the ledger's site rows ----------------------------------------------------------------
 
 
@@ -653,3 +624,33 @@ def _site_row(spec: SiteSpec) -> dict[str, object]:
         "consecutive_errors": 0,
         "finished_jobs": 0,
     }
+
+
+__all__: Sequence[str] = (
+    "ADD",
+    "CLAIM",
+    "FREE",
+    "Hold",
+    "HolderKind",
+    "Ledger",
+    "Usage",
+    "add",
+    "check_invariant",
+    "claim",
+    "component_holder",
+    "free_processors",
+    "held_by_prefix",
+    "hold",
+    "hold_params",
+    "live_holds",
+    "own_job_ids",
+    "register_sites",
+    "release",
+    "release_prefix",
+    "release_visible",
+    "release_where",
+    "set_site_job",
+    "totals",
+    "usage",
+    "volume_holder",
+)
