@@ -767,11 +767,7 @@ class CoAllocationEngine:
         return bandwidth
 
     def _cancel_site_jobs(self, jobs: Sequence[tuple[str, str]]) -> None:
-        for site, site_job_id in jobs:
-            try:
-                self.runtime.adapter(site).cancel(site_job_id)
-            except GridError as exc:
-                log.warning("cancelling %s at %s: %s", site_job_id, site, exc)
+        self.runtime.cancel_site_jobs(jobs, "its co-allocated job ended or moved on")
 
 
 # -- rows -------------------------------------------------------------------------------------

@@ -451,7 +451,7 @@ class CoReservationEngine:
                     report.add("lost", row["id"])
                 elif state is PilotState.FAILED:
                     _fail_dispatched(conn, row["id"], message, now)
-            self._cancel_site_job(row["site"], row["site_job_id"], message)
+            self.runtime.cancel_site_job(row["site"], row["site_job_id"], message)
 
     def _judge_pilot(self, row: RowMapping, now: float) -> tuple[PilotState, str] | None:
         """What became of a pilot: None (carry on), or its new state and why."""
@@ -530,7 +530,7 @@ class CoReservationEngine:
         report.add("reorganized", job_id)
         report.reasons.extend(decision.reasons)
         for site, site_job_id in cancels:
-            self._cancel_site_job(site, site_job_id, f"reorganization of job {job_id}")
+            self.runtime.cancel_site_job(site, site_job_id, f"reorganization of job {job_id}")
 
     def _substitute(self, now: float, report: ScanLog) -> None:
         for job_id in _job_ids(self.store, ReservationPhase.RESERVING):
@@ -599,22 +599,11 @@ class CoReservationEngine:
                 _lock_reservations(conn, [job_id])
                 release_pilot(conn, pilot_id, "its job ended", now)
             if site_job_id is not None:
-                self._cancel_site_job(site, site_job_id, "its job ended")
+                self.runtime.cancel_site_job(site, site_job_id, "its job ended")
             report.add("finished", pilot_id)
 
     def _cancel_site_jobs(self, jobs: SiteJobs) -> None:
-        for site, site_job_id in jobs:
-            self._cancel_site_job(site, site_job_id, "its job failed")
-
-    def _cancel_site_job(self, site: str, site_job_id: str | None, why: str) -> None:
-        if site_job_id is None:
-            return
-        try:
-            self.runtime.adapter(site).cancel(site_job_id)
-        except GridError as exc:
-            log.warning(
-                "site %s: cancelling pilot job %s (%s) failed: %s", site, site_job_id, why, exc
-            )
+        self.runtime.cancel_site_jobs(jobs, "its co-reserved job failed")
 
     # -- status and cancel ----------------------------------------------------------------
 
@@ -642,7 +631,7 @@ class CoReservationEngine:
             for pilot_id, _site, _job in rows:
                 release_pilot(conn, pilot_id, "its job was cancelled", now)
         for _pilot, site, site_job_id in rows:
-            self._cancel_site_job(site, site_job_id, "job cancelled")
+            self.runtime.cancel_site_job(site, site_job_id, "job cancelled")
         return self.status(job_id)
 
     def _end_job(

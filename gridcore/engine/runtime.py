@@ -21,7 +21,7 @@ import random
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -312,15 +312,25 @@ class GridRuntime:
         with self.store.begin() as conn:
             orphans = submission.judge_keyed_jobs(conn, self.install_id, site, jobs, self.clock())
         for job_id in orphans:
-            self._cancel_quietly(site, job_id, "no live holder (orphan)")
+            self.cancel_site_job(site, job_id, "no live holder (orphan)")
 
-    def _cancel_quietly(self, site: str, job_id: str, why: str) -> None:
+    def cancel_site_job(self, site: str, job_id: str | None, why: str) -> None:
+        """Cancel ``job_id`` at ``site`` (nothing for None), saying ``why`` in the log; a
+        site that refuses or cannot be reached is logged, not raised: the job is an
+        orphan the next refresh finds again. Every engine cancels through here."""
+        if job_id is None:
+            return
         try:
             self.adapter(site).cancel(job_id)
         except GridError as exc:
             log.warning("site %s: cancelling job %s (%s) failed: %s", site, job_id, why, exc)
             return
         log.info("site %s: cancelled job %s: %s", site, job_id, why)
+
+    def cancel_site_jobs(self, jobs: Iterable[tuple[str, str]], why: str) -> None:
+        """:meth:`cancel_site_job` for each (site, job id) of ``jobs``."""
+        for site, job_id in jobs:
+            self.cancel_site_job(site, job_id, why)
 
     def _adopt_unrecorded(self, older_than: float) -> None:
         """Before selections past the submission deadline expire, ask their sites for
@@ -475,7 +485,7 @@ class GridRuntime:
         record = self.record(selection_id)
         if not recorded and record.job_id != job_id:
             # The selection expired, failed or got another job meanwhile: ours has no holder.
-            self._cancel_quietly(current.site, job_id, f"selection {selection_id} moved on")
+            self.cancel_site_job(current.site, job_id, f"selection {selection_id} moved on")
         return record
 
     def poll(self, selection_id: int) -> JobRecord:
