@@ -169,7 +169,7 @@ class GridcoreJobOperator(GridcoreOperator):
             return None
 
 
-class JobRecord(Protocol):
+class LifecycleRecord(Protocol):
     """What the lifecycle reads of a record: the selection's, or an engine's job's."""
 
     @property
@@ -181,14 +181,14 @@ class JobRecord(Protocol):
     def as_json(self) -> dict[str, Any]: ...
 
 
-class EngineRecord(JobRecord, Protocol):
+class EngineRecord(LifecycleRecord, Protocol):
     """An engine's job record (``CoAllocationRecord``, ``ReservationRecord``)."""
 
     @property
     def job_id(self) -> int: ...
 
 
-class JobPlan(Protocol):
+class NamedPlan(Protocol):
     """A validated plan; its ``name`` (``dag.task.map_index``) prefixes its failures."""
 
     @property
@@ -196,10 +196,10 @@ class JobPlan(Protocol):
 
 
 H = TypeVar("H")  # what the operator opens: the runtime, an engine
-R = TypeVar("R", bound=JobRecord)
+R = TypeVar("R", bound=LifecycleRecord)
 E = TypeVar("E", bound=ScanEngine)
 ER = TypeVar("ER", bound=EngineRecord)
-P = TypeVar("P", bound=JobPlan)
+P = TypeVar("P", bound=NamedPlan)
 
 
 class JobLifecycleOperator(GridcoreJobOperator, Generic[H, R, P]):
