@@ -9,7 +9,6 @@ test."""
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import logging
 from collections.abc import AsyncIterator, Iterator
@@ -264,36 +263,6 @@ def test_execute_complete_maps_failed_error_and_malformed_events_to_failures() -
         op.execute_complete({}, {"status": "success"})
     with pytest.raises(AirflowException, match="about a 'selection'"):
         op.execute_complete({}, {**failed, "status": "success", "subject": "selection"})
-
-
-def test_trigger_serialize_round_trips_through_its_class_path() -> None:
-    trigger = EngineTrigger(
-        5,
-        COALLOCATION,
-        "/g.toml",
-        "sqlite:////x.db",
-        0.5,
-        max_retries=2,
-        gridcore_conn_id="gridcore_lab",
-    )
-    path, kwargs = trigger.serialize()
-    module, _, name = path.rpartition(".")
-    clone = getattr(importlib.import_module(module), name)(**kwargs)
-
-    assert path == "gridcore_airflow.sensors.triggers.EngineTrigger"
-    assert kwargs == {
-        "job_id": 5,
-        "engine": "coallocation",
-        "grid_file": "/g.toml",
-        "db_url": "sqlite:////x.db",
-        "poll_interval": 0.5,
-        "max_retries": 2,
-        "gridcore_conn_id": "gridcore_lab",
-    }
-    assert json.loads(json.dumps(kwargs)) == kwargs  # plain JSON, as the triggerer stores it
-    assert clone.serialize() == trigger.serialize()
-    assert (clone.job_id, clone.engine, clone.location) == (5, COALLOCATION, trigger.location)
-    assert clone.contract.subject == "co-allocated job"
 
 
 @pytest.mark.asyncio

@@ -6,7 +6,6 @@ none is configured, else one the test serves and names in ``$GRIDCORE_CENTER_URL
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import logging
 import math
@@ -330,37 +329,6 @@ def test_each_ranks_output_is_copied_and_a_failed_ranks_stderr_tail_ends_the_log
 
 
 # -- the trigger -----------------------------------------------------------------------------
-
-
-def test_trigger_serialize_round_trips_through_its_class_path() -> None:
-    trigger = EngineTrigger(
-        5,
-        CORESERVATION,
-        "/g.toml",
-        "sqlite:////x.db",
-        0.5,
-        max_retries=2,
-        gridcore_conn_id="gridcore_lab",
-    )
-    path, kwargs = trigger.serialize()
-    module, _, name = path.rpartition(".")
-    clone = getattr(importlib.import_module(module), name)(**kwargs)
-
-    assert path == "gridcore_airflow.sensors.triggers.EngineTrigger"
-    assert kwargs == {
-        "job_id": 5,
-        "engine": "coreservation",
-        "grid_file": "/g.toml",
-        "db_url": "sqlite:////x.db",
-        "poll_interval": 0.5,
-        "max_retries": 2,
-        "gridcore_conn_id": "gridcore_lab",
-    }
-    assert json.loads(json.dumps(kwargs)) == kwargs  # plain JSON, as the triggerer stores it
-    assert clone.serialize() == trigger.serialize()
-    assert (clone.job_id, clone.engine, clone.location) == (5, CORESERVATION, trigger.location)
-    assert clone.contract.subject == "co-reserved job"
-    assert EngineTrigger(5, CORESERVATION).poll_interval == 1.0  # the engines' default
 
 
 @pytest.mark.asyncio

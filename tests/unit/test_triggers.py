@@ -22,9 +22,11 @@ from airflow.sdk.exceptions import AirflowException
 from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.errors import CredentialRejected, SiteError, SiteUnavailable
 from gridcore.model import JobRequest, JobSubmission
+from gridcore_airflow.operators.hooks import EngineKind
 from gridcore_airflow.sensors import base
 from gridcore_airflow.sensors.base import EVENT_KEYS
 from gridcore_airflow.sensors.triggers import (
+    EngineTrigger,
     ForcingFileTrigger,
     SiteJobTrigger,
     consume_next_file,
@@ -630,3 +632,40 @@ async def test_a_claimed_file_whose_event_was_lost_is_announced_again_and_used_o
     assert not quiet.done()
     quiet.cancel()
     await asyncio.gather(quiet, return_exceptions=True)
+
+
+@pytest.mark.parametrize(
+    ("kind", "subject"),
+    [(EngineKind.COALLOCATION, "co-allocated job"), (EngineKind.CORESERVATION, "co-reserved job")],
+)
+def test_an_engine_trigger_serialize_round_trips_through_its_class_path(
+    kind: EngineKind, subject: str
+) -> None:
+    trigger = EngineTrigger(
+        5,
+        kind,
+        "/g.toml",
+        "sqlite:////x.db",
+        0.5,
+        max_retries=2,
+        gridcore_conn_id="gridcore_lab",
+    )
+    path, kwargs = trigger.serialize()
+    module, _, name = path.rpartition(".")
+    clone = getattr(importlib.import_module(module), name)(**kwargs)
+
+    assert path == "gridcore_airflow.sensors.triggers.EngineTrigger"
+    assert kwargs == {
+        "job_id": 5,
+        "engine": kind.value,
+        "grid_file": "/g.toml",
+        "db_url": "sqlite:////x.db",
+        "poll_interval": 0.5,
+        "max_retries": 2,
+        "gridcore_conn_id": "gridcore_lab",
+    }
+    assert json.loads(json.dumps(kwargs)) == kwargs  # plain JSON, as the triggerer stores it
+    assert clone.serialize() == trigger.serialize()
+    assert (clone.job_id, clone.engine, clone.location) == (5, kind, trigger.location)
+    assert clone.contract.subject == subject
+    assert EngineTrigger(5, kind).poll_interval == 1.0  # the engines' default
