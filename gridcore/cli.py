@@ -483,7 +483,7 @@ def _plan(args: argparse.Namespace) -> int:
     refinement: list[str] | None = None
     if args.refine:
         spec, measured, refinement = _refined(args, spec, grid)
-    canonical = planning.to_canonical(spec, _catalog_sizes(args, spec.unsized_logical_names()))
+    canonical = planning.to_canonical(spec, _catalog_sizes(args, spec))
     plans, skipped = planning.plan_sites(canonical, grid, site=args.site, measured=measured)
     best, why = planning.choose_site(plans)
     data = best.as_json() | {"padding": canonical.padding.as_json()}
@@ -539,24 +539,31 @@ def _grid(args: argparse.Namespace) -> GridSpec:
     return load_grid(path) if path else default_grid(state_dir())
 
 
-def _catalog_sizes(args: argparse.Namespace, names: Sequence[str]) -> dict[str, int]:
-    """Sizes of ``names`` from the replica catalog (the largest replica of each); a
-    name it does not know is left out for to_canonical to refuse by its field. Never
-    creates a database: a SQLite file that does not exist is an error."""
-    if not names:
+def _catalog_sizes(args: argparse.Namespace, spec: PipelineSpec) -> dict[str, int]:
+    """Sizes the file leaves out, from the replica catalog (the largest replica of each
+    logical name); a name it does not know is left out for to_canonical to refuse by
+    its field. Never creates a database: a SQLite file that does not exist is refused
+    naming the file and the first field without a size."""
+    unsized = spec.unsized_fields()
+    if not unsized:
         return {}
     from sqlalchemy.engine import make_url
 
-    from gridcore.errors import StateError
+    from gridcore.dataplan.format import PipelineFieldError
     from gridcore.staging import ReplicaCatalog
     from gridcore.state.store import default_db_url, open_store
 
     url = make_url(args.db or default_db_url())
     if url.get_backend_name() == "sqlite" and not (url.database and Path(url.database).is_file()):
-        raise StateError(
-            f"sizes of {', '.join(map(repr, names))} are left to the replica catalog, but there"
-            f" is no state database {url.database!r} (give them in the file, or --db)"
+        (field, name), more = unsized[0], len(unsized) - 1
+        raise PipelineFieldError(
+            spec.source,
+            field,
+            f"not given, and there is no state database {url.database!r} whose replica"
+            f" catalog could give the size of {name!r} (give size_bytes in the file, or"
+            " --db)" + (f"; {more} more size(s) are left out too" if more else ""),
         )
+    names = spec.unsized_logical_names()
     store = open_store(url.render_as_string(hide_password=False))
     try:
         store.check_migrated()

@@ -207,11 +207,23 @@ class PipelineSpec:
 
     def unsized_logical_names(self) -> tuple[str, ...]:
         """Logical names whose size the spec leaves to the replica catalog, in order."""
-        names = [
-            d.batch.logical_name for d in self.depths if d.batch and d.batch.size_bytes is None
+        return tuple(dict.fromkeys(name for _, name in self.unsized_fields()))
+
+    def unsized_fields(self) -> tuple[tuple[str, str], ...]:
+        """``(field, logical name)`` for every size the spec leaves to the replica
+        catalog, in order (``depths[0].batch.size_bytes``, ``pipelines[3].size_bytes``):
+        what a refusal names when no catalog can be read."""
+        fields = [
+            (f"depths[{i}].batch.size_bytes", d.batch.logical_name)
+            for i, d in enumerate(self.depths)
+            if d.batch and d.batch.size_bytes is None
         ]
-        names += [p.location for p in self.pipelines if p.size_bytes is None]
-        return tuple(dict.fromkeys(names))
+        fields += [
+            (f"pipelines[{i}].size_bytes", p.location)
+            for i, p in enumerate(self.pipelines)
+            if p.size_bytes is None
+        ]
+        return tuple(fields)
 
 
 # -- checks shared by the dataclasses and the file ----------------------------------------

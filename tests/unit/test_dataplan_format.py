@@ -878,6 +878,47 @@ def _unsized(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.parametrize(
+    ("change", "field", "name"),
+    [
+        (
+            ("size_bytes = 8\n", "", LISTED),
+            "pipelines[0].size_bytes",
+            "r/1",
+        ),
+        (("size_bytes = 8\n", "", BASE), "pipelines[0].size_bytes", "reads/s1.fq"),
+        (
+            (", size_bytes = 60", "", BASE),
+            "depths[0].batch.size_bytes",
+            "ref/index",
+        ),
+    ],
+    ids=["listed pipeline", "range of pipelines", "batch volume"],
+)
+def test_a_size_left_to_a_catalog_without_a_state_database_names_file_and_field(
+    capsys: pytest.CaptureFixture[str],
+    db_url: str,
+    tmp_path: Path,
+    change: tuple[str, str, str],
+    field: str,
+    name: str,
+) -> None:
+    # issue 21 item 13: the refusal named neither the file nor the field
+    pipeline = tmp_path / "in" / "pipe.toml"
+    pipeline.parent.mkdir()
+    pipeline.write_text(_sub(*change))
+    before = sorted(tmp_path.rglob("*"))
+    status, out, err = _plan(capsys, str(pipeline), "--grid", str(EXAMPLE_GRID), "--json")
+    assert status == 2 and out == ""
+    assert re.fullmatch(
+        rf"gridcore: error: {re.escape(str(pipeline))}: {re.escape(field)}: not given, and"
+        rf" there is no state database '.*' whose replica catalog could give the size of"
+        rf" '{re.escape(name)}' \(give size_bytes in the file, or --db\)(; \d+ more .*)?\n",
+        err,
+    ), err
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written, no database made
+
+
 def test_plan_takes_sizes_the_file_leaves_out_from_the_replica_catalog(
     capsys: pytest.CaptureFixture[str], db_url: str, tmp_path: Path
 ) -> None:
@@ -886,9 +927,13 @@ def test_plan_takes_sizes_the_file_leaves_out_from_the_replica_catalog(
 
     pipeline = _unsized(tmp_path)
     args = (str(pipeline), "--grid", str(EXAMPLE_GRID), "--site", "local-a", "--json")
-    # No state database: refused, and none is created.
+    # No state database: refused naming the file and the field, and none is created.
     status, out, err = _plan(capsys, *args)
-    assert status == 2 and "no state database" in err and "'ref/index'" in err
+    assert status == 2 and "'ref/index'" in err
+    assert err.startswith(
+        f"gridcore: error: {pipeline}: depths[0].batch.size_bytes: not given, and there is"
+        " no state database"
+    ), err
     assert not (tmp_path / "state.db").exists()
 
     store = open_store(db_url, upgrade=True)
