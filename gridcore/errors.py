@@ -5,10 +5,14 @@ Hierarchy::
     GridError
     +-- ConfigError          a grid description file is malformed (names file, path, field)
     +-- RequestError         a job request is impossible or malformed (names the field)
+    +-- NoUsableSite         no site can run the job NOW: one that could is set aside as
+                             unusable until its probe completes (wait, do not fail)
     +-- CredentialError      a credential reference cannot be resolved
     +-- StateError           the state database is missing, not migrated, or inconsistent
     +-- SiteError            a site adapter failed (carries the site name)
         +-- SiteUnavailable      the site cannot be reached (connection refused, timeout)
+        |   +-- AnswerLost       the request went out, its answer did not come back: the
+        |                        site may have carried it out (a submission is looked up)
         +-- SiteRejected         the site answered with an error (carries the site's message)
         +-- UnknownJob           the site does not know the job id
         +-- CredentialRejected   the site refused our credential, even renewed once
@@ -33,6 +37,12 @@ class ConfigError(GridError):
 
 class RequestError(GridError):
     """A job request is impossible or malformed; the message names the field."""
+
+
+class NoUsableSite(GridError):
+    """No site can take the job now, though a site that could run it is only set aside
+    (marked unusable until a probe job completes there): a reason to wait and ask again,
+    not a malformed request."""
 
 
 class CredentialError(GridError):
@@ -60,6 +70,14 @@ class SiteError(GridError):
 
 class SiteUnavailable(SiteError):
     """The site could not be reached at all."""
+
+
+class AnswerLost(SiteUnavailable):
+    """The request was sent and its answer lost: no answer within the timeout, or the
+    connection dropped before the answer was read. The site may have carried it out,
+    so a submission is never taken as not made: its key is looked up
+    (:func:`gridcore.engine.submission.submit_once`). One lost answer says nothing of the
+    site's health; the look-up that follows does."""
 
 
 class SiteRejected(SiteError):

@@ -11,6 +11,7 @@ it submits that selection instead of selecting.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowFailException
 
 from gridcore.engine.runtime import GridRuntime, JobRecord
-from gridcore.errors import GridError, RequestError, StateError
+from gridcore.errors import AnswerLost, GridError, NoUsableSite, RequestError, StateError
 from gridcore.model import JobRequest, JobState, JobSubmission
 from gridcore.policies.selection import DEFAULT_PROTOCOL, InsufficientMode, SelectionProtocol
 from gridcore.validation import (
@@ -48,6 +49,12 @@ SELECTION_KEY = "gridcore_selection_id"  # in the task state store, shared by al
 SITE_CONTEXT_KEY = "gridcore_site"
 """The chosen site, put into the task's context once known, so that a ``map_index_template``
 (rendered again when the task ends) can show it: ``{{ gridcore_site | default('') }}``."""
+SUBMIT_TRIES = 5
+"""Tries of a submission whose answer was lost, ``poll_interval`` apart, in one try of
+the task: each asks the site for the selection's key first, so none sends it twice."""
+USABLE_SITE_WAIT_S = 600.0
+"""How long a try waits for a site that could run its job to be usable again (its probe
+job completes) before it fails, to be retried as Airflow's retries say."""
 RESULT_KEYS = ("site", "job_id", "state", "selected_at", "started_at", "finished_at", "queued_s")
 
 
@@ -190,7 +197,7 @@ class SiteJobOperator(JobLifecycleOperator[GridRuntime, JobRecord, JobPlan]):
 
     def reattach(self, runtime: GridRuntime, job: JobPlan, record: JobRecord) -> JobRecord:
         if record.job_id is None and not record.finished:  # selected, never submitted
-            return runtime.submit(record.selection_id, job.submission)
+            return self._submit_selected(runtime, record.selection_id, job)
         return record
 
     def describe(self, record: JobRecord) -> str:
@@ -234,9 +241,20 @@ class SiteJobOperator(JobLifecycleOperator[GridRuntime, JobRecord, JobPlan]):
         if not fit:
             raise RequestError("no site can run it: " + "; ".join(refused))
         among = fit if refused and pinned is None else None
-        record = runtime.select(
-            job.request, job.protocol, job.mode, job.stream, site=pinned, among=among
-        )
+        waited, deadline = 0.0, time.monotonic() + USABLE_SITE_WAIT_S
+        while True:
+            try:
+                record = runtime.select(
+                    job.request, job.protocol, job.mode, job.stream, site=pinned, among=among
+                )
+                break
+            except NoUsableSite as exc:
+                # Set aside is not gone: every select refreshes, which probes the site.
+                if time.monotonic() >= deadline:
+                    raise
+                waited = min(max(self.poll_interval, 2 * waited), 30.0)
+                self.log.warning("%s; asking again in %g s", exc, waited)
+                time.sleep(waited)
         return self._submit(runtime, state, job, record.selection_id)
 
     def _run_given(
@@ -275,7 +293,7 @@ class SiteJobOperator(JobLifecycleOperator[GridRuntime, JobRecord, JobPlan]):
         # Airflow failing the task on a stale executor event) finds the job instead of
         # submitting a duplicate; submit() itself never submits twice.
         self.remember(runtime, state, selection_id)
-        record = runtime.submit(selection_id, job.submission)
+        record = self._submit_selected(runtime, selection_id, job)
         self.log.info(
             "selection %s: %s on site %s as job %s (%s)",
             record.selection_id,
@@ -285,6 +303,20 @@ class SiteJobOperator(JobLifecycleOperator[GridRuntime, JobRecord, JobPlan]):
             "; ".join(record.reasons),
         )
         return record
+
+    def _submit_selected(self, runtime: GridRuntime, selection_id: int, job: JobPlan) -> JobRecord:
+        """``runtime.submit``, asked again while the answer is lost (:data:`SUBMIT_TRIES`):
+        the selection keeps its claim and key meanwhile, and each call looks the key up
+        before sending, so the job the site made is adopted, never doubled."""
+        for attempt in range(1, SUBMIT_TRIES + 1):
+            try:
+                return runtime.submit(selection_id, job.submission)
+            except AnswerLost as exc:
+                if attempt == SUBMIT_TRIES:
+                    raise
+                self.log.warning("%s; asking again in %g s", exc, self.poll_interval)
+                time.sleep(self.poll_interval)
+        raise AssertionError("unreachable: the last try returns or raises")
 
     def result(
         self, context: Context, record: dict[str, Any], output: list[dict[str, Any]]

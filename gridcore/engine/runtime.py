@@ -32,6 +32,7 @@ from gridcore.config import GRID_ENV, default_grid, load_grid
 from gridcore.engine import health, queue_stats, submission
 from gridcore.engine import selection as selection_engine
 from gridcore.errors import (
+    AnswerLost,
     ConfigError,
     CredentialError,
     CredentialRejected,
@@ -459,8 +460,12 @@ class GridRuntime:
 
     def submit(self, selection_id: int, job: JobSubmission) -> JobRecord:
         """Submit the selected job to its site, once: under the selection's key, looked
-        up at the site first (a job found is adopted). On any error the selection is
-        marked failed and its processors released before the error propagates."""
+        up at the site first (a job found is adopted). A submission whose answer was
+        lost and whose key the site does not show (yet) raises :class:`AnswerLost` and
+        leaves the selection as it was, selected with its claim: the next call (a
+        retry), a refresh or the submission deadline finds its job by the key, or
+        expires it. On any other error the selection is marked failed and its
+        processors released before the error propagates."""
         current = self.record(selection_id)
         if current.job_id is not None or current.finished:
             return current
@@ -470,6 +475,11 @@ class GridRuntime:
             job_id, _ = submission.submit_once(
                 self.adapter(current.site), checked, since=current.selected_at
             )
+        except AnswerLost as exc:
+            # Unknown, not failed: releasing it now and selecting afresh under a new key
+            # is how a lost answer became two jobs. Not the site's error either.
+            log.warning("selection %s: submission unknown: %s", selection_id, exc)
+            raise
         except Exception as exc:  # whatever it is, the claim must not leak
             why = str(exc) if isinstance(exc, GridError) else f"{type(exc).__name__}: {exc}"
             # A request the site refuses, or our credential, says nothing of the site's

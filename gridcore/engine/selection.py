@@ -36,7 +36,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import DBAPIError
 
-from gridcore.errors import RequestError, StateError
+from gridcore.errors import NoUsableSite, RequestError, StateError
 from gridcore.model import (
     GridSpec,
     JobRequest,
@@ -230,15 +230,11 @@ def select_and_record(
     for attempt in range(1, MAX_CLAIM_ATTEMPTS + 1):
         try:
             with store.begin_decision() as conn:
+                read = snapshots.read(conn)
                 decision = select_site(
-                    request, snapshots.read(conn), snapshots.grid.bandwidth, protocol, mode,
-                    rng=rng,
-                )  # fmt: skip
-                if decision.site is None:
-                    raise RequestError(
-                        f"request {request.name!r}: no site can run {request.processors}"
-                        " processors: " + "; ".join(decision.reasons)
-                    )
+                    request, read, snapshots.grid.bandwidth, protocol, mode, rng=rng
+                )
+                _refuse_unplaceable([request], [decision], read)
                 row_id = _claim_and_insert(store, conn, request, decision, protocol, stream, now)
         except DBAPIError as exc:
             # PostgreSQL chose it as a deadlock's victim (a burst holding several sites
@@ -347,11 +343,11 @@ def select_and_record_batch(
         try:
             with store.begin() as conn:
                 store.take_turn(conn, BURST_TURN)
+                read = snapshots.read(conn)
                 decisions = select_sites(
-                    requests, snapshots.read(conn), snapshots.grid.bandwidth, protocol, mode,
-                    rng=rng,
-                )  # fmt: skip
-                _refuse_unplaceable(requests, decisions)
+                    requests, read, snapshots.grid.bandwidth, protocol, mode, rng=rng
+                )
+                _refuse_unplaceable(requests, decisions, read)
                 ids = _record_burst(store, conn, requests, decisions, protocol, stream, now)
         except _BurstLost:
             continue
@@ -371,13 +367,24 @@ def _gave_way(exc: DBAPIError) -> bool:
     return getattr(exc.orig, "sqlstate", None) in (LOCK_NOT_AVAILABLE, DEADLOCK_DETECTED)
 
 
-def _refuse_unplaceable(requests: Sequence[JobRequest], decisions: Sequence[SiteSelection]) -> None:
+def _refuse_unplaceable(
+    requests: Sequence[JobRequest],
+    decisions: Sequence[SiteSelection],
+    snapshots: Sequence[SiteSnapshot],
+) -> None:
+    """Raise for the first request no site was chosen for: :class:`NoUsableSite` when a
+    site big enough for it is only set aside as unusable (it may be back once its probe
+    completes: wait), else :class:`RequestError` (no site of the grid could run it)."""
     for request, decision in zip(requests, decisions, strict=True):
         if decision.site is None:
-            raise RequestError(
+            why = (
                 f"request {request.name!r}: no site can run {request.processors} processors: "
                 + "; ".join(decision.reasons)
             )
+            set_aside = any(
+                not s.usable and s.total_processors >= request.processors for s in snapshots
+            )
+            raise NoUsableSite(why) if set_aside else RequestError(why)
 
 
 def _record_burst(

@@ -6,6 +6,8 @@ scanning engines:
 
 * before submitting, ask the site for the key (:func:`submit_once`): a job found was
   submitted by a worker that died before recording it, and is adopted, not doubled;
+  a submission whose answer was lost (:class:`~gridcore.errors.AnswerLost`) is looked
+  up the same way at once, and while it is not found it stays unknown, never failed;
   a job submitted carries its request's resources over the site's defaults
   (:func:`resources_at`: the one place a request meets its site's grid-file defaults);
 * a holder still waiting for its job long after its submission began (its submitter
@@ -33,7 +35,7 @@ from sqlalchemy import Connection, and_, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from gridcore.engine.phases import ComponentState, PilotState
-from gridcore.errors import GridError, RequestError
+from gridcore.errors import AnswerLost, GridError, RequestError
 from gridcore.model import (
     HolderKind,
     JobResources,
@@ -120,7 +122,39 @@ def submit_once(
     sent = resources_at(job.resources, adapter.spec)
     if sent != job.resources:
         job = replace(job, resources=sent)
-    return adapter.submit(job), False
+    try:
+        return adapter.submit(job), False
+    except AnswerLost as lost:
+        if job.key is None:
+            raise
+        return _look_up_lost(adapter, job.key, since, lost), True
+
+
+def _look_up_lost(adapter: SiteAdapter, key: str, since: float | None, lost: AnswerLost) -> str:
+    """The job of a submission whose answer was lost: the site may have made it, so its
+    key is asked for. Found: adopted as any job found by its key. Not found, or the site
+    cannot be asked: still unknown (:class:`AnswerLost`), so the holder keeps its claim
+    and its key and the next try looks it up again; never taken as not submitted."""
+    site = adapter.spec.name
+    try:
+        found = adapter.find(key, since)
+    except GridError as exc:
+        raise AnswerLost(
+            site, f"{lost.site_message}; looking key {key} up failed too: {exc}"
+        ) from exc
+    if found is None:
+        raise AnswerLost(
+            site,
+            f"{lost.site_message}; key {key} is not at the site yet: the submission is"
+            " looked up again before anything is sent again",
+        ) from lost
+    log.warning(
+        "site %s: the answer to submitting key %s was lost; the site has it as job %s: adopted",
+        site,
+        key,
+        found,
+    )
+    return found
 
 
 def adopt_stale(

@@ -19,9 +19,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import requests
+import urllib3
 
 from gridcore import credentials
 from gridcore.errors import (
+    AnswerLost,
     ConfigError,
     CredentialError,
     CredentialRejected,
@@ -791,21 +793,43 @@ class SlurmSite:
             "X-SLURM-USER-TOKEN": self._token,
             "Accept": "application/json",
         }
-        with self._shared.lock:
-            self._shared.calls += 1
-        try:
-            with self._session.request(
-                method, url, headers=headers, json=payload, timeout=self.spec.timeout_s
-            ) as resp:
-                status, text = resp.status_code, resp.text
-        except requests.Timeout as exc:
-            raise SiteUnavailable(
-                site, f"{method} {url} timed out after {self.spec.timeout_s:g} s"
-            ) from exc
-        except requests.RequestException as exc:
-            raise SiteUnavailable(site, self._scrub(f"cannot reach {method} {url}: {exc}")) from exc
-        log.debug("site %s: %s %s -> HTTP %d", site, method, url, status)
-        return status, text
+        for attempt in (1, 2):
+            with self._shared.lock:
+                self._shared.calls += 1
+            try:
+                with self._session.request(
+                    method, url, headers=headers, json=payload, timeout=self.spec.timeout_s
+                ) as resp:
+                    status, text = resp.status_code, resp.text
+            except requests.RequestException as exc:
+                error = self._transport_error(method, url, exc)
+                # A dropped connection loses one answer; a read asks again once (a pooled
+                # keep-alive connection the server closed is the common case). A silent
+                # site (a timeout) is not asked twice: it would cost two timeouts.
+                dropped = isinstance(error, AnswerLost) and not isinstance(exc, requests.Timeout)
+                if method == "GET" and dropped and attempt == 1:
+                    log.info("site %s: %s; asking again", site, error.site_message)
+                    continue
+                raise error from exc
+            log.debug("site %s: %s %s -> HTTP %d", site, method, url, status)
+            return status, text
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    def _transport_error(self, method: str, url: str, exc: requests.RequestException) -> SiteError:
+        """The request's transport failure, translated: never sent (a refused or timed-out
+        connection) is :class:`SiteUnavailable`; sent and its answer lost (no answer in
+        time, or the connection dropped before it) is :class:`AnswerLost`."""
+        site = self.spec.name
+        if isinstance(exc, requests.ConnectTimeout) or _never_sent(exc):
+            return SiteUnavailable(site, self._scrub(f"cannot reach {method} {url}: {exc}"))
+        if isinstance(exc, requests.Timeout):
+            return AnswerLost(site, f"{method} {url}: no answer within {self.spec.timeout_s:g} s")
+        if isinstance(exc, requests.ConnectionError | requests.exceptions.ChunkedEncodingError):
+            return AnswerLost(
+                site,
+                self._scrub(f"{method} {url}: the connection dropped before the answer: {exc}"),
+            )
+        return SiteUnavailable(site, self._scrub(f"cannot reach {method} {url}: {exc}"))
 
     def _note_release(self, body: Json) -> None:
         found = api.release(body)
@@ -865,6 +889,17 @@ def _job_status(
         started_at=job.start_time if state is not JobState.PENDING else None,
         finished_at=job.end_time if state.finished else None,
         **fields,
+    )
+
+
+def _never_sent(exc: requests.RequestException) -> bool:
+    """Did the request fail before anything was sent (no connection could be made)?
+    urllib3 reports it as MaxRetryError over a connection error; a connection that
+    dropped after sending is a bare ProtocolError (requests does not retry a POST)."""
+    cause = exc.args[0] if exc.args else None
+    reason = getattr(cause, "reason", None)
+    return isinstance(
+        reason, urllib3.exceptions.NewConnectionError | urllib3.exceptions.ConnectTimeoutError
     )
 
 

@@ -17,7 +17,7 @@ from sqlalchemy import Connection, func, select, update
 
 from gridcore.engine import health
 from gridcore.engine import selection as selection_engine
-from gridcore.errors import RequestError
+from gridcore.errors import NoUsableSite, RequestError
 from gridcore.model import (
     GridSpec,
     JobRequest,
@@ -161,7 +161,7 @@ def test_site_errors_make_a_site_unusable_and_only_a_restore_brings_it_back(
             False,
             True,
         ]
-    with pytest.raises(RequestError, match="a: marked unusable"):
+    with pytest.raises(NoUsableSite, match="a: marked unusable"):
         selection_engine.select_and_record(
             store,
             selection_engine.SnapshotReader(GRID),
