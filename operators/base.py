@@ -423,9 +423,10 @@ def translated(name: str) -> Iterator[None]:
 
 
 def job_name(dag_id: str, task_id: str, map_index: int) -> str:
-    """``dag.task.map_index`` with anything a batch system might mangle replaced by ``_``
-    (one formula, :func:`gridcore.api.dashboard.task_job_name`, which the Grid page uses
-    to find a task instance's records)."""
+    """``dag.task`` (unmapped) or ``dag.task.map_index`` (mapped) with anything a batch
+    system might mangle replaced by ``_`` (one formula,
+    :func:`gridcore.api.dashboard.task_job_name`, which the Grid page uses to find a task
+    instance's records)."""
     return task_job_name(dag_id, task_id, map_index)
 
 

@@ -84,9 +84,12 @@ class TaskIds:
 
 def task_job_name(dag_id: str, task_id: str, map_index: int) -> str:
     """The name the operators give a task instance's selection, co-allocated job and
-    co-reserved job: ``dag.task.map_index``, anything a batch system might mangle as
-    ``_`` (``gridcore_airflow.operators.site_job.job_name`` calls this)."""
-    return _NAME_UNSAFE.sub("_", f"{dag_id}.{task_id}.{map_index}")[:_NAME_MAX]
+    co-reserved job: ``dag.task`` for an unmapped task (Airflow's map index -1 is no
+    index, and ``dag.task.-1`` read as one in every job list), ``dag.task.map_index``
+    for a mapped one; anything a batch system might mangle as ``_``
+    (``gridcore_airflow.operators.base.job_name`` calls this)."""
+    name = f"{dag_id}.{task_id}" if map_index < 0 else f"{dag_id}.{task_id}.{map_index}"
+    return _NAME_UNSAFE.sub("_", name)[:_NAME_MAX]
 
 
 def dataplan_stream(dag_id: str, run_id: str) -> str:

@@ -110,7 +110,7 @@ def test_execute_submits_a_queued_job_and_defers(db_url: str) -> None:
         record = engine.status(trigger.job_id)
     assert record.state == "queued"
     assert record.policy == "WF"
-    assert record.name.endswith(".coalloc.-1")  # dag.task.map_index
+    assert record.name.endswith(".coalloc")  # dag.task: unmapped, no map index
     assert job_rows(db_url) == 1
 
 
@@ -227,7 +227,7 @@ def test_the_xcom_of_a_finished_job_agrees_with_its_rows_and_the_grid(db_url: st
 
     assert result["job_id"] == job.id == trigger.job_id
     assert (result["name"], result["state"], result["policy"]) == (job.name, "completed", "WF")
-    assert job.state == "completed" and job.name == "adhoc_airflow.coalloc.-1"
+    assert job.state == "completed" and job.name == "adhoc_airflow.coalloc"
     assert (result["jpt"], result["jst"]) == (job.jpt, job.jst)
     assert (result["started_at"], result["finished_at"]) == (job.started_at, job.finished_at)
     assert (result["retries"], result["placement_tries"], result["claim_tries"]) == (

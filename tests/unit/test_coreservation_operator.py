@@ -224,7 +224,7 @@ def test_without_a_configured_center_the_worker_runs_one_and_waits_to_the_docume
     finally:
         runtime.store.dispose()
     assert result["state"] == record.state == ReservationPhase.COMPLETED
-    assert result["name"] == record.name == "adhoc_airflow.coreserve.-1"
+    assert result["name"] == record.name == "adhoc_airflow.coreserve"
     ranks = sorted(record.pilots, key=lambda p: p.component if p.component is not None else -1)
     assert [p.component for p in ranks] == [0, 1, 2]
     assert result["sites"] == [p.site for p in ranks]

@@ -357,7 +357,8 @@ def test_a_task_instance_finds_its_records_by_id_or_by_name(runtime: GridRuntime
 @pytest.mark.parametrize(
     ("dag_id", "task_id", "map_index", "name"),
     [
-        ("ensemble", "member", -1, "ensemble.member.-1"),
+        ("ensemble", "member", -1, "ensemble.member"),
+        ("ensemble", "member", 0, "ensemble.member.0"),
         ("my dag", "t/1", 7, "my_dag.t_1.7"),
         ("d" * 150, "t" * 100, 12, ("d" * 150 + "." + "t" * 100 + ".12")[:200]),
     ],

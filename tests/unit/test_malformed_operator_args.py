@@ -28,23 +28,23 @@ def coallocate(**kwargs: Any) -> CoAllocationOperator:
     [
         pytest.param(
             {"stream": "s" * 129},
-            r"\.member\.-1: stream: must be at most 128 characters",
+            r"\.member: stream: must be at most 128 characters",
             id="stream longer than its column",
         ),
         pytest.param(
             {"command": "true\x00"},
-            r"\.member\.-1: job\.command: must not be blank or contain a NUL byte",
+            r"\.member: job\.command: must not be blank or contain a NUL byte",
             id="command with a NUL byte",
         ),
         pytest.param(
             {"env": {"A": "x\x00y"}},
-            r"\.member\.-1: job\.env\.A: must be a string of at most 131072 characters without"
+            r"\.member: job\.env\.A: must be a string of at most 131072 characters without"
             r" a NUL byte",
             id="environment value with a NUL byte",
         ),
         pytest.param(
             {"runtime_s": float("inf")},
-            r"\.member\.-1: request\.runtime_s: must be a finite number >= 0, got inf",
+            r"\.member: request\.runtime_s: must be a finite number >= 0, got inf",
             id="infinite runtime",
         ),
     ],
@@ -59,12 +59,12 @@ def test_site_job_operator_refuses_through_the_models(kwargs: dict[str, Any], me
     [
         pytest.param(
             {"input_file": "../etc/passwd"},
-            r"\.job\.-1: request\.input_file\.logical_name: must be a relative path",
+            r"\.job: request\.input_file\.logical_name: must be a relative path",
             id="input file escaping with ..",
         ),
         pytest.param(
             {"command": "true\x00"},
-            r"\.job\.-1: command: must not be blank or contain a NUL byte",
+            r"\.job: command: must not be blank or contain a NUL byte",
             id="command with a NUL byte",
         ),
         pytest.param(

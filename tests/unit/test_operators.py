@@ -98,7 +98,7 @@ def test_execute_selects_submits_and_defers_to_a_trigger_for_the_selection(
     trigger = deferred(op)
 
     record = runtime.record(trigger.selection_id)
-    assert record.name == "adhoc_airflow.member.-1"
+    assert record.name == "adhoc_airflow.member"
     assert record.site == "local-a"  # all idle: the fastest site with the best bandwidth
     assert record.job_id is not None
     assert trigger.poll_interval == 0.05
@@ -138,7 +138,7 @@ def test_input_files_size_the_request_and_reach_the_job(tmp_path: Path, db_url: 
 
 def test_job_names_are_safe_for_batch_systems() -> None:
     assert job_name("surge ensemble", "member/x", 3) == "surge_ensemble.member_x.3"
-    assert job_name("d", "t", -1) == "d.t.-1"
+    assert job_name("d", "t", -1) == "d.t"  # unmapped: no index, not ".-1"
     assert len(job_name("d" * 300, "t", 1)) == 200
 
 
