@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import posixpath
 import re
 import shlex
 import string
@@ -139,7 +140,8 @@ class DepthSpec:
 class PipelineInput:
     """One pipeline: its name and its private input, by logical name in the replica
     catalog or by path (exactly one), of ``size_bytes`` (None: the catalog's size; a path
-    needs its size)."""
+    needs its size). A pipeline file may give only a path inside its own directory
+    (:func:`_in_file_directory`); built in Python, any path."""
 
     name: str
     size_bytes: int | None = None
@@ -488,7 +490,7 @@ def _pipelines(
 
 def _pipeline(raw: object, source: str, at: str, base_dir: Path | None) -> PipelineInput:
     table = _table(raw, source, at, required=("name",), optional=_INPUT_OPTIONAL)
-    path = _relative_to(table.get("path"), base_dir)
+    path = _in_file_directory(table.get("path"), base_dir, source, f"{at}.path")
     found: PipelineInput = _built(
         source,
         at,
@@ -499,10 +501,33 @@ def _pipeline(raw: object, source: str, at: str, base_dir: Path | None) -> Pipel
     return found
 
 
-def _relative_to(path: Any, base_dir: Path | None) -> Any:
-    if base_dir is None or not isinstance(path, str) or "\x00" in path or not path.strip():
+def _in_file_directory(path: Any, base_dir: Path | None, source: str, at: str) -> Any:
+    """An input's ``path`` as the file gives it, normalised and joined to the file's
+    directory: a file may name only files inside its own directory (docs/dataplan.md,
+    "What a pipeline reads, writes and deletes"), so an absolute path or one whose
+    ``..`` leads out is refused here, before anything is read."""
+    if not isinstance(path, str) or "\x00" in path or not path.strip():
         return path  # a bad path is refused by PipelineInput, as it is written
-    return str(base_dir / path) if not os.path.isabs(path) else path
+    problem = _outside_directory(path)
+    if problem is not None:
+        hint = "; name a file elsewhere by its logical_name in the replica catalog"
+        raise PipelineFieldError(source, at, problem + hint)
+    # The normalised path is what is read: no '..' is left for the file system to
+    # resolve through a symbolic link.
+    normal = posixpath.normpath(path)
+    return normal if base_dir is None else str(base_dir / normal)
+
+
+def _outside_directory(path: str) -> str | None:
+    """Why ``path`` does not name a file inside the pipeline file's directory, or None."""
+    if posixpath.isabs(path):
+        return f"must be relative to the pipeline file's directory, got {shown_value(path)}"
+    normal = posixpath.normpath(path)
+    if normal == ".":
+        return f"names the pipeline file's directory itself, not a file in it: {shown_value(path)}"
+    if normal == ".." or normal.startswith("../"):
+        return f"leads out of the pipeline file's directory: {shown_value(path)}"
+    return None
 
 
 def _pipeline_range(raw: object, source: str, base_dir: Path | None) -> tuple[PipelineInput, ...]:
@@ -521,7 +546,7 @@ def _pipeline_range(raw: object, source: str, base_dir: Path | None) -> tuple[Pi
     items = []
     for index in range(first, first + count):
         filled = {k: _fill(t, index) for k, t in templates.items()}
-        path = _relative_to(filled.get("path"), base_dir)
+        path = _in_file_directory(filled.get("path"), base_dir, source, f"{at}.path")
         build = _range_item(filled, table.get("size_bytes"), path)
         items.append(_built(source, at, build))
     return tuple(items)
@@ -546,9 +571,11 @@ def _fill(template: str, index: int) -> str:
     return _INDEX.sub(lambda m: str(index).zfill(int(m.group(1) or 0)), template)
 
 
-def dump_pipeline(spec: PipelineSpec) -> str:
-    """``spec`` as a version-1 pipeline file (pipelines as a list): loading the text gives
-    an equal spec (paths are written as they are in ``spec``)."""
+def dump_pipeline(spec: PipelineSpec, base_dir: str | os.PathLike[str] | None = None) -> str:
+    """``spec`` as a version-1 pipeline file (pipelines as a list): loading the text
+    from a file in ``base_dir`` gives an equal spec. Input paths are written relative to
+    ``base_dir`` (without one, as they are in ``spec``); a path such a file could not
+    name (:func:`_in_file_directory`) is refused, naming ``spec.source`` and the field."""
     lines = [f"version = {PIPELINE_FORMAT_VERSION}", f"name = {_toml(spec.name)}"]
     if not spec.resources.is_empty:
         lines += ["", "[resources]"]
@@ -570,11 +597,25 @@ def dump_pipeline(spec: PipelineSpec) -> str:
             lines.append(f"batch = {_inline(_present(depth.batch, 'logical_name', 'size_bytes'))}")
         if not depth.resources.is_empty:
             lines.append(f"resources = {_inline(resource_keys(depth.resources))}")
-    for pipeline in spec.pipelines:
+    for i, pipeline in enumerate(spec.pipelines):
         lines += ["", "[[pipelines]]"]
         present = _present(pipeline, "name", "logical_name", "path", "size_bytes")
+        if pipeline.path is not None:
+            present["path"] = _written_path(pipeline.path, base_dir, spec.source, i)
         lines += [f"{key} = {_toml(value)}" for key, value in present.items()]
     return "\n".join(lines) + "\n"
+
+
+def _written_path(
+    path: str, base_dir: str | os.PathLike[str] | None, source: str, index: int
+) -> str:
+    if base_dir is not None and posixpath.isabs(path):
+        path = os.path.relpath(path, base_dir)
+    problem = _outside_directory(path)
+    if problem is not None:
+        hint = " (dump_pipeline's base_dir: the directory the file is written in)"
+        raise PipelineFieldError(source, f"pipelines[{index}].path", problem + hint)
+    return path
 
 
 def _present(obj: object, *names: str) -> dict[str, Any]:

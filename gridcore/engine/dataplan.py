@@ -289,7 +289,7 @@ class DataPlanRunner:
             return found
         if found is not None:
             log.warning("replica %s at %s is gone or damaged: staging it again", logical_name, site)
-            _remove_file(found.url)
+            self._delete(found.url)
             catalog.remove(logical_name, site)
         source = catalog.require(logical_name)[0]
         self._claim_volumes(((logical_name, source.size_bytes),), f"staging {logical_name!r}")
@@ -314,8 +314,28 @@ class DataPlanRunner:
         catalog, site = self.catalog, self.run_spec.site
         found = catalog.replica(logical_name, site)
         if found is not None:
-            _remove_file(found.url)
+            self._delete(found.url)
         catalog.remove(logical_name, site)
+
+    def _delete(self, url: str) -> None:
+        """Delete a volume's file, only inside the site's storage (``self.root``): a file
+        that, its symbolic links resolved, lies elsewhere (a replica registered at the
+        site outside its storage, a link planted in it) is left alone and logged. The
+        plan's own paths are built inside the storage from checked names; this is the
+        last check before a deletion, whatever the catalog says (docs/dataplan.md)."""
+        path = _local_path(url)
+        outside = _outside_storage(path, self.root)
+        if outside is not None:
+            log.error(
+                "not deleting %s: %s, outside the storage of site %s (%s)",
+                path,
+                outside,
+                self.run_spec.site,
+                self.root,
+            )
+            return
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
     # -- pipelines ----------------------------------------------------------------------------
 
@@ -560,7 +580,7 @@ class DataPlanRunner:
 
     def _drop_output(self, pipeline: int, depth: int) -> None:
         output = self.private_path(pipeline, depth + 1)
-        _remove_file(str(output))
+        self._delete(str(output))
         self._evict(self.private_name(pipeline, depth + 1))
 
     def _forget(self, pipeline: int) -> None:
@@ -568,7 +588,7 @@ class DataPlanRunner:
         jobs' selections stay as they ended, and :meth:`_done` then finds no output."""
         for volume in range(1, self.run_spec.spec.D + 1):
             self._evict(self.private_name(pipeline, volume))
-            _remove_file(str(self.private_path(pipeline, volume)))
+            self._delete(str(self.private_path(pipeline, volume)))
 
     # -- stages and runs --------------------------------------------------------------------
 
@@ -795,9 +815,17 @@ def _file_size(url: str) -> int | None:
         return None
 
 
-def _remove_file(url: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(_local_path(url))
+def _outside_storage(path: str, root: Path) -> str | None:
+    """Where ``path`` really is when that is outside ``root`` (None: inside). Both the
+    directory entry a deletion removes (the real parent directory) and the file a
+    symbolic link leads to must be inside: unlinking an entry under a linked directory
+    removes it where the link points, and a link leading out is not the plan's file."""
+    base = os.path.realpath(root)
+    entry = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+    for where, what in ((entry, "it is"), (os.path.realpath(path), "it leads to")):
+        if os.path.commonpath([base, where]) != base or where == base:
+            return f"{what} {where}"
+    return None
 
 
 def _copy_home(src: Path, dst: Path, throttle: Throttle | None) -> None:

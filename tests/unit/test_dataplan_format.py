@@ -144,14 +144,18 @@ def _spec(**changes: Any) -> PipelineSpec:
 
 def test_a_spec_round_trips_through_its_file(tmp_path: Path) -> None:
     odd = 'say "{{hi}}" \\ tab\there {pipeline}@{depth} caf\u00e9 \x7f'
+    inputs = _spec().pipelines
     spec = _spec(
         depths=(
             *_spec().depths,
             DepthSpec("c", odd, 0, 0, batch=BatchVolume("b/c")),
-        )
+        ),
+        pipelines=(inputs[0], replace(inputs[1], path=str(tmp_path / "data" / "p2")), inputs[2]),
     )
     path = tmp_path / "p.toml"
-    path.write_text(dump_pipeline(spec), encoding="utf-8")
+    text = dump_pipeline(spec, tmp_path)
+    assert 'path = "data/p2"' in text  # relative to the file's directory, as a file must
+    path.write_text(text, encoding="utf-8")
     loaded = load_pipeline(path)
     assert loaded == spec and loaded.source == str(path)
     assert loaded.depths[2].command == odd and loaded.depths[2].batch == BatchVolume("b/c")
@@ -207,6 +211,21 @@ def test_a_runs_jobs_ask_the_callers_resources_over_the_files_over_the_sites(
     }  # fmt: skip
 
 
+def test_a_path_a_file_could_not_name_is_not_dumped(tmp_path: Path) -> None:
+    # _spec()'s second input is the absolute path /data/p2
+    with pytest.raises(
+        PipelineFieldError, match=r"^<python>: pipelines\[1\]\.path: must be relative to"
+    ):
+        dump_pipeline(_spec())
+    with pytest.raises(
+        PipelineFieldError,
+        match=r"^<python>: pipelines\[1\]\.path: leads out of the pipeline file's directory:"
+        r" '\.\./.*data/p2' \(dump_pipeline's base_dir",
+    ):
+        dump_pipeline(_spec(), tmp_path)
+    assert 'path = "p2"' in dump_pipeline(_spec(), "/data")
+
+
 def test_the_example_round_trips_with_its_range_written_out(tmp_path: Path) -> None:
     spec = load_pipeline(EXAMPLE)
     text = dump_pipeline(spec)
@@ -258,7 +277,7 @@ size_bytes = 8
 RANGE = BASE[BASE.index("[pipeline_range]") :]
 LISTED = BASE[: BASE.index("[pipeline_range]")] + (
     '[[pipelines]]\nname = "s1"\nlogical_name = "r/1"\nsize_bytes = 8\n\n'
-    '[[pipelines]]\nname = "s2"\npath = "/r/2"\nsize_bytes = 8\n'
+    '[[pipelines]]\nname = "s2"\npath = "r/2"\nsize_bytes = 8\n'
 )
 
 
@@ -465,12 +484,12 @@ BAD = [
     ),
     Bad(
         "logical name and path",
-        _sub('path = "/r/2"', 'path = "/r/2"\nlogical_name = "r/2"', LISTED),
+        _sub('path = "r/2"', 'path = "r/2"\nlogical_name = "r/2"', LISTED),
         r"pipelines\[1\]\.logical_name: give exactly one of logical_name and path$",
     ),
     Bad(
         "path without size",
-        _sub('path = "/r/2"\nsize_bytes = 8', 'path = "/r/2"', LISTED),
+        _sub('path = "r/2"\nsize_bytes = 8', 'path = "r/2"', LISTED),
         r"pipelines\[1\]\.size_bytes: is required for an input given by path$",
     ),
     Bad(
@@ -487,6 +506,40 @@ BAD = [
         "pipelines not tables",
         _sub('name = "w"', 'name = "w"\npipelines = [1]', BASE[: BASE.index("[pipeline_range]")]),
         r"pipelines\[0\]: must be a table, got 1$",
+    ),
+    # issue 21 item 14: a file names only files inside its own directory
+    Bad(
+        "absolute input path",
+        _sub('path = "r/2"', 'path = "/etc/shadow"', LISTED),
+        r"pipelines\[1\]\.path: must be relative to the pipeline file's directory, got"
+        r" '/etc/shadow'; name a file elsewhere by its logical_name in the replica catalog$",
+    ),
+    Bad(
+        "input path leading out",
+        _sub('path = "r/2"', 'path = "../../../../etc/shadow"', LISTED),
+        r"pipelines\[1\]\.path: leads out of the pipeline file's directory:"
+        r" '\.\./\.\./\.\./\.\./etc/shadow'; name a file elsewhere",
+    ),
+    Bad(
+        "input path leading out once normalised",
+        _sub('path = "r/2"', 'path = "r/../../x"', LISTED),
+        r"pipelines\[1\]\.path: leads out of the pipeline file's directory: 'r/\.\./\.\./x'",
+    ),
+    Bad(
+        "input path the directory itself",
+        _sub('path = "r/2"', 'path = "r/.."', LISTED),
+        r"pipelines\[1\]\.path: names the pipeline file's directory itself, not a file in it",
+    ),
+    Bad(
+        "range path under ../../../../",
+        _sub('logical_name = "reads/s{i}.fq"', 'path = "../../../../etc/s{i}"'),
+        r"pipeline_range\.path: leads out of the pipeline file's directory:"
+        r" '\.\./\.\./\.\./\.\./etc/s1'",
+    ),
+    Bad(
+        "absolute range path",
+        _sub('logical_name = "reads/s{i}.fq"', 'path = "/etc/s{i}"'),
+        r"pipeline_range\.path: must be relative to the pipeline file's directory, got '/etc/s1'",
     ),
     Bad("not TOML", "version = \n", r"not valid TOML: "),
     Bad(
@@ -845,13 +898,21 @@ def test_the_default_grid_configures_no_storage_exit_2(
         (("output_bytes = 6", "output_bytes = -6"), "depths[0].output_bytes: must be an integer"),
         (("version = 1", "version = 3"), "version: must be 1, got 3"),
         (("count = 3", "count = 0"), "pipeline_range.count: must be an integer from 1"),
+        (
+            ('path = "r/2"', 'path = "/etc/shadow"', LISTED),
+            "pipelines[1].path: must be relative to the pipeline file's directory",
+        ),
+        (
+            ('logical_name = "reads/s{i}.fq"', 'path = "../../../../etc/s{i}"'),
+            "pipeline_range.path: leads out of the pipeline file's directory",
+        ),
     ],
 )
 def test_a_malformed_file_exits_2_naming_the_field_and_writes_nothing(
     capsys: pytest.CaptureFixture[str],
     db_url: str,
     tmp_path: Path,
-    change: tuple[str, str],
+    change: tuple[str, ...],
     field: str,
 ) -> None:
     bad = tmp_path / "in" / "bad.toml"
