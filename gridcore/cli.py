@@ -290,7 +290,9 @@ def _sites(args: argparse.Namespace) -> int:
     for name in args.restore:
         rt.grid.site(name)  # an unknown name is an error, not a silent no-op
         restore_site(rt.store, name)
-    errors = {} if args.no_refresh else rt.refresh()
+    # a look, not a use: a site that cannot be reached now is shown so, not counted
+    # against its health (the engines' own refreshes count)
+    errors = {} if args.no_refresh else rt.refresh(count_health=False)
     rows = rt.site_rows()
     header = (
         f"{'site':<12} {'kind':<6} {'idle/total':>10} {'free':>5} {'claimed':>7} {'queued':>6}"
@@ -306,6 +308,8 @@ def _sites(args: argparse.Namespace) -> int:
         )
         if r.release or r.api_version:
             lines.append(f"  Slurm {r.release or '(release unknown)'}, REST {r.api_version}")
+        if errors.get(r.name):
+            lines.append(f"  not observed now (not counted as its error): {errors[r.name]}")
         for kind, held in r.holds.items():
             lines.append(
                 f"  held by {held['holds']} {kind}(s): {held['processors']} processors,"

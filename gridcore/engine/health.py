@@ -21,6 +21,9 @@
   :func:`probe_not_submitted`, :func:`probe_ended`). A probe is a holder of the capacity
   ledger (kind ``probe``, one processor) from its submission until the site reports it
   or it ends. An operator can also restore a site: ``gridcore sites --restore NAME``.
+* Looking is not using: ``gridcore sites`` observes every site without counting a
+  failed observation or sending a probe (``GridRuntime.refresh(count_health=False)``),
+  so running it never sets a site aside under the DAGs that use it.
 """
 
 from __future__ import annotations

@@ -206,9 +206,16 @@ class GridRuntime:
 
     # -- monitoring ------------------------------------------------------------------
 
-    def refresh(self, max_age_s: float = 0.0) -> dict[str, str | None]:
+    def refresh(
+        self, max_age_s: float = 0.0, *, count_health: bool = True
+    ) -> dict[str, str | None]:
         """Observe every site whose stored report is older than ``max_age_s``.
-        Returns site -> error message (None when the observation succeeded)."""
+        Returns site -> error message (None when the observation succeeded).
+
+        ``count_health``: a failed observation counts as the site's error and unusable
+        sites are probed (the engines). False for a look that must leave every site's
+        health as it was (``gridcore sites``): a failure is only returned, no probe job is
+        sent; the reports it reads are stored as any observation's."""
         now = self.clock()
         self._adopt_unrecorded(now - SUBMIT_DEADLINE_S)
         with self.store.begin() as conn:
@@ -218,7 +225,9 @@ class GridRuntime:
         results: dict[str, str | None] = {}
         for spec in self.grid.sites:
             if now - ages.get(spec.name, 0.0) >= max_age_s:
-                results[spec.name] = self._observe(spec.name)
+                results[spec.name] = self._observe(spec.name, count_health=count_health)
+        if not count_health:
+            return results
         # Unusable sites come back by a completed probe, for every user of the runtime.
         for reason in self.probe_unusable_sites(now):
             log.info("%s", reason)
@@ -293,12 +302,13 @@ class GridRuntime:
             return [f"site {site}: probe job {job_id} completed, usable again"]
         return [f"site {site}: {why}, still unusable"]
 
-    def _observe(self, site: str) -> str | None:
+    def _observe(self, site: str, *, count_health: bool = True) -> str | None:
         try:
             obs = self.adapter(site).observe()
         except GridError as exc:
-            with self.store.begin() as conn:
-                health.record_failure(conn, site, str(exc))
+            if count_health:
+                with self.store.begin() as conn:
+                    health.record_failure(conn, site, str(exc))
             return str(exc)
         with self.store.begin() as conn:
             # our own jobs (not others' pending work): the site jobs of live holds

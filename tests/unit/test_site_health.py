@@ -11,8 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-from sqlalchemy import update
+import pytest
 
+from gridcore import cli
 from gridcore.config import default_grid
 from gridcore.engine import health
 from gridcore.engine.coallocation import CoAllocationEngine
@@ -21,7 +22,6 @@ from gridcore.model import JobRequest, JobState, JobSubmission
 from gridcore.policies.claiming import CoAllocationParams
 from gridcore.state import capacity
 from gridcore.state.capacity import HolderKind
-from gridcore.state.schema import sites
 from gridcore.state.store import open_store
 from tests.barrier_checks import running_center
 
@@ -171,9 +171,6 @@ def test_the_engine_probes_during_its_scans(tmp_path: Path) -> None:
 def test_explicit_restore_from_the_command_line(tmp_path: Path) -> None:
     rt = runtime(tmp_path)
     set_aside(rt, "local-b")
-    with rt.store.begin() as conn:
-        # a probe would otherwise make the site usable on the CLI's own refresh
-        conn.execute(update(sites).where(sites.c.name == "local-b").values(probe_started_at=1e18))
     env = {"GRIDCORE_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
     db = f"sqlite:///{tmp_path}/state.db"
     base = [sys.executable, "-m", "gridcore.cli", "sites", "--db", db, "--no-refresh"]
@@ -213,3 +210,36 @@ def test_sites_shows_claimed_processors_and_bytes_by_kind_of_holder(tmp_path: Pa
     assert "held by 1 volume(s): 0 processors, 5.0 MB" in text
     assert "5.0 MB/unlimited" in text
     assert_sound(rt)
+
+
+def test_gridcore_sites_only_looks_an_unreachable_site_keeps_its_health(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``gridcore sites`` looks read-only, so it is: run more often than the threshold
+    against a site nobody answers for, it shows why the site was not observed and counts
+    nothing (the running DAGs' site stays usable); an engine's refresh still counts."""
+    monkeypatch.setenv("REMOTE_TOKEN", "t")
+    grid = tmp_path / "grid.toml"
+    grid.write_text(
+        'version = 1\n[sites.local-a]\nkind = "local"\nprocessors = 2\n'
+        '[sites.remote]\nkind = "slurm"\nprocessors = 16\nurl = "http://127.0.0.1:9"\n'
+        'token = { env = "REMOTE_TOKEN" }\ntimeout_s = 2\n'
+    )
+    db = f"sqlite:///{tmp_path}/state.db"
+    base = ["sites", "--grid", str(grid), "--db", db]
+    for _ in range(health.UNUSABLE_AFTER_ERRORS + 1):
+        assert cli.main([*base, "--json"]) == 0
+        row = {s["name"]: s for s in json.loads(capsys.readouterr().out)["sites"]}["remote"]
+        assert row["refresh_error"] and "127.0.0.1:9" in row["refresh_error"]
+        assert (row["consecutive_errors"], row["usable"], row["last_error"]) == (0, True, None)
+    assert cli.main(base) == 0
+    text = capsys.readouterr().out
+    assert "not observed now (not counted as its error): " in text
+    assert "consecutive errors" not in text
+
+    rt = GridRuntime.open(str(grid), db)
+    try:
+        assert rt.refresh()["remote"] is not None
+        assert state(rt, "remote").consecutive_errors == 1  # an engine's look counts
+    finally:
+        rt.store.dispose()
