@@ -34,13 +34,14 @@ bool, float or string); byte counts 0..2**63-1; floats finite.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
 import fractions
 import math
 import posixpath
 import re
 import shlex
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from types import MappingProxyType
 from typing import Annotated, Any, TypeVar
 
@@ -119,6 +120,16 @@ _E = TypeVar("_E", bound=enum.Enum)
 def _refused(message: str, *at: str | int) -> PydanticCustomError:
     """A refusal with our own wording; ``at`` locates it below the validated value."""
     return PydanticCustomError("gridcore", "{message}", {"message": message, "at": at})
+
+
+def unknown_key(key: str, known: Sequence[str], *, listed: bool = False) -> str:
+    """The refusal of ``key``, not one of ``known``: with the known key it is closest to
+    (a typo: ``unknown key (did you mean "processors"?)``), else with every known key when
+    ``listed`` (a short table). Every file format and request says it this way."""
+    close = difflib.get_close_matches(key, known, n=1)
+    if close:
+        return f'unknown key (did you mean "{close[0]}"?)'
+    return f"unknown key (known: {', '.join(known)})" if listed else "unknown key"
 
 
 def shown_value(value: Any) -> str:
@@ -360,6 +371,22 @@ def _known(info: ValidationInfo) -> frozenset[str] | None:
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, from_attributes=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, raw: Any) -> Any:
+        """An unknown key is refused before any field is checked: a misspelt
+        ``procesors = 4`` must read as that key's mistake, not as "processors: is
+        required"."""
+        if isinstance(raw, Mapping):
+            for key in raw:
+                if key not in cls.model_fields:
+                    raise cls._unknown(str(key))
+        return raw
+
+    @classmethod
+    def _unknown(cls, key: str) -> PydanticCustomError:
+        return _refused(unknown_key(key, tuple(cls.model_fields)), key)
+
 
 # -- job resources ----------------------------------------------------------------------
 # What a cluster asks of a job besides its processors, named as sbatch names them. Parsed
@@ -506,14 +533,9 @@ class _Resources(_Model):
     gpus: Gpus | None = None
     constraint: Constraint | None = None
 
-    @model_validator(mode="before")
     @classmethod
-    def _known_keys(cls, raw: Any) -> Any:
-        if isinstance(raw, Mapping):
-            for key in raw:
-                if key not in RESOURCE_KEYS:
-                    raise _refused(f"unknown key (known: {', '.join(RESOURCE_KEYS)})", str(key))
-        return raw
+    def _unknown(cls, key: str) -> PydanticCustomError:
+        return _refused(unknown_key(key, RESOURCE_KEYS, listed=True), key)
 
     @model_validator(mode="after")
     def _one_memory(self) -> _Resources:
@@ -614,6 +636,12 @@ class _Credential(_Model):
     file: TokenFile | None = None
     command: Command | None = None
 
+    @classmethod
+    def _unknown(cls, key: str) -> PydanticCustomError:
+        if difflib.get_close_matches(key, _REFERENCES, n=1):  # a typo: name the key
+            return _refused(unknown_key(key, _REFERENCES), key)
+        return _refused("unknown credential reference: use env, airflow_conn, file or command")
+
     @model_validator(mode="after")
     def _exactly_one(self) -> _Credential:
         given = [key for key in _REFERENCES if getattr(self, key) is not None]
@@ -650,7 +678,6 @@ Credential = Annotated[
     _worded(
         'must be a reference { env = "VAR" }, { airflow_conn = "conn_id" },'
         ' { file = "/path" } or { command = "..." }, never the token itself',
-        {"extra_forbidden": "unknown credential reference: use env, airflow_conn, file or command"},
         show=False,
     ),
 ]

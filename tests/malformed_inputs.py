@@ -210,6 +210,21 @@ GRID_CASES = [
     ),
     GridCase("unknown key", _site("cpus = 4"), r"sites\.a\.cpus: unknown key$"),
     GridCase(
+        "a misspelt key (issue 21 item 6): the key, not 'processors: is required'",
+        _replace("processors = 4", "procesors = 4"),
+        r'sites\.a\.procesors: unknown key \(did you mean "processors"\?\)$',
+    ),
+    GridCase(
+        "a misspelt key in a site's defaults",
+        _site('defaults = { time_limt = "1h" }'),
+        r'sites\.a\.defaults\.time_limt: unknown key \(did you mean "time_limit"\?\)$',
+    ),
+    GridCase(
+        "a misspelt credential reference",
+        _replace('token = { env = "A_TOKEN" }', 'token = { evn = "A_TOKEN" }', base=SLURM),
+        r'sites\.a\.token\.evn: unknown key \(did you mean "env"\?\)$',
+    ),
+    GridCase(
         "a site's default time limit not a duration",
         _site('defaults = { time_limit = "forever" }'),
         r"sites\.a\.defaults\.time_limit: 'forever' is not a duration \(use 90s, 10m, 2h,",

@@ -33,6 +33,7 @@ from gridcore.validation import (
     check_resources,
     resource_keys,
     shown_value,
+    unknown_key,
 )
 
 __all__ = [
@@ -423,10 +424,10 @@ def _table(
 ) -> Mapping[str, Any]:
     if not isinstance(raw, Mapping):
         raise PipelineFieldError(source, at, f"must be a table, got {shown_value(raw)}")
-    known = {*required, *optional}
+    known = (*required, *optional)
     for key in raw:
         if key not in known:
-            raise PipelineFieldError(source, _join(at, key), "unknown key")
+            raise PipelineFieldError(source, _join(at, key), unknown_key(str(key), known))
     for key in required:
         if key not in raw:
             raise PipelineFieldError(source, _join(at, key), "is required")

@@ -39,6 +39,7 @@ from gridcore.policies.dataplan import (
     choose_bent2009,
     serial_bandwidth,
 )
+from gridcore.validation import unknown_key
 
 __all__ = [
     "CHOOSERS",
@@ -313,8 +314,7 @@ def environment_for_site(
     observed = dict(measured or {})
     for key in observed:
         if key not in MEASURED_KEYS:
-            known = ", ".join(MEASURED_KEYS)
-            raise ConfigError(f"measured.{key}: unknown key (known: {known})")
+            raise ConfigError(f"measured.{key}: {unknown_key(key, MEASURED_KEYS, listed=True)}")
     if site.storage_bytes is None and "S" not in observed:
         raise PipelineFieldError(
             grid.source,

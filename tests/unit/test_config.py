@@ -49,6 +49,39 @@ def test_valid_file_loads(tmp_path: Path) -> None:
 
 
 BASE = {"version": 1, "sites": {"a": {"kind": "local", "processors": 4}}}
+SITE = '[sites.a]\nkind = "local"\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # issue 21 item 6: this read "sites.a.processors: is required", the typo unnamed
+        (
+            f"version = 1\n{SITE}procesors = 4\n",
+            'sites.a.procesors: unknown key (did you mean "processors"?)',
+        ),
+        (f"verison = 1\n{SITE}processors = 4\n", 'verison: unknown key (did you mean "version"?)'),
+        (
+            f"version = 1\ndefault_bandwith_mbps = 10\n{SITE}processors = 4\n",
+            'default_bandwith_mbps: unknown key (did you mean "default_bandwidth_mbps"?)',
+        ),
+        (
+            f"version = 1\n{SITE}processors = 4\nslownes = 2\n",
+            'sites.a.slownes: unknown key (did you mean "slowness"?)',
+        ),
+        # nothing close: the key alone, still before the missing one
+        (f"version = 1\n{SITE}cpus = 4\n", "sites.a.cpus: unknown key"),
+    ],
+    ids=["procesors", "verison", "default_bandwith_mbps", "slownes", "cpus"],
+)
+def test_a_misspelt_key_is_named_with_the_closest_known_one(
+    text: str, message: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "grid.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_grid(path)
+    assert str(err.value) == f"{path}: {message}"
 
 
 @pytest.mark.parametrize(

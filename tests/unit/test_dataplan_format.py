@@ -320,6 +320,11 @@ BAD = [
         r"depths: at least one depth is required$",
     ),
     Bad(
+        "depth key misspelt",
+        _sub("output_bytes = 6", "output_byte = 6"),
+        r'depths\[0\]\.output_byte: unknown key \(did you mean "output_bytes"\?\)$',
+    ),
+    Bad(
         "depth unknown key",
         _sub("output_bytes = 6", "output_bytes = 6\ncpus = 1"),
         r"depths\[0\]\.cpus: unknown key$",
