@@ -12,7 +12,11 @@ then a ``gridcore`` Airflow connection, then ``$GRIDCORE_GRID`` / ``$GRIDCORE_DB
 (:meth:`GridRuntime.open`'s own defaults). A ``gridcore`` connection gives the state
 database as host/port/login/password/schema (PostgreSQL; the password stays in Airflow's
 connections or secrets backend, never in a DAG or a trigger's stored arguments) or as
-``extra.db_url``, and the grid description as ``extra.grid_file``.
+``extra.db_url``, and the grid description as ``extra.grid_file``. The connection is
+the one named (``gridcore_conn_id``), else ``gridcore_default`` (:data:`DEFAULT_CONN_ID`,
+as Airflow providers have a default connection) when it is defined
+(``AIRFLOW_CONN_GRIDCORE_DEFAULT`` or any secrets backend); a named connection that is
+not defined is an error, a missing default one leaves the environment to decide.
 
 The VJ center (the HTTP API pilots and barriers talk to, ``gridcore serve``):
 ``extra.center_url``, else ``$GRIDCORE_CENTER_URL``; ``extra.site_center_urls`` /
@@ -30,7 +34,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from airflow.sdk import BaseHook
@@ -48,6 +52,7 @@ from gridcore.staging import ReplicaCatalog
 from gridcore.state.store import Store, open_store
 
 __all__ = [
+    "DEFAULT_CONN_ID",
     "EngineKind",
     "GridLocation",
     "GridcoreHook",
@@ -62,6 +67,7 @@ DEFAULT_DB_DRIVER = "postgresql+psycopg"
 # the others from scanning. A holder that stops waiting releases it at once
 # (GridcoreHook.close_engine); a floor keeps renewals rare for short scan intervals.
 MIN_LEASE_S = 60.0
+DEFAULT_CONN_ID = "gridcore_default"
 CENTER_ENV = "GRIDCORE_CENTER_URL"
 SITE_CENTERS_ENV = "GRIDCORE_SITE_CENTER_URLS"
 
@@ -94,9 +100,11 @@ class GridcoreHook(BaseHook):
 
     Where they are: ``grid_file`` / ``db_url`` when given, else the ``gridcore``
     connection ``gridcore_conn_id`` (state database as host/port/login/password/schema,
-    or ``extra.db_url``; grid file as ``extra.grid_file``), else ``$GRIDCORE_GRID`` /
+    or ``extra.db_url``; grid file as ``extra.grid_file``; none named:
+    ``gridcore_default`` if it is defined), else ``$GRIDCORE_GRID`` /
     ``$GRIDCORE_DB_URL``, else the embedded local sites on SQLite. Slurm tokens the grid
-    file references as ``{ airflow_conn = "id" }`` resolve through Airflow connections.
+    file references as ``{ airflow_conn = "id" }`` resolve through Airflow connections
+    (the token is the connection's password).
 
     ``open_runtime`` / ``open_engine`` return what a trigger holds across its polls
     (closed with ``store.dispose()`` / :meth:`close_engine`); the ``runtime`` /
@@ -106,7 +114,7 @@ class GridcoreHook(BaseHook):
     """
 
     conn_name_attr = "gridcore_conn_id"
-    default_conn_name = "gridcore_default"
+    default_conn_name = DEFAULT_CONN_ID
     conn_type = "gridcore"
     hook_name = "gridcore grid"
 
@@ -247,10 +255,14 @@ class GridLocation:
     site_center_urls: str | None = None  # JSON {"site": "url"}
 
     def resolved(self) -> GridLocation:
-        """Explicit fields, completed from the ``gridcore`` connection if one is named."""
-        if self.conn_id is None:
-            return self
-        conn = _connection(self.conn_id)
+        """Explicit fields, completed from the ``gridcore`` connection: the one named,
+        else ``gridcore_default`` when it is defined."""
+        if self.conn_id is None or self.conn_id == DEFAULT_CONN_ID:
+            conn = _defined_connection(DEFAULT_CONN_ID)
+            if conn is None:
+                return replace(self, conn_id=None)  # the environment decides
+        else:
+            conn = _connection(self.conn_id)
         extra: dict[str, Any] = conn.extra_dejson or {}
         sites = extra.get("site_center_urls")
         return GridLocation(
@@ -344,6 +356,13 @@ def _connection(conn_id: str) -> Any:
         return BaseHook.get_connection(conn_id)
     except AirflowNotFoundException as exc:
         raise CredentialError(f"Airflow connection {conn_id!r} is not defined") from exc
+
+
+def _defined_connection(conn_id: str) -> Any | None:
+    try:
+        return BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        return None
 
 
 def _db_url(conn: Any, extra: dict[str, Any]) -> str | None:

@@ -86,6 +86,44 @@ def test_without_a_connection_the_environment_decides(lab: dict[str, str]) -> No
         assert str(runtime.store.engine.url).endswith("env-state.db")
 
 
+def test_without_a_named_connection_gridcore_default_decides(
+    lab: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 21 item 3: as Airflow providers do, a connection ``gridcore_default``
+    (``AIRFLOW_CONN_GRIDCORE_DEFAULT`` or any secrets backend) is used when an operator
+    or a trigger names none, over the environment."""
+    set_connection(
+        monkeypatch,
+        "gridcore_default",
+        conn_type="gridcore",
+        extra={"grid_file": lab["grid_file"], "db_url": lab["db_url"]},
+    )
+
+    for hook in (GridcoreHook(), GridcoreHook(None), GridcoreHook("gridcore_default")):
+        assert hook.get_conn() == GridLocation(lab["grid_file"], lab["db_url"])
+    with GridcoreHook().runtime() as runtime:
+        assert set(runtime.grid.site_names) == {"lab", "alpha"}
+    # explicit arguments still go over it, and a named connection replaces it
+    other = GridcoreHook(grid_file="/elsewhere.toml").get_conn()
+    assert other == GridLocation("/elsewhere.toml", lab["db_url"])
+    named = GridcoreHook("gridcore_lab").get_conn()
+    assert named == GridLocation(lab["grid_file"], lab["db_url"])
+
+
+def test_a_missing_gridcore_default_leaves_the_grid_to_gridcore_grid(
+    lab: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("AIRFLOW_CONN_GRIDCORE_DEFAULT", raising=False)
+    monkeypatch.setenv("GRIDCORE_GRID", lab["grid_file"])
+
+    # named or not, the default connection's absence is no error (as before it existed)
+    for hook in (GridcoreHook(), GridcoreHook("gridcore_default")):
+        assert hook.get_conn() == GridLocation()
+        with hook.runtime() as runtime:
+            assert set(runtime.grid.site_names) == {"lab", "alpha"}
+            assert str(runtime.store.engine.url).endswith("env-state.db")
+
+
 def test_a_host_connection_is_a_postgresql_url_with_its_password_escaped(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -189,6 +227,33 @@ def test_a_trigger_finds_the_job_through_the_connection_alone(lab: dict[str, str
     assert event.payload["record"]["site"] == "lab"
     assert "gridcore_lab" in json.dumps(trigger.serialize()[1])
     assert "lab-state.db" not in json.dumps(trigger.serialize()[1])  # resolved, not stored
+
+
+def test_a_trigger_naming_no_connection_finds_the_job_through_gridcore_default(
+    lab: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    set_connection(
+        monkeypatch,
+        "gridcore_default",
+        conn_type="gridcore",
+        extra={"grid_file": lab["grid_file"], "db_url": lab["db_url"]},
+    )
+    with GridcoreHook().runtime() as runtime:
+        record = runtime.select(JobRequest("lab.job.1", 1, runtime_s=1), site="lab")
+        runtime.submit(record.selection_id, JobSubmission("lab.job.1", "true", 1))
+    trigger = SiteJobTrigger(record.selection_id, poll_interval=0.05)
+
+    async def one() -> list[Any]:
+        try:
+            return await _all(trigger)
+        finally:
+            await trigger.cleanup()
+
+    (event,) = asyncio.run(asyncio.wait_for(one(), 30.0))
+
+    assert event.payload["status"] == "success", event.payload
+    assert event.payload["record"]["site"] == "lab"
+    assert trigger.serialize()[1]["gridcore_conn_id"] is None  # resolved in the triggerer
 
 
 def test_a_trigger_on_an_undefined_connection_yields_one_error_event() -> None:
