@@ -108,9 +108,7 @@ def _handler(proxy: LossySlurmrestd) -> type[BaseHTTPRequestHandler]:
 
         def _reset(self) -> None:
             # SO_LINGER 0: close with RST, as a middlebox or a crashed server does
-            self.connection.setsockopt(
-                socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
-            )
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self.close_connection = True
 
         do_GET = do_POST = do_DELETE = _relay
