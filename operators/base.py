@@ -18,6 +18,7 @@ only how to plan, submit, read and cancel its kind of job, and the XCom result;
 from __future__ import annotations
 
 import enum
+import time
 from abc import abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -33,6 +34,7 @@ from gridcore.model import GridSpec, JobResources
 from gridcore.validation import RESOURCE_KEYS, check_resources
 from gridcore_airflow.operators.hooks import EngineKind, GridcoreHook, ScanEngine
 from gridcore_airflow.sensors.base import (
+    DEFER_GRACE_S,
     EventContract,
     GridcoreTrigger,
     output_files_of,
@@ -87,6 +89,9 @@ class GridcoreOperator(BaseOperator):
         its event in this worker and finish the same way. An operator that waits
         defines ``execute_complete(context, event)``."""
         if deferrable:
+            # Immune to Airflow 3.3.2's race between a trigger that fires at once (a short
+            # job) and the executor's report of the deferring try (sensors.base).
+            trigger.not_before = time.time() + DEFER_GRACE_S
             self.defer(trigger=trigger, method_name="execute_complete")
         return self.execute_complete(context, wait_inline(trigger))
 

@@ -29,11 +29,13 @@ import asyncio
 import enum
 import functools
 import random
+import time
 from abc import abstractmethod
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, NamedTuple, Protocol, TypedDict, TypeVar
 
+from airflow.sdk import TaskInstanceState
 from airflow.sdk.exceptions import AirflowException
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
@@ -56,6 +58,15 @@ class EventStatus(enum.StrEnum):
 DEFAULT_MAX_RETRIES = 5
 _BACKOFF_BASE_S = 1.0
 _BACKOFF_CAP_S = 30.0
+DEFER_GRACE_S = 10.0
+"""A deferred wait's event comes no sooner than this after the deferral. Airflow 3.3.2
+fails a task whose trigger fired before the scheduler processed the executor's report
+that the deferring try ended ("finished with state success, but the task instance's
+state attribute is queued": apache/airflow#67287, #72716); that report takes the
+executor's next sync and the scheduler's next loop. Measured in docs/operators.md."""
+UNKNOWN_STATE: object = object()
+"""A task instance state that could not be read."""
+
 # on_kill() gets a bounded time from the triggerer ([triggerer] on_kill_timeout, 30 s);
 # stay inside it so a slow site cannot leave the cancel half done unnoticed.
 _CANCEL_TIMEOUT_S = 20.0
@@ -184,10 +195,12 @@ class GridcoreTrigger(BaseTrigger, Generic[H, R]):
         poll_interval: float | None = None,
         max_retries: int = DEFAULT_MAX_RETRIES,
         gridcore_conn_id: str | None = None,
+        not_before: float | None = None,
         **named_id: int,
     ) -> None:
         """The id comes first, or by its name (``selection_id=7``, as ``serialize`` gives
-        it); where gridcore is: :class:`~operators.hooks.GridLocation`."""
+        it); where gridcore is: :class:`~operators.hooks.GridLocation`. ``not_before``
+        (epoch seconds): the event is not yielded earlier (see :data:`DEFER_GRACE_S`)."""
         super().__init__()
         if named_id and (ident is not None or set(named_id) != {self.id_field}):
             raise TypeError(f"{type(self).__name__}: unexpected {sorted(named_id)}")
@@ -199,6 +212,7 @@ class GridcoreTrigger(BaseTrigger, Generic[H, R]):
         self.location = GridLocation(grid_file, db_url, gridcore_conn_id)
         self.poll_interval = self.default_poll_interval if poll_interval is None else poll_interval
         self.max_retries = max_retries
+        self.not_before = not_before
         self._handle: H | None = None
         self._outputs: JobOutputs | None = None
         self._last_note = ""
@@ -257,6 +271,7 @@ class GridcoreTrigger(BaseTrigger, Generic[H, R]):
                 "poll_interval": self.poll_interval,
                 "max_retries": self.max_retries,
                 "gridcore_conn_id": self.location.conn_id,
+                "not_before": self.not_before,
             },
         )
 
@@ -269,12 +284,54 @@ class GridcoreTrigger(BaseTrigger, Generic[H, R]):
             self.log.exception("waiting on %s %s failed", self.contract.subject, self.ident)
             message = f"{type(exc).__name__}: {exc}"
             event = self.contract.error_event(self.ident, message, self._output_so_far())
+        early = (self.not_before or 0.0) - time.time()
+        if early > 0 and self.trigger_id is not None:
+            # A triggerer runs it (``dag.test()`` and the inline wait have no executor):
+            # the executor may not yet have told the scheduler that the deferring try
+            # ended, and an event now would make Airflow 3.3 fail the task.
+            await asyncio.sleep(early)
         yield TriggerEvent(dict(event))
 
     async def on_kill(self) -> None:
+        # Airflow 3.3.2 calls on_kill for a user's action on the task (mark failed or
+        # success, clear) AND when a triggerer drops a trigger it no longer holds (moved
+        # to another triggerer; another Airflow process's trigger loop took it): only
+        # the first may cancel the job, so the task instance's own state decides.
+        state = await self._task_state()
+        subject, ident = self.contract.subject, self.ident
+        if state is UNKNOWN_STATE or state == TaskInstanceState.DEFERRED:
+            why = "still deferred" if state is not UNKNOWN_STATE else "state unknown"
+            self.log.warning(
+                "trigger of %s %s stopped, but not by a user's action (the task instance is"
+                " %s: the trigger moved or was cleaned up): the job is left running",
+                subject,
+                ident,
+                why,
+            )
+            return
         handle = await self._handle_once()
         said = await asyncio.wait_for(asyncio.to_thread(self._cancel, handle), _CANCEL_TIMEOUT_S)
-        self.log.info("cancelled %s %s: %s", self.contract.subject, self.ident, said)
+        self.log.info(
+            "cancelled %s %s: the task instance is %s now (a user's action): %s",
+            subject,
+            ident,
+            state or "cleared",
+            said,
+        )
+
+    async def _task_state(self) -> str | object | None:
+        """The state of this trigger's task instance (None: cleared; absent from the
+        answer: gone, as ``"removed"``), asked of Airflow's execution API through the
+        triggerer; :data:`UNKNOWN_STATE` when it cannot be asked (no task instance here,
+        or the call failed): a job is never cancelled on a guess."""
+        ti = getattr(self, "task_instance", None)
+        if ti is None:
+            return UNKNOWN_STATE
+        try:
+            return await asyncio.to_thread(task_instance_state, ti)
+        except Exception as exc:
+            self.log.warning("the task instance's state cannot be read: %s", exc)
+            return UNKNOWN_STATE
 
     async def cleanup(self) -> None:
         # Local resources only: the remote work must survive a triggerer restart.
@@ -355,6 +412,19 @@ class GridcoreTrigger(BaseTrigger, Generic[H, R]):
         if self._handle is None:
             self._handle = await asyncio.to_thread(self._connect)
         return self._handle
+
+
+def task_instance_state(ti: Any) -> str | None:
+    """The state Airflow holds for the task instance ``ti`` (a triggerer's
+    ``task_instance``), through the execution API (the seam tests replace)."""
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    states = RuntimeTaskInstance.get_task_states(
+        dag_id=ti.dag_id, map_index=ti.map_index, task_ids=[ti.task_id], run_ids=[ti.run_id]
+    )
+    key = ti.task_id if ti.map_index is None or ti.map_index < 0 else f"{ti.task_id}_{ti.map_index}"
+    found: str | None = states.get(ti.run_id, {}).get(key, "removed")
+    return found
 
 
 def wait_inline(trigger: GridcoreTrigger[Any, Any]) -> dict[str, Any]:

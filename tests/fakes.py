@@ -27,6 +27,28 @@ from gridcore.model import (
 from gridcore.sites.output import OutputFiles
 
 
+@dataclass(frozen=True)
+class FakeTriggerTaskInstance:
+    """The task instance a triggerer gives a trigger (``trigger.task_instance``), whose
+    state in Airflow's database is ``state`` (what the execution API would answer:
+    ``sensors.base.task_instance_state``, the seam :func:`as_airflow_holds` replaces)."""
+
+    state: str | None
+    dag_id: str = "dag"
+    task_id: str = "task"
+    run_id: str = "run"
+    map_index: int = -1
+
+
+def as_airflow_holds(trigger: Any, state: str | None, monkeypatch: Any) -> None:
+    """Give ``trigger`` a task instance Airflow holds in ``state`` ("failed": a user
+    marked it failed; None: cleared; "deferred": the trigger was only moved)."""
+    from gridcore_airflow.sensors import base
+
+    trigger.task_instance = FakeTriggerTaskInstance(state)
+    monkeypatch.setattr(base, "task_instance_state", lambda ti: ti.state)
+
+
 class FakeTaskStateStore:
     """Airflow 3.3's ``context["task_state_store"]``: one per task instance, all tries."""
 

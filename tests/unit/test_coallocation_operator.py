@@ -28,7 +28,7 @@ from gridcore_airflow.operators.hooks import CENTER_ENV, EngineKind, GridcoreHoo
 from gridcore_airflow.sensors.base import EVENT_KEYS
 from gridcore_airflow.sensors.triggers import ENGINE_WAITS, EngineTrigger
 from tests.barrier_checks import assert_released_after_every_registration, running_center
-from tests.fakes import FakeTaskStateStore
+from tests.fakes import FakeTaskStateStore, as_airflow_holds
 
 WAIT_S = 60.0
 COALLOCATION = EngineKind.COALLOCATION
@@ -348,7 +348,9 @@ class _ListLogger(logging.Logger):
 
 
 @pytest.mark.asyncio
-async def test_a_failing_job_is_retried_until_on_kill_cancels_it(db_url: str) -> None:
+async def test_a_failing_job_is_retried_until_on_kill_cancels_it(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A failed component sends the whole job back to its placement queue (Sec. 3.4);
     # wait for the first such retry, then kill the task as a user would.
     op = operator(components=[1, 1], command="exit 3")
@@ -364,6 +366,7 @@ async def test_a_failing_job_is_retried_until_on_kill_cancels_it(db_url: str) ->
         await asyncio.wait_for(retried(), WAIT_S)
     finally:
         await asyncio.to_thread(close_coallocation, engine)
+    as_airflow_holds(trigger, "failed", monkeypatch)  # the user marked it failed
     await trigger.on_kill()
     events = await all_events(trigger.run())
     await trigger.cleanup()

@@ -35,7 +35,7 @@ from gridcore_airflow.operators.hooks import EngineKind
 from gridcore_airflow.sensors.base import EVENT_KEYS
 from gridcore_airflow.sensors.triggers import ENGINE_WAITS, EngineTrigger
 from tests.capacity_checks import assert_capacity_invariant
-from tests.fakes import FakeTaskStateStore
+from tests.fakes import FakeTaskStateStore, as_airflow_holds
 
 WAIT_S = 60.0
 CORESERVATION = EngineKind.CORESERVATION
@@ -333,12 +333,13 @@ def test_each_ranks_output_is_copied_and_a_failed_ranks_stderr_tail_ends_the_log
 
 @pytest.mark.asyncio
 async def test_trigger_on_kill_cancels_the_job_and_its_one_event_says_so(
-    db_url: str, center: RunningCenter
+    db_url: str, center: RunningCenter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     trigger = await asyncio.to_thread(deferred, operator(command="sleep 60", processors=2))
     with engine_on(db_url, center.url) as engine:
         await asyncio.to_thread(scan_until, engine, trigger.job_id, ReservationPhase.DISPATCHED)
 
+        as_airflow_holds(trigger, "failed", monkeypatch)  # the user marked it failed
         await trigger.on_kill()
         events = await all_events(trigger.run())
         await trigger.cleanup()

@@ -24,7 +24,7 @@ from gridcore.errors import CredentialRejected, SiteError, SiteUnavailable
 from gridcore.model import JobRequest, JobSubmission
 from gridcore_airflow.operators.hooks import EngineKind
 from gridcore_airflow.sensors import base
-from gridcore_airflow.sensors.base import EVENT_KEYS
+from gridcore_airflow.sensors.base import EVENT_KEYS, UNKNOWN_STATE
 from gridcore_airflow.sensors.triggers import (
     EngineTrigger,
     ForcingFileTrigger,
@@ -32,6 +32,7 @@ from gridcore_airflow.sensors.triggers import (
     consume_next_file,
     take_forcing_file,
 )
+from tests.fakes import FakeTriggerTaskInstance, as_airflow_holds
 
 EVENT_TIMEOUT_S = 30.0
 
@@ -86,6 +87,7 @@ def test_site_job_trigger_serialize_round_trips_through_its_class_path() -> None
         "poll_interval": 0.5,
         "max_retries": 2,
         "gridcore_conn_id": "gridcore_lab",
+        "not_before": None,
     }
     assert json.loads(json.dumps(kwargs)) == kwargs  # plain JSON, as the triggerer stores it
     assert rebuilt.serialize() == (classpath, kwargs)
@@ -350,9 +352,10 @@ async def wait_until_running(db_url: str, selection_id: int) -> None:
 
 
 @pytest.mark.asyncio
-async def test_on_kill_cancels_the_remote_job(db_url: str) -> None:
+async def test_on_kill_cancels_the_remote_job(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     selection_id = submit(db_url, "sleep 60")
     trigger = SiteJobTrigger(selection_id, None, db_url, 0.05)
+    as_airflow_holds(trigger, "failed", monkeypatch)
     waiting = asyncio.ensure_future(trigger.run().__anext__())
     await wait_until_running(db_url, selection_id)
 
@@ -369,7 +372,9 @@ async def test_on_kill_cancels_the_remote_job(db_url: str) -> None:
 
 
 @pytest.mark.asyncio
-async def test_cleanup_alone_leaves_the_remote_job_running(db_url: str) -> None:
+async def test_cleanup_alone_leaves_the_remote_job_running(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # cleanup() also runs when a triggerer restarts: the job must survive it.
     selection_id = submit(db_url, "sleep 60")
     trigger = SiteJobTrigger(selection_id, None, db_url, 0.05)
@@ -381,8 +386,66 @@ async def test_cleanup_alone_leaves_the_remote_job_running(db_url: str) -> None:
     await trigger.cleanup()
 
     assert record_of(db_url, selection_id).state == "running"
-    await SiteJobTrigger(selection_id, None, db_url).on_kill()  # don't leave it behind
+    user = SiteJobTrigger(selection_id, None, db_url)
+    as_airflow_holds(user, "failed", monkeypatch)
+    await user.on_kill()  # don't leave it behind
     assert record_of(db_url, selection_id).state == "cancelled"
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("state", "why"),
+    [("deferred", "still deferred"), (UNKNOWN_STATE, "state unknown")],
+    ids=["moved-to-another-triggerer", "state-unreadable"],
+)
+async def test_on_kill_without_a_users_action_leaves_the_job_running(
+    db_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    state: object,
+    why: str,
+) -> None:
+    """Airflow 3.3.2 calls on_kill when a triggerer drops a trigger another process or
+    triggerer took over (issue 21 item 2: a second Airflow process cancelled a job):
+    the task instance still deferred, or a state that cannot be read, cancels nothing."""
+    selection_id = submit(db_url, "sleep 60")
+    trigger = SiteJobTrigger(selection_id, None, db_url, 0.05)
+    if state is UNKNOWN_STATE:
+        monkeypatch.setattr(base, "task_instance_state", _unreadable)
+        trigger.task_instance = FakeTriggerTaskInstance(None)
+    else:
+        as_airflow_holds(trigger, "deferred", monkeypatch)
+
+    said = logged_by(trigger)
+    await trigger.on_kill()
+
+    assert record_of(db_url, selection_id).state in ("pending", "running")
+    assert any(f"the task instance is {why}" in line for line in said.lines), said.lines
+    as_airflow_holds(trigger, None, monkeypatch)  # then the user clears the task
+    await trigger.on_kill()
+    assert record_of(db_url, selection_id).state == "cancelled"
+    assert "the task instance is cleared now (a user's action)" in said.lines[-1]
+
+
+def _unreadable(ti: object) -> str | None:
+    raise ConnectionError("the execution API does not answer")
+
+
+@pytest.mark.asyncio
+async def test_an_event_waits_for_not_before_only_in_a_triggerer(db_url: str) -> None:
+    """A deferred wait's event is held until ``not_before`` (Airflow 3.3.2 fails a task
+    whose trigger fires before the executor reported the deferral: issue 21 item 1),
+    but only where a triggerer runs it; ``dag.test()`` sets no ``trigger_id``."""
+    selection_id = submit(db_url, "true")
+    held = SiteJobTrigger(selection_id, None, db_url, 0.05, not_before=time.time() + 1.5)
+    held.trigger_id = 7  # as the triggerer sets it
+    started = time.monotonic()
+    event = await asyncio.wait_for(held.run().__anext__(), EVENT_TIMEOUT_S)
+    assert event.payload["status"] == "success"
+    assert time.monotonic() - started >= 1.0
+
+    inline = SiteJobTrigger(selection_id, None, db_url, 0.05, not_before=time.time() + 60)
+    event = await asyncio.wait_for(inline.run().__anext__(), 10)  # not held 60 s
+    assert event.payload["status"] == "success"
 
 
 # -- the job's own output in the task log ------------------------------------------------------
@@ -663,6 +726,7 @@ def test_an_engine_trigger_serialize_round_trips_through_its_class_path(
         "poll_interval": 0.5,
         "max_retries": 2,
         "gridcore_conn_id": "gridcore_lab",
+        "not_before": None,
     }
     assert json.loads(json.dumps(kwargs)) == kwargs  # plain JSON, as the triggerer stores it
     assert clone.serialize() == trigger.serialize()
