@@ -14,7 +14,10 @@ SLURM_PACKAGES := slurmctld slurmd slurm-client munge slurmrestd slurm-wlm-jwt-p
 # mariadb-client: the Slurm tier's accounting cluster makes its slurmdbd database with it
 SYSTEM_PACKAGES := $(SLURM_PACKAGES) openssh-server chromium debootstrap mariadb-client
 # make demo and make airflow keep everything here (Airflow's home and metadata DB,
-# gridcore's state DB and sites' storage), so the demo's runs show in the UI
+# gridcore's state DB and sites' storage, airflow.env), so the demo's runs show in the
+# UI. Both run on the embedded local sites unless GRIDCORE_GRID names your grid file
+# (and GRIDCORE_CENTER_URL a VJ center its clusters reach), in the environment or as
+# `make demo GRIDCORE_GRID=/path/grid.toml`; they print which grid they use.
 DEMO_HOME ?= $(CURDIR)/.gridcore-demo
 DEMO := AIRFLOW_HOME=$(DEMO_HOME)/airflow $(BIN)/python -m gridcore_airflow.demo \
 	--home $(DEMO_HOME)
@@ -38,7 +41,9 @@ $(VENV)/.dev: pyproject.toml | $(BIN)/python
 	touch $@ $(VENV)/.core $(VENV)/.airflow
 
 # Every example DAG of dags/ through Airflow's dag.test(): per DAG what ran where and
-# the result; exits non-zero if one fails (gridcore_airflow.demo).
+# the result; exits non-zero if one fails (gridcore_airflow.demo). Writes
+# $(DEMO_HOME)/airflow.env first: `set -a; . .gridcore-demo/airflow.env; set +a` puts
+# the airflow CLI on the same home.
 demo: $(VENV)/.airflow
 	$(DEMO)
 

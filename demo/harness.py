@@ -2,13 +2,17 @@
 
 The embedded default is three local sites (``gridcore.config.default_grid``), SQLite for
 Airflow's metadata and for gridcore's state, and no service: the VJ center runs inside
-the process that needs it. Everything lives under one directory, ``--home``
-(``make``: ``.gridcore-demo/`` in the checkout)::
+the process that needs it. Your own grid instead: ``$GRIDCORE_GRID`` (a grid file), with
+``$GRIDCORE_CENTER_URL`` / ``$GRIDCORE_SITE_CENTER_URLS`` where its clusters reach a VJ
+center (:data:`OWN_GRID`), are kept when set, and the demo says which grid it runs on.
+Everything else lives under one directory, ``--home`` (``make``: ``.gridcore-demo/`` in
+the checkout)::
 
     <home>/airflow/           AIRFLOW_HOME: airflow.cfg, airflow.db, logs, passwords file
+    <home>/airflow.env        the environment of both, to source for the airflow CLI
     <home>/gridcore/          GRIDCORE_HOME: the local sites' storage, outputs
     <home>/gridcore-state.db  gridcore's state database (GRIDCORE_DB_URL)
-    <home>/forcing/           the ensemble's watched forcing directory
+    <home>/forcing/           the ensemble's watched forcing directory (GRIDCORE_FORCING_DIR)
     <home>/logs/<dag>.log     what each demo run printed (Airflow's task logs included)
 
 ``python -m gridcore_airflow.demo --home H`` runs every DAG of ``dags/``
@@ -17,10 +21,11 @@ inline) and prints, per DAG, each task instance (a mapped one by its label) with
 state and the site(s) it ran at, the DAG's result read from its XComs and gridcore's
 state database, and whether the capacity ledger is consistent with nothing left held.
 The exit status is 1 if any DAG failed (the lines of its output that say why are
-printed), 2 if a DAG file does not import or there is no such DAG. ``--standalone``
-instead prepares ``airflow standalone`` on the same home (the example DAGs, this plugin,
-a fixed login), prints the URL and the login and replaces this process with it, so the
-demo's runs show in the UI.
+printed), 2 if a DAG file does not import, there is no such DAG or ``$GRIDCORE_GRID``
+is not a grid file. ``--standalone`` instead prepares ``airflow standalone`` on the same
+home (the example DAGs, this plugin, a fixed login), prints the URL and the login and
+replaces this process with it, so the demo's runs show in the UI. Both write
+``<home>/airflow.env`` first; ``--prepare-only`` writes it and runs nothing.
 
 The integration tests prepare the same way (``tests/integration/conftest.py``):
 :class:`GridcoreEnv`, :func:`migrate_metadata_db`, :func:`dag_bag` and :data:`RUN_CONF`
@@ -34,6 +39,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -44,7 +50,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from gridcore.demo import UNSET_FOR_DEFAULT, GridcoreEnv
+from gridcore.config import GRID_ENV, load_grid
+from gridcore.demo import GridcoreEnv
+from gridcore.errors import ConfigError
 from gridcore.model import HolderKind
 from gridcore.state import capacity
 from gridcore.state.store import open_store
@@ -65,6 +73,47 @@ not named runs with its own params."""
 
 STANDALONE_URL = "http://127.0.0.1:8080"
 STANDALONE_LOGIN = ("admin", "admin")
+OWN_GRID = (GRID_ENV, "GRIDCORE_CENTER_URL", "GRIDCORE_SITE_CENTER_URLS")
+"""The user's variables the demo keeps: their grid file and where its clusters reach the
+VJ center (``gridcore_airflow.operators.hooks``)."""
+DEFAULT_CONN_ENV = "AIRFLOW_CONN_GRIDCORE_DEFAULT"
+
+
+def demo_environment(home: Path, dags: Path, given: Mapping[str, str]) -> dict[str, str]:
+    """The environment ``make demo`` and ``make airflow`` run in, over ``given`` (this
+    process's): Airflow's configuration and gridcore's state under ``home``, and the
+    user's own grid and VJ center (:data:`OWN_GRID`) when ``given`` sets them, the grid
+    file made absolute (the environment is written to ``<home>/airflow.env`` and
+    sourced anywhere)."""
+    variables = airflow_variables(home / "airflow", dags) | GridcoreEnv.under(home).variables()
+    for name in OWN_GRID:
+        value = given.get(name, "").strip()
+        if value:
+            variables[name] = str(Path(value).resolve()) if name == GRID_ENV else value
+    return variables
+
+
+def grid_in_use(variables: Mapping[str, str], given: Mapping[str, str]) -> str:
+    """Which grid the DAGs' tasks use, in one line (ConfigError for a grid file that is
+    not one): the connection ``gridcore_default`` if ``given`` defines it (the hook asks
+    it first), else ``$GRIDCORE_GRID``'s file, else the embedded default."""
+    if given.get(DEFAULT_CONN_ENV):
+        return f"as the connection gridcore_default says (${DEFAULT_CONN_ENV})"
+    path = variables.get(GRID_ENV)
+    if path is None:
+        return "the embedded default: 3 local sites (set $GRIDCORE_GRID for your own)"
+    sites = load_grid(path).site_names
+    shown = ", ".join(sites[:8]) + (f" and {len(sites) - 8} more" if len(sites) > 8 else "")
+    return f"{path} (${GRID_ENV}): {len(sites)} site{'s' * (len(sites) != 1)}, {shown}"
+
+
+def write_airflow_env(home: Path, variables: Mapping[str, str]) -> Path:
+    """``variables`` as ``<home>/airflow.env``, for ``set -a; . <home>/airflow.env;
+    set +a`` before the ``airflow`` CLI on the demo's home."""
+    path = home / "airflow.env"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{key}={shlex.quote(value)}\n" for key, value in variables.items()))
+    return path
 
 
 def airflow_variables(airflow_home: Path, dags: Path) -> dict[str, str]:
@@ -362,13 +411,16 @@ def format_report(report: DagReport) -> str:
     return "\n".join(lines)
 
 
-def run_demo(dags: Path, env: GridcoreEnv, only: Sequence[str] = ()) -> int:
-    """Every DAG of ``dags`` (or ``only`` these), one after another; the exit status."""
+def run_demo(dags: Path, env: GridcoreEnv, grid: str, only: Sequence[str] = ()) -> int:
+    """Every DAG of ``dags`` (or ``only`` these), one after another, on ``grid`` (what
+    :func:`grid_in_use` says); the exit status."""
     started = time.monotonic()
     print(f"gridcore demo: the example DAGs of {dags} through Airflow's dag.test()")
+    print(f"  grid: {grid}")
     print(
-        f"  embedded default: 3 local sites, SQLite (Airflow: {os.environ['AIRFLOW_HOME']},"
-        f" gridcore: {env.db_url.removeprefix('sqlite:///')})",
+        f"  SQLite (Airflow: {os.environ['AIRFLOW_HOME']},"
+        f" gridcore: {env.db_url.removeprefix('sqlite:///')});"
+        f" the airflow CLI on it: set -a; . {env.base / 'airflow.env'}; set +a",
         flush=True,
     )
     migrate_metadata_db()
@@ -447,11 +499,12 @@ def _output_to(path: Path) -> Iterator[None]:
 # -- airflow standalone ----------------------------------------------------------------
 
 
-def prepare_standalone(home: Path, dags: Path) -> dict[str, str]:
+def prepare_standalone(home: Path, dags: Path, given: Mapping[str, str]) -> dict[str, str]:
     """Everything ``airflow standalone`` needs to show the example DAGs on ``home``:
     the fixed login written to the simple auth manager's passwords file, the plugin's
-    entry point checked, and the environment (also written to ``<home>/airflow.env``,
-    to use the ``airflow`` CLI on the same home: ``set -a; . <home>/airflow.env``)."""
+    entry point checked, and the environment (:func:`demo_environment` over ``given``,
+    also written to ``<home>/airflow.env``, to use the ``airflow`` CLI on the same home:
+    ``set -a; . <home>/airflow.env``)."""
     plugin = [e for e in metadata.entry_points(group="airflow.plugins") if e.name == "gridcore"]
     if not plugin:
         raise RuntimeError(
@@ -463,10 +516,8 @@ def prepare_standalone(home: Path, dags: Path) -> dict[str, str]:
     user, password = STANDALONE_LOGIN
     passwords = airflow_home / "simple_auth_manager_passwords.json.generated"
     passwords.write_text(json.dumps({user: password}) + "\n")
-    env = GridcoreEnv.under(home)
     variables = {
-        **airflow_variables(airflow_home, dags),
-        **env.variables(),
+        **demo_environment(home, dags, given),
         "AIRFLOW__CORE__AUTH_MANAGER": (
             "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
         ),
@@ -475,32 +526,29 @@ def prepare_standalone(home: Path, dags: Path) -> dict[str, str]:
         "AIRFLOW__API__HOST": "127.0.0.1",
         "AIRFLOW__API__PORT": STANDALONE_URL.rsplit(":", 1)[1],
     }
-    (home / "airflow.env").write_text(
-        "".join(f"{key}={_shell_quote(value)}\n" for key, value in variables.items())
-    )
+    write_airflow_env(home, variables)
     return variables
 
 
-def _shell_quote(value: str) -> str:
-    import shlex
-
-    return shlex.quote(value)
-
-
-def _standalone(home: Path, dags: Path, start: bool = True) -> int:
-    variables = prepare_standalone(home, dags)
+def _standalone(home: Path, dags: Path, grid: str, start: bool = True) -> int:
+    variables = prepare_standalone(home, dags, os.environ)
     user, password = STANDALONE_LOGIN
     print(f"Airflow standalone with the gridcore plugin and the DAGs of {dags}")
     print(f"  URL:   {STANDALONE_URL}")
     print(f"  login: {user} / {password}")
+    print(f"  grid:  {grid}")
     print(f"  home:  {home}  (CLI on it: set -a; . {home / 'airflow.env'}; set +a)")
+    print(
+        f"  forcing: {variables['GRIDCORE_FORCING_DIR']}  (a *.json dropped here starts"
+        " ensemble_surge)"
+    )
     if not start:
         print(
             f"  prepared, not started: {AIRFLOW_BIN} standalone with that environment", flush=True
         )
         return 0
     print("  Ctrl-C stops it.", flush=True)
-    env = {k: v for k, v in os.environ.items() if k not in UNSET_FOR_DEFAULT} | variables
+    env = dict(os.environ) | variables
     # standalone starts its components as `airflow ...` from PATH: this installation's
     env["PATH"] = os.pathsep.join([str(Path(AIRFLOW_BIN).parent), env.get("PATH", "")])
     os.execve(AIRFLOW_BIN, [AIRFLOW_BIN, "standalone"], env)
@@ -525,23 +573,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--prepare-only",
         action="store_true",
-        help="with --standalone: write the login and airflow.env, start nothing",
+        help="write <home>/airflow.env (with --standalone also the login), run nothing",
     )
     args = parser.parse_args(argv)
     home, dags = Path(args.home).resolve(), Path(args.dags).resolve()
     if not dags.is_dir():
         parser.error(f"--dags: {dags} is not a directory (run from the gridcore checkout)")
+    wanted = demo_environment(home, dags, os.environ)
+    try:
+        grid = grid_in_use(wanted, os.environ)
+    except ConfigError as exc:
+        parser.exit(2, f"{parser.prog}: error: ${GRID_ENV}: {exc}\n")
     if args.standalone:
-        return _standalone(home, dags, start=not args.prepare_only)
-    env = GridcoreEnv.under(home)
-    wanted = airflow_variables(home / "airflow", dags) | env.variables()
-    if any(os.environ.get(k) != v for k, v in wanted.items()) or any(
-        k in os.environ for k in UNSET_FOR_DEFAULT
-    ):
+        return _standalone(home, dags, grid, start=not args.prepare_only)
+    env_file = write_airflow_env(home, wanted)
+    if args.prepare_only:
+        print(f"grid: {grid}\nthe demo's environment: set -a; . {env_file}; set +a")
+        return 0
+    if any(os.environ.get(k) != v for k, v in wanted.items()):
         # Airflow read its home and its DAGs folder when this package imported it: run
         # again in a process whose environment is the demo's from the start.
         given = sys.argv[1:] if argv is None else argv
         command = [sys.executable, "-m", "gridcore_airflow.demo", *given]
-        child = {k: v for k, v in os.environ.items() if k not in UNSET_FOR_DEFAULT} | wanted
+        child = dict(os.environ) | wanted
         return subprocess.run(command, env=child, check=False).returncode
-    return run_demo(dags, env, args.only)
+    return run_demo(dags, GridcoreEnv.under(home), grid, args.only)
