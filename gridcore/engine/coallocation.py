@@ -245,10 +245,12 @@ class CoAllocationEngine:
         return self.scanner.run(now, lambda grant, work: self._steps(now, grant.index, work))
 
     def _steps(self, now: float, scan_index: int, work: ScanLog) -> None:
-        self.runtime.refresh()
+        looked = self.runtime.refresh()
+        # Sites that did not answer are not asked again in this scan (one timeout each).
+        silent = {site for site, error in looked.items() if error is not None}
         self._place(now, scan_index, work)
         self._stage(work)
-        self._claim(now, work)
+        self._claim(now, work, silent)
         self._follow(work)
 
     def release_lease(self) -> None:
@@ -396,7 +398,7 @@ class CoAllocationEngine:
 
     # (d) claiming -----------------------------------------------------------------------
 
-    def _claim(self, now: float, work: ScanLog) -> None:
+    def _claim(self, now: float, work: ScanLog, silent: set[str]) -> None:
         jc = coalloc_jobs.c
         with self.store.begin() as conn:
             due = (
@@ -410,10 +412,13 @@ class CoAllocationEngine:
             )
         for row in due:
             with self.scanner.handling(row["id"], work):
-                self._claim_job(row, now, work)
+                self._claim_job(row, now, work, silent)
 
-    def _claim_job(self, row: RowMapping, now: float, work: ScanLog) -> None:
-        self.runtime.refresh()  # the components started for the job before count
+    def _claim_job(self, row: RowMapping, now: float, work: ScanLog, silent: set[str]) -> None:
+        # The components started for the job before count; ``silent`` sites are not
+        # asked again (their report stays as it was, and health already counted them).
+        looked = self.runtime.refresh(skip=silent)
+        silent.update(site for site, error in looked.items() if error is not None)
         request = request_from_json(row["request"])
         replicas, bandwidth = self._replicas(request), self._bandwidth()
         with self.scanner.tx() as conn:

@@ -207,9 +207,15 @@ class GridRuntime:
     # -- monitoring ------------------------------------------------------------------
 
     def refresh(
-        self, max_age_s: float = 0.0, *, count_health: bool = True
+        self,
+        max_age_s: float = 0.0,
+        *,
+        count_health: bool = True,
+        skip: Collection[str] = (),
     ) -> dict[str, str | None]:
-        """Observe every site whose stored report is older than ``max_age_s``.
+        """Observe every site whose stored report is older than ``max_age_s``, but the
+        sites in ``skip`` (a scan's sites that did not answer its first look: a silent
+        site costs one timeout per scan, not one per job the scan handles).
         Returns site -> error message (None when the observation succeeded).
 
         ``count_health``: a failed observation counts as the site's error and unusable
@@ -224,7 +230,7 @@ class GridRuntime:
             selection_engine.expire_unsubmitted(conn, now - SUBMIT_DEADLINE_S, now)
         results: dict[str, str | None] = {}
         for spec in self.grid.sites:
-            if now - ages.get(spec.name, 0.0) >= max_age_s:
+            if spec.name not in skip and now - ages.get(spec.name, 0.0) >= max_age_s:
                 results[spec.name] = self._observe(spec.name, count_health=count_health)
         if not count_health:
             return results
