@@ -13,6 +13,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 from sqlalchemy import func, inspect, select
 
+from gridcore.engine import health
 from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.model import JobResources
 from gridcore.sites.local import TIME_LIMIT_FILE, LocalSite
@@ -397,3 +398,23 @@ def test_resources_are_templated_and_a_rendered_gpu_count_is_a_number(db_url: st
     )
     result = operator(deferrable=False).execute(context={})
     assert result["resources"] == {}  # the embedded default's sites have no defaults
+
+
+def test_a_try_waits_while_every_site_is_only_set_aside_and_runs_when_a_probe_restores_one(
+    runtime: GridRuntime,
+) -> None:
+    """No usable site now is a reason to wait, not to fail for good (issue 21 item 17):
+    every select refreshes, which probes the unusable sites; a completed probe restores
+    its site and the try goes on, in this same try."""
+    with runtime.store.begin() as conn:
+        for site in runtime.grid.site_names:
+            for _ in range(health.UNUSABLE_AFTER_ERRORS):
+                health.record_failure(conn, site, "connection refused")
+        assert not any(h.usable for h in health.read_health(conn).values())
+
+    trigger = deferred(operator())
+
+    record = runtime.record(trigger.selection_id)
+    assert record.job_id is not None
+    with runtime.store.begin() as conn:
+        assert health.read_health(conn)[record.site].usable  # restored by its probe
