@@ -44,7 +44,7 @@ from gridcore.engine.scan import (
     holder_id,
 )
 from gridcore.engine.submission import adopt_stale, refuse_gpus_on_local, submit_once
-from gridcore.errors import GridError, RequestError, SiteError, StateError
+from gridcore.errors import AnswerLost, GridError, RequestError, SiteError, StateError
 from gridcore.model import (
     CoAllocationRequest,
     JobState,
@@ -498,6 +498,12 @@ class CoAllocationEngine:
             # Under the component's key, looked up first: a job found is adopted.
             job = self._submission(row, component, token, count, now)
             site_job_id, _ = submit_once(self.runtime.adapter(component.site), job)
+        except AnswerLost as exc:
+            # Unknown, not failed: left ``submitting``, so this scan's follow step looks
+            # its key up again (adopted if found, re-placed if not, never counted
+            # against the site), as for a submitter that died.
+            log.warning("job %s component %s: %s", row["id"], component.index, exc)
+            return
         except GridError as exc:
             with self.scanner.tx() as conn:
                 conn.execute(
@@ -658,8 +664,9 @@ class CoAllocationEngine:
         with self.scanner.tx() as conn:
             if part["state"] == ComponentState.SUBMITTING.value:
                 message = (
-                    f"component {part['idx']}: lost while being submitted (its engine stopped"
-                    f" before site {part['site']} had it); not counted against the site"
+                    f"component {part['idx']}: lost while being submitted (its engine stopped,"
+                    f" or the answer was lost, and site {part['site']} has no job with its"
+                    " key); not counted against the site"
                 )
             else:
                 message = self._site_failure(conn, row, part)

@@ -43,7 +43,7 @@ from gridcore.engine.phases import (
 from gridcore.engine.pilot_command import pilot_command
 from gridcore.engine.runtime import GridRuntime
 from gridcore.engine.scan import FencedScan, ScanLog, ScanReport, SiteJobs, holder_id
-from gridcore.errors import GridError, RequestError, StateError, UnknownJob
+from gridcore.errors import AnswerLost, GridError, RequestError, StateError, UnknownJob
 from gridcore.model import (
     NO_RESOURCES,
     CoReservationRequest,
@@ -313,6 +313,11 @@ class CoReservationEngine:
         )
         try:
             site_job_id, _ = submission.submit_once(self.runtime.adapter(pilot.site), job)
+        except AnswerLost as exc:
+            # Unknown, not failed: the pilot stays ``submitting`` and the stale look-up
+            # (_resubmit_stale) adopts its job by key or sends it anew; not the site's error.
+            log.warning("pilot %s: %s", pilot.id, exc)
+            return
         except GridError as exc:
             now = self.runtime.clock()
             with self.store.begin() as conn:

@@ -23,22 +23,31 @@ import pytest
 from sqlalchemy import select
 
 from gridcore.config import default_grid
-from gridcore.engine import health
+from gridcore.engine import coreservation, health
+from gridcore.engine.coallocation import CoAllocationEngine
+from gridcore.engine.coreservation import CoReservationEngine, CoReservationParams
+from gridcore.engine.phases import PilotState
 from gridcore.engine.runtime import GridRuntime
 from gridcore.errors import AnswerLost, NoUsableSite, RequestError, SiteUnavailable
 from gridcore.model import (
+    CoAllocationRequest,
+    Component,
+    CoReservationRequest,
     CredentialRef,
     JobRequest,
     JobState,
     JobSubmission,
+    RequestKind,
     SiteKind,
     SiteSpec,
 )
+from gridcore.policies.claiming import CoAllocationParams
+from gridcore.policies.placement import PlacementPolicy
 from gridcore.sites.keys import selection_key
 from gridcore.sites.slurm import SlurmSite, forget_shared
 from gridcore.state import capacity
 from gridcore.state.capacity import HolderKind
-from gridcore.state.schema import selections
+from gridcore.state.schema import pilots, selections
 from gridcore.state.store import open_store
 from tests.fakes import FakeJob, FakeSite
 
@@ -292,3 +301,85 @@ def test_a_set_aside_site_is_a_reason_to_wait_not_an_impossible_request(
     too_big = max(s.processors for s in runtime.grid.sites) + 1
     with pytest.raises(RequestError, match="no site can run"):
         runtime.select(JobRequest("m", too_big, 1.0))
+
+
+# ------------------------------------------------------------------ the scanning engines
+
+PAIR = CoAllocationRequest(
+    "pair", RequestKind.FIXED, (Component(2, "local-a"), Component(2, "local-b"))
+)
+
+
+def _koala(runtime: GridRuntime) -> CoAllocationEngine:
+    return CoAllocationEngine(
+        runtime,
+        params=CoAllocationParams(scan_interval_s=1.0),
+        holder="koala",
+        center_url="http://127.0.0.1:9",  # nothing runs on the fake sites
+        renew_lease=False,
+    )
+
+
+def _jobs_of(runtime: GridRuntime) -> int:
+    return sum(len(_fake(runtime, s).jobs) for s in runtime.grid.site_names)
+
+
+def test_a_koala_component_whose_answer_was_lost_is_adopted_not_re_placed(
+    runtime: GridRuntime,
+) -> None:
+    koala = _koala(runtime)
+    job_id = koala.submit(PAIR, PlacementPolicy.WF, "true")
+    site = _fake(runtime, "local-b")
+    original_find = site.find
+    finds = [0]
+
+    def silent_once(key: str, since: float | None = None) -> str | None:
+        finds[0] += 1
+        if finds[0] == 2:  # the look-up right after the lost answer
+            raise SiteUnavailable(site.spec.name, "GET /jobs: no answer")
+        return original_find(key, since)
+
+    site.find = silent_once  # type: ignore[method-assign]
+    _lose_answers(site, 1)
+
+    koala.scan()  # submits, loses local-b's answer, adopts it in the follow step
+
+    record = koala.status(job_id)
+    assert record.epoch == 0 and record.retries == 0  # not re-placed
+    assert [p.state for p in record.components] == ["submitted", "submitted"]
+    assert _jobs_of(runtime) == 2  # one site job per component
+    assert _errors(runtime, "local-b") == 0
+
+
+def test_a_vjm_pilot_whose_answer_was_lost_stays_submitting_and_is_adopted_later(
+    runtime: GridRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = CoReservationEngine(runtime, "http://127.0.0.1:9", CoReservationParams(lease_s=5.0))
+    site = _fake(runtime, "local-b")
+    original_find = site.find
+
+    def unreachable(key: str, since: float | None = None) -> str | None:
+        raise SiteUnavailable(site.spec.name, "GET /jobs: no answer")
+
+    def lost_and_silent(job: FakeJob) -> None:
+        site.after_accept = None
+        site.find = unreachable  # type: ignore[method-assign]
+        raise AnswerLost(site.spec.name, "POST /job/submit: no answer within 1.5 s")
+
+    site.after_accept = lost_and_silent
+    engine.submit(CoReservationRequest("lost", "true", 1, sites=("local-b",)))
+    with engine.store.begin() as conn:
+        (state, job) = conn.execute(select(pilots.c.state, pilots.c.site_job_id)).one()
+    assert (state, job) == (PilotState.SUBMITTING.value, None)  # unknown, not lost
+    assert _errors(runtime, "local-b") == 0
+
+    site.find = original_find  # type: ignore[method-assign]
+    monkeypatch.setattr(coreservation, "SUBMIT_DEADLINE_S", 0.0)
+    clock = runtime.clock
+    assert isinstance(clock, Clock)
+    clock.now += 1.0
+    engine.scan()
+
+    (only,) = site.jobs.values()
+    with engine.store.begin() as conn:
+        assert conn.execute(select(pilots.c.site_job_id)).scalar_one() == only.job_id
