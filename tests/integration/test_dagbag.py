@@ -31,3 +31,17 @@ def test_ensemble_dag_is_scheduled_by_the_forcing_asset_watcher(dagbag: Any) -> 
         "member",
         "summary",
     }
+
+
+def test_the_minimal_dag_is_two_site_jobs_in_a_row_without_retries(dagbag: Any) -> None:
+    """dags/minimal.py, the README's complete DAG (the README test keeps them equal)."""
+    from gridcore_airflow.operators.site_job import SiteJobOperator
+
+    dag = dagbag.dags["minimal"]
+    assert sorted(dag.task_ids) == ["hello", "world"]
+    assert all(type(task) is SiteJobOperator for task in dag.tasks)
+    assert dag.get_task("hello").downstream_task_ids == {"world"}
+    assert {t.task_id: (t.retries, t.gridcore_conn_id) for t in dag.tasks} == {
+        "hello": (0, "gridcore_default"),
+        "world": (0, "gridcore_default"),
+    }
