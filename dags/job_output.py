@@ -1,12 +1,13 @@
 """A site job's own output in its task's log.
 
-One :class:`~operators.site_job.SiteJobOperator` runs a short shell job on a grid site
-chosen by gridcore. While it runs, the trigger copies its new stdout and stderr lines
-into the task's log at every poll (``[stdout] ...``, ``[stderr] ...``); a job that fails
-ends the log with the tail of its stderr, and the task fails. The XCom result names the
-job's output files (``output_files``) and what the job asked for (``resources``: a
-five-minute time limit and 256 MiB, over the site's defaults). How much is copied is
-bounded, with a marker where it was cut: see ``gridcore/sites/output.py``.
+One :class:`~gridcore_airflow.operators.site_job.SiteJobOperator` runs a short shell
+job on a grid site chosen by gridcore. While it runs, the trigger copies its new stdout
+and stderr lines into the task's log at every poll (``[stdout] ...``, ``[stderr]
+...``); a job that fails ends the log with the tail of its stderr, and the task fails.
+The XCom result names the job's output files (``output_files``) and what the job asked
+for (``resources``: a five-minute time limit and 256 MiB, over the site's defaults).
+How much is copied is bounded, with a marker where it was cut: see
+``gridcore/sites/output.py``.
 
 Params: ``lines`` (how many steps the job prints, a third of a second apart) and
 ``exit_code`` (0 succeeds; anything else makes the job say why on stderr and fail).
