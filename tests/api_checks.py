@@ -17,8 +17,10 @@ import pytest
 from sqlalchemy import insert, select, update
 
 from gridcore.api.server import RunningCenter, start_in_thread
+from gridcore.engine.coallocation_records import request_to_json
 from gridcore.engine.phases import ComponentState, JobPhase, PilotState, ReservationPhase
 from gridcore.engine.pilot_pool import new_token
+from gridcore.model import CoAllocationRequest, Component, RequestKind
 from gridcore.state import schema
 from gridcore.state.store import Store
 
@@ -64,8 +66,22 @@ class Center:
 @contextlib.contextmanager
 def started_center(store: Store) -> Iterator[Center]:
     """Two pilots of a co-reservation and two components of a co-allocation in
-    ``store``, each with its token, and the center serving them (also used on
-    PostgreSQL by tests/postgres/test_api_hostile_pg.py)."""
+    ``store``, each with its token (:func:`seed`), and the center serving them (also
+    used on PostgreSQL by tests/postgres/test_api_hostile_pg.py)."""
+    pilot_tokens, component_tokens, koala_job = seed(store)
+    running = start_in_thread(store)
+    client = httpx.Client(base_url=running.url, timeout=30.0)
+    try:
+        yield Center(store, running, client, pilot_tokens, component_tokens, koala_job)
+    finally:
+        client.close()
+        running.stop()
+        store.dispose()
+
+
+def seed(store: Store) -> tuple[dict[int, str], dict[int, str], int]:
+    """Two pilots of a co-reservation and two components of a co-allocation (epoch 0)
+    in ``store``: (pilot id -> token, component index -> token, the co-allocation's id)."""
     now = time.time()
     pilot_tokens: dict[int, str] = {}
     component_tokens: dict[int, str] = {}
@@ -100,7 +116,14 @@ def started_center(store: Store) -> Iterator[Center]:
         koala_job = conn.execute(
             insert(schema.coalloc_jobs).values(
                 name="barrier",
-                request="{}",
+                # as the engine stores it: the Grid page reads it back
+                request=request_to_json(
+                    CoAllocationRequest(
+                        "barrier",
+                        RequestKind.FIXED,
+                        (Component(1, "site-0"), Component(1, "site-1")),
+                    )
+                ),
                 command="true",
                 policy="CM",
                 priority="high",
@@ -125,14 +148,7 @@ def started_center(store: Store) -> Iterator[Center]:
                 )
             )
             component_tokens[idx] = token
-    running = start_in_thread(store)
-    client = httpx.Client(base_url=running.url, timeout=30.0)
-    try:
-        yield Center(store, running, client, pilot_tokens, component_tokens, int(koala_job))
-    finally:
-        client.close()
-        running.stop()
-        store.dispose()
+    return pilot_tokens, component_tokens, int(koala_job)
 
 
 # Issue 21 items 7-10: what a hostile client sent, as raw JSON text (NaN and Infinity are

@@ -37,14 +37,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Annotated, TypeVar
 
-from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Path, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from sqlalchemy import text
 
 from gridcore.api import grid_routes
-from gridcore.api.auth import bearer_token, refused
+from gridcore.api.auth import TOKEN_REFUSALS, Responses, Token, refusal, refused
 from gridcore.api.grid_routes import Dashboard, DashboardRefused
 from gridcore.engine import barrier_pool, pilot_pool
 from gridcore.engine.barrier_pool import BarrierAnswer, BarrierState
@@ -58,12 +58,20 @@ POLL_S = 0.02  # how often a long poll looks at the database again
 DEFAULT_WAIT_S = 10.0
 MAX_WAIT_S = 30.0
 T = TypeVar("T")
+# a body FastAPI cannot read as text (not UTF-8, nested past the parser's depth): 400,
+# before its JSON is looked at
+UNREADABLE_BODY: Responses = {400: refusal("a body that cannot be read as JSON text")}
 
 
 class _Body(BaseModel):
     # strict: a number is a JSON number of its type (no true, "40001" or 40001.0 for an
-    # int), and nothing the model does not name
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # int), and nothing the model does not name. JSON Schema counts 40001.0 as an
+    # integer, so the document says it in words.
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={"description": "an integer is written without a fraction: 1, not 1.0"},
+    )
 
 
 # A host name, an IPv4 address or an IPv6 one (brackets, a zone after %): no space, no
@@ -98,8 +106,8 @@ def _plain_digits(value: object) -> object:
     return value
 
 
-Id = Annotated[int, BeforeValidator(_plain_digits), Path(ge=0, lt=2**31)]
-Authorization = Annotated[str | None, Header()]
+# Path(...) before the validator: only there do its bounds reach the OpenAPI document
+Id = Annotated[int, Path(ge=0, lt=2**31), BeforeValidator(_plain_digits)]
 Wait = Annotated[float, Query(ge=0.0, description=f"seconds, at most {MAX_WAIT_S:g}")]
 
 
@@ -154,7 +162,12 @@ def create_app(
     app.add_exception_handler(RequestValidationError, invalid)
     app.include_router(_pilot_routes(), prefix=PREFIX)
     app.include_router(_component_routes(), prefix=PREFIX)
-    app.add_api_route(f"{PREFIX}/health", _health, methods=["GET"])
+    app.add_api_route(
+        f"{PREFIX}/health",
+        _health,
+        methods=["GET"],
+        responses={503: refusal("the state database does not answer")},
+    )
     app.include_router(grid_routes.grid_router(board, PREFIX, clock))
     if board.login:
         app.add_exception_handler(DashboardRefused, grid_routes.unauthenticated)
@@ -190,18 +203,16 @@ def _center(request: Request) -> Center:
 CenterDep = Annotated[Center, Depends(_center)]
 
 
-async def _pilot(center: CenterDep, pilot_id: Id, authorization: Authorization = None) -> int:
+async def _pilot(center: CenterDep, pilot_id: Id, token: Token) -> int:
     """The pilot of the path, once the request's token is shown to be its own."""
-    token = bearer_token(authorization)
     await asyncio.to_thread(pilot_pool.check_token, center.store, pilot_id, token)
     return pilot_id
 
 
 async def _component(
-    center: CenterDep, job_id: Id, epoch: Id, idx: Id, authorization: Authorization = None
+    center: CenterDep, job_id: Id, epoch: Id, idx: Id, token: Token
 ) -> tuple[int, int, int]:
     """The component of the path, once the request's token is shown to be its own."""
-    token = bearer_token(authorization)
     key = job_id, epoch, idx
     await asyncio.to_thread(barrier_pool.check_component_token, center.store, *key, token)
     return key
@@ -220,9 +231,9 @@ async def _health(center: CenterDep) -> dict[str, str]:
 
 
 def _pilot_routes() -> APIRouter:
-    router = APIRouter(prefix="/pilots/{pilot_id}", tags=["pilots"])
+    router = APIRouter(prefix="/pilots/{pilot_id}", tags=["pilots"], responses=TOKEN_REFUSALS)
 
-    @router.post("/register", response_model=None)
+    @router.post("/register", response_model=None, responses=UNREADABLE_BODY)
     async def register(center: CenterDep, pilot_id: Pilot, body: PilotRegistration) -> Answer:
         answer = await asyncio.to_thread(
             pilot_pool.register,
@@ -258,7 +269,7 @@ def _pilot_routes() -> APIRouter:
     async def started(center: CenterDep, pilot_id: Pilot) -> Answer:
         return await asyncio.to_thread(pilot_pool.started, center.store, pilot_id, center.clock())
 
-    @router.post("/result", response_model=None)
+    @router.post("/result", response_model=None, responses=UNREADABLE_BODY)
     async def result(center: CenterDep, pilot_id: Pilot, body: PilotResult) -> Answer:
         answer = await asyncio.to_thread(
             pilot_pool.result, center.store, pilot_id, body.exit_code, body.message, center.clock()
@@ -270,9 +281,11 @@ def _pilot_routes() -> APIRouter:
 
 
 def _component_routes() -> APIRouter:
-    router = APIRouter(prefix="/components/{job_id}/{epoch}/{idx}", tags=["barrier"])
+    router = APIRouter(
+        prefix="/components/{job_id}/{epoch}/{idx}", tags=["barrier"], responses=TOKEN_REFUSALS
+    )
 
-    @router.post("/register", response_model=None)
+    @router.post("/register", response_model=None, responses=UNREADABLE_BODY)
     async def register(
         center: CenterDep, key: Component, body: ComponentRegistration
     ) -> dict[str, str]:

@@ -340,3 +340,16 @@ queue_waits = Table(
     UniqueConstraint("site", "site_job_id", name="uq_gc_queue_waits_site_job"),
     Index("ix_gc_queue_waits_site_started", "site", "started_at"),
 )
+
+# The Grid page's logins under ``gridcore serve`` (gridcore.api.sessions): the cookie
+# holds a random session id, this table its hash, so logging out or expiring ends it
+# and the operator's token never leaves the login form.
+dashboard_sessions = Table(
+    "gc_dashboard_sessions",
+    metadata,
+    Column("id_hash", String(64), primary_key=True),  # sha256 hex of the cookie's value
+    # which operator token opened it (a short digest of its hash): a new token ends it
+    Column("operator", String(16), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=False),
+)

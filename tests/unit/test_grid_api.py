@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 
 from gridcore.api import dashboard
 from gridcore.api.app import create_app
@@ -20,10 +22,13 @@ from gridcore.api.grid_routes import (
     operator_token,
     operator_token_from_env,
 )
+from gridcore.api.sessions import SESSION_S
 from gridcore.config import default_grid
+from gridcore.engine.pilot_pool import token_hash
 from gridcore.engine.runtime import GridRuntime
 from gridcore.errors import ConfigError
 from gridcore.model import JobRequest
+from gridcore.state import schema
 from gridcore.state.store import Store, open_store
 
 TOKEN = "operator-token-0123456789"
@@ -139,8 +144,96 @@ def test_the_token_form_sets_a_cookie_that_opens_the_page(client: TestClient) ->
     assert signed.status_code == 303 and signed.headers["location"] == "/grid/"
     cookie = signed.headers["set-cookie"]
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/" in cookie
+    assert f"Max-Age={int(SESSION_S)}" in cookie
+    assert "Secure" not in cookie  # plain http: a Secure cookie would never come back
     assert client.get("/grid/").status_code == 200  # the client sends the cookie now
     assert client.get("/api/v1/grid").status_code == 200
+
+
+def _session_of(answer: Any) -> str:
+    return str(answer.cookies[COOKIE])
+
+
+def _cookie(value: str) -> dict[str, str]:
+    """The session cookie sent as a browser would, past the client's own jar."""
+    return {"Cookie": f"{COOKIE}={value}"}
+
+
+def test_the_cookie_holds_a_session_id_not_the_token(client: TestClient, store: Store) -> None:
+    # issue 21 item 11: the cookie held the operator's token itself
+    signed = client.post("/grid/login", data={"token": TOKEN}, follow_redirects=False)
+    session = _session_of(signed)
+    assert TOKEN not in signed.headers["set-cookie"] and TOKEN not in session
+    assert token_hash(TOKEN) not in session
+    with store.begin() as conn:  # the database keeps its hash only
+        rows = conn.execute(select(schema.dashboard_sessions)).all()
+    assert [r.id_hash for r in rows] == [token_hash(session)]
+    assert session not in repr(rows) and TOKEN not in repr(rows)
+    client.cookies.clear()
+    # the token itself as the cookie opens nothing any more
+    assert client.get("/api/v1/grid", headers=_cookie(TOKEN)).status_code == 401
+    assert client.get("/api/v1/grid", headers=_cookie(session)).status_code == 200
+
+
+def test_a_tampered_or_unknown_cookie_is_refused(client: TestClient) -> None:
+    session = _session_of(client.post("/grid/login", data={"token": TOKEN}, follow_redirects=False))
+    client.cookies.clear()
+    flipped = ("A" if session[0] != "A" else "B") + session[1:]
+    for value in (flipped, session[:-1], session + "x", "", "x" * 43, token_hash(session)):
+        answer = client.get("/api/v1/grid", headers=_cookie(value))
+        assert answer.status_code == 401, value
+    assert client.get("/api/v1/grid", headers=_cookie(session)).status_code == 200
+
+
+def test_a_session_expires_and_ends_with_a_new_operator_token(store: Store) -> None:
+    now = [NOW]
+    app = create_app(store, clock=lambda: now[0], dashboard=operator_token(TOKEN))
+    with TestClient(app) as c:
+        session = _session_of(c.post("/grid/login", data={"token": TOKEN}, follow_redirects=False))
+        c.cookies.clear()
+        now[0] = NOW + SESSION_S - 1
+        assert c.get("/api/v1/grid", headers=_cookie(session)).status_code == 200
+        now[0] = NOW + SESSION_S
+        assert c.get("/api/v1/grid", headers=_cookie(session)).status_code == 401
+        now[0] = NOW
+    # the same database, the operator's token changed: the sessions it opened are over
+    rotated = create_app(store, clock=lambda: NOW, dashboard=operator_token(TOKEN + "-new"))
+    with TestClient(rotated) as c:
+        assert c.get("/api/v1/grid", headers=_cookie(session)).status_code == 401
+
+
+def test_logging_out_ends_the_session(client: TestClient, store: Store) -> None:
+    session = _session_of(client.post("/grid/login", data={"token": TOKEN}, follow_redirects=False))
+    out = client.post("/grid/logout", follow_redirects=False)
+    assert out.status_code == 303 and out.headers["location"] == "/grid/"
+    cleared = out.headers["set-cookie"]
+    assert cleared.startswith(f'{COOKIE}=""') and "Max-Age=0" in cleared and "Path=/" in cleared
+    # the old value, kept by a thief, opens nothing
+    client.cookies.clear()
+    assert client.get("/api/v1/grid", headers=_cookie(session)).status_code == 401
+    with store.begin() as conn:
+        assert conn.execute(select(schema.dashboard_sessions)).all() == []
+    # logging out with no session or a stale one is no error
+    assert client.post("/grid/logout", follow_redirects=False).status_code == 303
+
+
+def test_the_cookie_is_secure_when_the_login_came_over_https(store: Store) -> None:
+    app = create_app(store, clock=lambda: NOW, dashboard=operator_token(TOKEN))
+    with TestClient(app, base_url="https://testserver") as c:
+        signed = c.post("/grid/login", data={"token": TOKEN}, follow_redirects=False)
+        assert signed.status_code == 303 and "Secure" in signed.headers["set-cookie"]
+        assert c.get("/grid/").status_code == 200  # sent back over https
+        assert "Secure" in c.post("/grid/logout", follow_redirects=False).headers["set-cookie"]
+    # over http the app does not take a client's X-Forwarded-Proto for https: only
+    # uvicorn's proxy_headers does, for a proxy in its forwarded_allow_ips
+    with TestClient(app) as c:
+        forged = c.post(
+            "/grid/login",
+            data={"token": TOKEN},
+            headers={"X-Forwarded-Proto": "https"},
+            follow_redirects=False,
+        )
+        assert forged.status_code == 303 and "Secure" not in forged.headers["set-cookie"]
 
 
 def test_with_no_token_configured_the_dashboard_is_closed(store: Store) -> None:
