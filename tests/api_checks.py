@@ -24,13 +24,14 @@ from gridcore.model import CoAllocationRequest, Component, RequestKind
 from gridcore.state import schema
 from gridcore.state.store import Store
 
-TABLES = (
-    schema.pilots,
-    schema.reservations,
-    schema.coalloc_jobs,
-    schema.coalloc_components,
-    schema.holds,
-)
+
+def snapshot(store: Store) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table of the state database (a refused request changes none)."""
+    with store.begin() as conn:
+        return {
+            t.name: sorted((tuple(r) for r in conn.execute(select(t))), key=repr)
+            for t in schema.metadata.sorted_tables
+        }
 
 
 @dataclass
@@ -51,8 +52,7 @@ class Center:
         return self.client.request(method, f"/api/v1{path}", headers=headers, **kwargs)
 
     def snapshot(self) -> dict[str, list[tuple[Any, ...]]]:
-        with self.store.begin() as conn:
-            return {t.name: sorted(tuple(r) for r in conn.execute(select(t)).all()) for t in TABLES}
+        return snapshot(self.store)
 
     def set_pilot(self, pilot_id: int, state: PilotState, **values: Any) -> None:
         with self.store.begin() as conn:

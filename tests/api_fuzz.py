@@ -35,13 +35,11 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
-from sqlalchemy import select
 
 from gridcore.api.app import create_app
 from gridcore.api.grid_routes import operator_token
-from gridcore.state import schema
 from gridcore.state.store import Store
-from tests.api_checks import seed
+from tests.api_checks import seed, snapshot
 
 OPERATOR_TOKEN = "operator-token-0123456789"
 JUNK_TOKEN = "not-a-token-of-anything-at-all"
@@ -61,12 +59,7 @@ class InProcess:
     doc: dict[str, Any] = field(repr=False)
 
     def snapshot(self) -> dict[str, list[tuple[Any, ...]]]:
-        """Every row of every table."""
-        with self.store.begin() as conn:
-            return {
-                t.name: sorted((tuple(r) for r in conn.execute(select(t))), key=repr)
-                for t in schema.metadata.sorted_tables
-            }
+        return snapshot(self.store)
 
     def path_values(self, template: str) -> dict[str, Any]:
         """Path parameters naming things that exist: the first pilot, component 0."""
