@@ -6,9 +6,13 @@ which would collide with the ``plugins/operators`` folders of many deployments."
 from __future__ import annotations
 
 import ast
+import fnmatch
+import re
+import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -39,6 +43,66 @@ def test_every_gridcore_package_is_installed() -> None:
         "gridcore_airflow.operators": "operators",
         "gridcore_airflow.sensors": "sensors",
     }
+
+
+def _shipped_files() -> list[Path]:
+    return sorted(
+        p for p in (REPO / "gridcore").rglob("*") if p.is_file() and "__pycache__" not in p.parts
+    )
+
+
+def _package_of(path: Path) -> str:
+    return ".".join(path.parent.relative_to(REPO).parts)
+
+
+def test_every_folder_of_files_is_a_listed_package_with_its_data() -> None:
+    """setuptools warned "Package 'gridcore.api.static' is absent from the `packages`
+    configuration" (issue 21 item 6): a folder holding only data files (the Grid page's)
+    is a package to setuptools too, and its files are that package's data."""
+    listed = set(_setuptools()["packages"])  # type: ignore[call-overload]
+    data: dict[str, list[str]] = _setuptools()["package-data"]  # type: ignore[assignment]
+    files = _shipped_files()
+    assert {_package_of(p) for p in files} - listed == set()
+    unshipped = [
+        str(p.relative_to(REPO))
+        for p in files
+        if p.suffix != ".py"
+        and not any(fnmatch.fnmatch(p.name, pattern) for pattern in data.get(_package_of(p), []))
+    ]
+    assert unshipped == []
+    assert set(data) <= listed
+
+
+# a Python warning as setuptools prints it (pip's own notices are "WARNING: ...")
+_WARNING = re.compile(r"\b\w+Warning: .*")
+
+
+def test_the_wheel_builds_without_warnings_and_ships_every_file(tmp_path: Path) -> None:
+    """``pip wheel`` of a copy of the sources (the build writes next to them): no warning
+    from the build backend, and every file of gridcore/ (the Grid page's HTML, CSS and
+    JavaScript, the migrations' templates) in the wheel."""
+    src = tmp_path / "src"
+    for folder in ("gridcore", "operators", "sensors", "demo"):
+        shutil.copytree(REPO / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-v", "-w", str(tmp_path), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert _WARNING.findall(done.stdout + done.stderr) == []
+    (wheel,) = tmp_path.glob("gridcore-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    missing = [
+        str(p.relative_to(REPO)) for p in _shipped_files() if str(p.relative_to(REPO)) not in names
+    ]
+    assert missing == []
+    assert {"gridcore_airflow/operators/site_job.py", "gridcore_airflow/demo/harness.py"} <= names
 
 
 def _imports(path: Path) -> list[str]:
