@@ -284,7 +284,7 @@ def _runtime(args: argparse.Namespace) -> Any:
 
 
 def _sites(args: argparse.Namespace) -> int:
-    from gridcore.engine.health import UNUSABLE_AFTER_ERRORS, restore_site
+    from gridcore.engine.health import UNUSABLE_AFTER_ERRORS, restore_site, set_aside_because
 
     rt = _runtime(args)
     for name in args.restore:
@@ -315,16 +315,17 @@ def _sites(args: argparse.Namespace) -> int:
                 f"  held by {held['holds']} {kind}(s): {held['processors']} processors,"
                 f" {_bytes(held['bytes'])}"
             )
-        if r.consecutive_errors or r.last_error:
+        if not r.usable:
+            because = set_aside_because(r.consecutive_errors, r.last_error, r.last_error_at)
+            probe = f"probe job {r.probe_job_id} running" if r.probe_job_id else "probe pending"
+            lines.append(
+                f"  set aside {because}; {probe}: usable again when a probe completes"
+                f" (or: gridcore sites --restore {r.name})"
+            )
+        elif r.consecutive_errors or r.last_error:
             lines.append(
                 f"  {r.consecutive_errors} consecutive errors (unusable at"
                 f" {UNUSABLE_AFTER_ERRORS}); last: {r.last_error}"
-            )
-        if not r.usable:
-            probe = f"probe job {r.probe_job_id} running" if r.probe_job_id else "probe pending"
-            lines.append(
-                f"  set aside after {UNUSABLE_AFTER_ERRORS} consecutive errors; {probe}: usable"
-                f" again when a probe completes (or: gridcore sites --restore {r.name})"
             )
     data = {"sites": [vars(r) | {"refresh_error": errors.get(r.name)} for r in rows]}
     _emit(args, data, "\n".join(lines))

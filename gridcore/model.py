@@ -260,8 +260,10 @@ class SiteSnapshot:
     :attr:`free_processors` combines the three: what a decision may use.
 
     Selection only: ``slowness``, ``pending_jobs``, ``usable`` (KOALA leaves unusable
-    sites out of its snapshots instead) and the observed ``mean_queue_wait_s`` and
-    ``mean_runtime_s`` that feed the ``earliest`` mode.
+    sites out of its snapshots instead) with ``unusable_because`` (why, in words: its
+    errors, the last one and when; :func:`gridcore.engine.health.set_aside_because`),
+    and the observed ``mean_queue_wait_s`` and ``mean_runtime_s`` that feed the
+    ``earliest`` mode.
     """
 
     site: str
@@ -274,6 +276,7 @@ class SiteSnapshot:
     usable: bool = True
     mean_queue_wait_s: float | None = None
     mean_runtime_s: float | None = None
+    unusable_because: str = ""
 
     # Cached (the snapshot is frozen): placement reads it per site, on every decision.
     @functools.cached_property

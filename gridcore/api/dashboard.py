@@ -6,6 +6,7 @@ How it works, in full: ``docs/grid-page.md``
 
 from __future__ import annotations
 
+import enum
 import json
 import re
 from collections import defaultdict
@@ -29,7 +30,7 @@ from gridcore.engine.phases import (
     ReservationPhase,
 )
 from gridcore.model import HolderKind, JobState, Priority
-from gridcore.state import capacity
+from gridcore.state import capacity, site_definitions
 from gridcore.state.capacity import Hold, Ledger, Usage
 from gridcore.state.schema import (
     coalloc_components,
@@ -48,12 +49,29 @@ RECENT_MAX = 500
 WINDOW_S = 6 * 3600.0  # utilization looks back this far by default
 WINDOW_MAX_S = 30 * 86400.0
 TASK_MATCHES = 20  # records of one task matched by name (every DAG run), newest first
+PAGE_REFRESH_S = 10.0
+"""How often the page fetches a new answer (``data-refresh-s`` of grid.html/task.html)."""
+REPORT_STALE_AFTER_S = 6 * PAGE_REFRESH_S
+"""A site report older than this is shown as stale (greyed, with its age). While any
+engine decides at a site its report is seconds old: every selection re-observes a site
+whose report is older than 5 s (``runtime.DEFAULT_MAX_AGE_S``) and every KOALA or VJM scan
+refreshes each poll (1-2 s). Six page refreshes of slack keep a row from blinking grey
+between scans; a report older than that means nothing of ours is looking at the site,
+so its idle processors describe a past moment, not now."""
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 _NAME_MAX = 200
 _UNFINISHED = [s.value for s in JobState if not s.finished]
 _LIVE_RESERVATION = [p.value for p in ReservationPhase if p not in FINISHED_RESERVATION]
 _LIVE_PILOTS = [s.value for s in (*WAITING_PILOT, *LIVE_PILOT)]
 _STARTED_COMPONENT = [s.value for s in STARTED_COMPONENT]
+
+
+class ReportState(enum.StrEnum):
+    """How current a site's report is on the page (:func:`report_view`)."""
+
+    CURRENT = "current"
+    STALE = "stale"
+    NEVER = "never"  # not observed yet: its idle count is the grid file's size
 
 
 @dataclass(frozen=True)
@@ -126,6 +144,7 @@ def read_grid(
         site_rows = conn.execute(select(sites).order_by(sites.c.name)).mappings().all()
         usage = capacity.usage(conn)
         healths = health.read_health(conn)
+        defined = site_definitions.definitions(conn)
         live = capacity.live_holds(conn)
         koala = _koala_queues(conn)
         held_reservations = _reservations(conn, recent)
@@ -138,7 +157,13 @@ def read_grid(
     return {
         "version": VERSION,
         "taken_at": now,
-        "sites": [site_view(r, usage[r["name"]], healths[r["name"]], live) for r in site_rows],
+        "report_stale_after_s": REPORT_STALE_AFTER_S,
+        "sites": [
+            site_view(
+                r, usage[r["name"]], healths[r["name"]], live, defined.get(r["name"], []), now
+            )
+            for r in site_rows
+        ],
         "koala": koala,
         "reservations": held_reservations,
         "pilots": live_pilots,
@@ -149,16 +174,25 @@ def read_grid(
 
 
 def site_view(
-    row: RowMapping, usage: Usage, record: health.HealthRecord, live: Sequence[Hold]
+    row: RowMapping,
+    usage: Usage,
+    record: health.HealthRecord,
+    live: Sequence[Hold],
+    defined: Sequence[site_definitions.Definition],
+    now: float,
 ) -> dict[str, Any]:
-    """One site: its report, the capacity ledger's counters and holds, its health."""
+    """One site: its report and how old it is, the capacity ledger's counters and holds,
+    its health, and the grid files that define it."""
     claimed_by: dict[str, int] = defaultdict(int)
     queued_by: dict[str, int] = defaultdict(int)
+    held = False
     for hold in live:
         if hold.site == row["name"]:
+            held = True
             by = claimed_by if hold.ledger is Ledger.CLAIMED else queued_by
             by[hold.kind.value] += hold.processors
-    return {
+    in_use = [d for d in defined if d.in_use(now)]
+    return report_view(row, now) | {
         "name": row["name"],
         "kind": row["kind"],
         "release": row["release"],
@@ -181,12 +215,41 @@ def site_view(
         "consecutive_errors": record.consecutive_errors,
         "unusable_after": health.UNUSABLE_AFTER_ERRORS,
         "last_error": record.last_error,
+        "last_error_at": record.last_error_at,
         "probe_job_id": record.probe_job_id,
         "health": health_reason(record),
-        "observed_at": row["observed_at"],
         "mean_queue_wait_s": row["mean_queue_wait_s"],
         "mean_runtime_s": row["mean_runtime_s"],
         "finished_jobs": row["finished_jobs"],
+        "definitions": [definition_view(d, now) for d in defined],
+        # no grid file in use defines it and nothing of ours holds it there
+        "retired": not in_use and not held,
+    }
+
+
+def report_view(row: RowMapping, now: float) -> dict[str, Any]:
+    """How current the site's report is: its age at ``now`` and :class:`ReportState`
+    (stale: older than :data:`REPORT_STALE_AFTER_S`)."""
+    observed = row["observed_at"] or None  # 0.0: a new row, never observed
+    age = None if observed is None else max(0.0, now - observed)
+    if age is None:
+        state = ReportState.NEVER
+    else:
+        state = ReportState.STALE if age > REPORT_STALE_AFTER_S else ReportState.CURRENT
+    return {"observed_at": row["observed_at"], "report_age_s": age, "report_state": state.value}
+
+
+def definition_view(definition: site_definitions.Definition, now: float) -> dict[str, Any]:
+    """One grid file's definition of a site (gridcore.state.site_definitions)."""
+    return {
+        "source": definition.source,
+        "kind": definition.kind,
+        "processors": definition.processors,
+        "url": definition.url,
+        "partition": definition.partition,
+        "storage_limit": definition.storage_total,
+        "used_at": definition.used_at,
+        "in_use": definition.in_use(now),
     }
 
 
@@ -198,13 +261,14 @@ def health_reason(record: health.HealthRecord) -> str:
             f"probe job {record.probe_job_id} running" if record.probe_job_id else "probe pending"
         )
         return (
-            f"unusable: set aside after {limit} consecutive errors (last: {record.last_error});"
+            f"unusable: set aside {record.set_aside_because()};"
             f" {probe}: usable again when a probe completes"
         )
     if record.consecutive_errors:
+        when = "" if record.last_error_at is None else f" at {health.utc(record.last_error_at)}"
         return (
             f"usable: {record.consecutive_errors} consecutive errors (unusable at {limit});"
-            f" last: {record.last_error}"
+            f" last{when}: {record.last_error}"
         )
     return "usable: no error since its last completed job"
 

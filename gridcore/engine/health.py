@@ -28,6 +28,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -55,6 +56,29 @@ class HealthRecord:
     last_error: str | None
     probe_job_id: str | None
     probe_started_at: float | None
+    last_error_at: float | None = None
+
+    def set_aside_because(self) -> str:
+        """Why an unusable site is set aside (:func:`set_aside_because`)."""
+        return set_aside_because(self.consecutive_errors, self.last_error, self.last_error_at)
+
+
+def set_aside_because(
+    consecutive_errors: int, last_error: str | None, last_error_at: float | None
+) -> str:
+    """Why a site is unusable, in the words every decision and view gives ("site b:
+    marked unusable " + this): "after 3 consecutive errors, the last at 2026-01-01
+    10:32:05 UTC: connection refused". The count it was set aside at is the threshold;
+    errors since (failed probes) are said too."""
+    since = f" ({consecutive_errors} so far)" if consecutive_errors > UNUSABLE_AFTER_ERRORS else ""
+    when = "" if last_error_at is None else f" at {utc(last_error_at)}"
+    last = f", the last{when}: {last_error}" if last_error else ""
+    return f"after {UNUSABLE_AFTER_ERRORS} consecutive errors{since}{last}"
+
+
+def utc(t: float) -> str:
+    """An epoch time as health messages give it (UTC: workers may be anywhere)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
 
 
 def site_health(conn: Connection, site: str) -> SiteHealth:
@@ -77,6 +101,7 @@ def read_health(conn: Connection) -> dict[str, HealthRecord]:
             s.last_error,
             s.probe_job_id,
             s.probe_started_at,
+            s.last_error_at,
         )
     ).all()
     return {r.name: HealthRecord(r[0], bool(r[1]), *r[2:]) for r in rows}
@@ -87,15 +112,16 @@ def live_params(params: CoAllocationParams) -> CoAllocationParams:
     return replace(params, unusable_after_errors=UNUSABLE_AFTER_ERRORS)
 
 
-def record_failure(conn: Connection, site: str, message: str) -> bool:
-    """Count one error (a failed contact, job, component or probe) in one UPDATE;
-    returns True when the site is unusable now."""
+def record_failure(conn: Connection, site: str, message: str, now: float | None = None) -> bool:
+    """Count one error (a failed contact, job, component or probe) at ``now`` (default:
+    the wall clock) in one UPDATE; returns True when the site is unusable now."""
     conn.execute(
         update(sites)
         .where(sites.c.name == site)
         .values(
             consecutive_errors=sites.c.consecutive_errors + 1,
             last_error=message,
+            last_error_at=time.time() if now is None else now,
             usable=case(
                 (sites.c.consecutive_errors + 1 >= UNUSABLE_AFTER_ERRORS, False),
                 else_=sites.c.usable,
@@ -126,6 +152,7 @@ def _restore(conn: Connection, site: str) -> None:
             usable=True,
             consecutive_errors=0,
             last_error=None,
+            last_error_at=None,
             probe_job_id=None,
             probe_started_at=None,
         )
@@ -203,6 +230,8 @@ __all__: Sequence[str] = (
     "record_failure",
     "record_success",
     "restore_site",
+    "set_aside_because",
     "site_health",
     "start_probe",
+    "utc",
 )

@@ -146,6 +146,7 @@ class SiteRow:
     # Slurm sites: the release (meta.slurm.release) and the REST API version in use
     release: str | None = None
     api_version: str | None = None
+    last_error_at: float | None = None
 
 
 class GridRuntime:
@@ -169,7 +170,7 @@ class GridRuntime:
         self.probe_retry_s = PROBE_RETRY_S
         store.check_migrated()
         with store.begin() as conn:
-            capacity.register_sites(conn, grid)
+            capacity.register_sites(conn, grid, self.clock())
             self.install_id = submission.install_id(conn)
 
     @classmethod
@@ -715,4 +716,5 @@ def _site_row(row: Any, usage: capacity.Usage, site_health: health.HealthRecord)
         row["observed_at"],
         row["release"],
         row["api_version"],
+        site_health.last_error_at,
     )

@@ -36,6 +36,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import DBAPIError
 
+from gridcore.engine import health
 from gridcore.errors import NoUsableSite, RequestError, StateError
 from gridcore.model import (
     GridSpec,
@@ -87,6 +88,9 @@ _SNAPSHOT_COLUMNS = select(
     sites.c.usable,
     sites.c.mean_queue_wait_s,
     sites.c.mean_runtime_s,
+    sites.c.consecutive_errors,
+    sites.c.last_error,
+    sites.c.last_error_at,
 )
 _INSERT_SELECTION = insert(selections)
 _SELECTION_FIELDS = (
@@ -173,13 +177,15 @@ class SnapshotReader:
             snap = cache.get(row)
             if snap is None:
                 name, total, idle, claimed, queued, pending_p, pending_n, usable, wait, runtime = (
-                    row
+                    row[:10]
                 )
                 if name not in slowness:
                     continue
+                # an unusable site's decision says why (its errors: the rest of the row)
+                why = "" if usable else health.set_aside_because(*row[10:])
                 snap = SiteSnapshot(
                     name, total, idle, slowness[name], claimed + queued, pending_p, pending_n,
-                    bool(usable), wait, runtime,
+                    bool(usable), wait, runtime, why,
                 )  # fmt: skip
                 if len(cache) > self.CACHE_MAX:
                     cache.clear()

@@ -241,7 +241,8 @@ def _candidates(
     reasons: list[str] = []
     for snap in snapshots:
         if not snap.usable:
-            reasons.append(f"site {snap.site}: marked unusable")
+            why = f" {snap.unusable_because}" if snap.unusable_because else ""
+            reasons.append(f"site {snap.site}: marked unusable{why}")
         elif snap.total_processors < request.processors:
             reasons.append(
                 f"site {snap.site}: {snap.total_processors} processors in all"

@@ -50,6 +50,7 @@ from sqlalchemy import (
 
 from gridcore.errors import StateError
 from gridcore.model import GridSpec, HolderKind, SiteSpec
+from gridcore.state import site_definitions
 from gridcore.state.schema import holds, sites
 
 
@@ -574,25 +575,27 @@ def _hold(row: Any) -> Hold:
 # -- the ledger's site rows ----------------------------------------------------------------
 
 
-def register_sites(conn: Connection, grid: GridSpec) -> None:
-    """Insert a ledger row for each grid site not yet known (idempotent), and take each
-    site's storage limit from the grid. A new row reports every processor idle until the
+def register_sites(conn: Connection, grid: GridSpec, now: float | None = None) -> None:
+    """Record that ``grid`` opens the database (:mod:`gridcore.state.site_definitions`:
+    a grid file that defines one of its sites otherwise than another file in use is
+    refused with ConfigError, before anything is written), insert a ledger row for each
+    of its sites not yet known (idempotent), and set each one's storage limit to the
+    smallest of the files in use. A new row reports every processor idle until the
     first observation replaces it."""
+    now = time.time() if now is None else now
+    site_definitions.record(conn, grid, now)
     known = dict(conn.execute(select(sites.c.name, sites.c.storage_total)).all())
     rows = [_site_row(spec) for spec in grid.sites if spec.name not in known]
     if rows:
         # Workers starting together all see the site missing: the insert must skip a row
         # another one added meanwhile (on SQLite, BEGIN IMMEDIATE already serializes them).
         conn.execute(_insert_ignoring_duplicates(conn), rows)
-    for spec in grid.sites:
-        if spec.name in known and known[spec.name] != spec.storage_bytes:
-            # the grid file is the authority on the storage limit (claims already held
-            # stay; a lower limit only refuses new ones)
-            conn.execute(
-                update(sites)
-                .where(sites.c.name == spec.name)
-                .values(storage_total=spec.storage_bytes)
-            )
+        known.update({row["name"]: row["storage_total"] for row in rows})
+    for name, limit in site_definitions.storage_limits(conn, grid.site_names, now).items():
+        if known[name] != limit:
+            # the grid files in use are the authority on the storage limit (claims
+            # already held stay; a lower limit only refuses new ones)
+            conn.execute(update(sites).where(sites.c.name == name).values(storage_total=limit))
 
 
 def _insert_ignoring_duplicates(conn: Connection) -> Any:

@@ -50,6 +50,7 @@ sites = Table(
     Column("usable", Boolean, nullable=False, default=True),
     Column("consecutive_errors", Integer, nullable=False, default=0),
     Column("last_error", Text, nullable=True),
+    Column("last_error_at", Float, nullable=True),  # when the last error was counted
     Column("probe_job_id", String(64), nullable=True),
     Column("probe_started_at", Float, nullable=True),
     # exponentially weighted observed queue wait / runtime of our finished jobs
@@ -60,6 +61,27 @@ sites = Table(
     # sites, or not observed yet)
     Column("release", String(64), nullable=True),
     Column("api_version", String(16), nullable=True),
+)
+
+# Which grid files define each site (gridcore.state.site_definitions): a site NAME is
+# one site per state database (one gc_sites row, one ledger); every grid file that opens
+# the database keeps here what it says the site is and when it last did, so a file that
+# describes the site differently is refused, the storage limit in force is the smallest
+# of the files in use, and a site no file in use defines is retired.
+site_definitions = Table(
+    "gc_site_definitions",
+    metadata,
+    Column("site", String(64), nullable=False),
+    Column("source", Text, nullable=False),  # the grid file (GridSpec.source)
+    # what the file says the site is: files in use must agree on these
+    Column("kind", String(16), nullable=False),
+    Column("processors", Integer, nullable=False),
+    Column("url", Text, nullable=True),
+    Column("partition", String(256), nullable=True),
+    # the storage gridcore may use there (NULL = unlimited): files may differ
+    Column("storage_total", BigInteger, nullable=True),
+    Column("used_at", Float, nullable=False),  # the last time the file opened the database
+    PrimaryKeyConstraint("site", "source", name="pk_gc_site_definitions"),
 )
 
 selections = Table(

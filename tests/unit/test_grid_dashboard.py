@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from gridcore.api.dashboard import (
+    REPORT_STALE_AFTER_S,
     Interval,
     TaskIds,
     TaskRef,
@@ -44,7 +45,7 @@ from gridcore.model import (
 from gridcore.policies.claiming import CoAllocationParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.state import capacity
-from gridcore.state.schema import coalloc_jobs, holds, pilots, selections
+from gridcore.state.schema import coalloc_jobs, holds, pilots, selections, sites
 from gridcore.state.store import open_store
 from tests.capacity_checks import assert_capacity_invariant
 
@@ -365,3 +366,25 @@ def test_a_task_instance_finds_its_records_by_id_or_by_name(runtime: GridRuntime
 )
 def test_task_job_name(dag_id: str, task_id: str, map_index: int, name: str) -> None:
     assert task_job_name(dag_id, task_id, map_index) == name
+
+
+@pytest.mark.parametrize(
+    ("age_s", "state"),
+    [
+        (None, "never"),  # a new row: its idle count is the grid file's size
+        (0.0, "current"),
+        (REPORT_STALE_AFTER_S, "current"),
+        (REPORT_STALE_AFTER_S + 1, "stale"),
+        (120.0, "stale"),
+    ],
+)
+def test_each_report_says_how_old_it_is(
+    runtime: GridRuntime, age_s: float | None, state: str
+) -> None:
+    now = 1_800_000_000.0
+    observed = 0.0 if age_s is None else now - age_s
+    with runtime.store.begin() as conn:
+        conn.execute(update(sites).where(sites.c.name == "local-b").values(observed_at=observed))
+    site = next(s for s in read_grid(runtime.store, now)["sites"] if s["name"] == "local-b")
+    assert (site["report_state"], site["report_age_s"]) == (state, age_s)
+    assert site["observed_at"] == observed

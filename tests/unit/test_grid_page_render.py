@@ -7,6 +7,7 @@ browser tier runs the same page in headless Chromium.)"""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -18,12 +19,12 @@ from urllib.parse import quote
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from gridcore.api.app import create_app
-from gridcore.api.dashboard import dataplan_stream, task_job_name
+from gridcore.api.dashboard import PAGE_REFRESH_S, dataplan_stream, task_job_name
 from gridcore.api.grid_routes import operator_token
-from gridcore.config import default_grid
+from gridcore.config import default_grid, load_grid
 from gridcore.engine import health
 from gridcore.engine.coallocation import CoAllocationEngine
 from gridcore.engine.coreservation import CoReservationEngine, CoReservationParams
@@ -40,7 +41,7 @@ from gridcore.model import (
 from gridcore.policies.claiming import CoAllocationParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.state import capacity
-from gridcore.state.schema import coalloc_jobs, holds, pilots, reservations, selections
+from gridcore.state.schema import coalloc_jobs, holds, pilots, reservations, selections, sites
 from gridcore.state.store import open_store
 
 NODE = shutil.which("node")
@@ -103,7 +104,12 @@ def grid(tmp_path: Path) -> Iterator[tuple[GridRuntime, TestClient, int]]:
         )
         health.record_failure(conn, "local-c", "probe: node reset")
     vjm = CoReservationEngine(rt, NO_CENTER, CoReservationParams(heartbeat_timeout_s=6.0))
-    reserved = vjm.submit(CoReservationRequest("reserved", "true", 2, vj_size=1, max_clusters=2))
+    # named as CoReservationOperator names an unmapped task's job: its tab finds it by name
+    reserved = vjm.submit(
+        CoReservationRequest(
+            task_job_name("vjm", "reserve", -1), "true", 2, vj_size=1, max_clusters=2
+        )
+    )
     try:
         with TestClient(create_app(rt.store, dashboard=operator_token(TOKEN))) as client:
             yield rt, client, reserved
@@ -235,3 +241,140 @@ def test_the_task_page_shows_the_task_instances_records(
     assert plan[f"task-dataplan-{run_id}"]["cells"]["volume-bytes"]["value"] == "7777"
     assert "hidden" not in plan["task-dataplan-section"]["attrs"]
     assert "hidden" in plan["task-selections-section"]["attrs"]
+
+
+def test_the_task_page_shows_a_reservations_pilots_with_readable_durations(
+    grid: tuple[GridRuntime, TestClient, int], tmp_path: Path
+) -> None:
+    rt, client, reserved = grid
+    shown = render(
+        client,
+        "/grid/ti/vjm/manual__1/reserve/-1",
+        "/api/v1/grid/task?dag_id=vjm&run_id=manual__1&task_id=reserve&map_index=-1",
+        tmp_path,
+    )
+    assert shown["task-job-name"]["text"] == "vjm.reserve"  # no ".-1" for an unmapped task
+    with rt.store.begin() as conn:
+        owned = conn.execute(select(pilots).where(pilots.c.job_id == reserved)).mappings().all()
+    assert owned
+    for p in owned:
+        cell = shown[f"task-reservation-{reserved}-pilot-{p['id']}"]["cells"]["t-avail-s"]
+        assert cell["value"] == json.dumps(p["t_avail"])  # the figure, as stored
+        assert cell["text"] == duration_text(p["t_avail"]), cell  # shown readably
+        assert re.fullmatch(r"\d+ ms|\d+\.\d s|\d+ (s|min|h|d)( \d+ (s|min|h))?", cell["text"])
+
+
+def duration_text(seconds: float) -> str:
+    """What the page's duration() shows, for the figures of these tests."""
+    if seconds < 1:
+        return f"{round(seconds * 1000)} ms"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    whole = round(seconds)
+    for unit, size, nxt, nxt_size in (("d", 86400, "h", 3600), ("h", 3600, "min", 60)):
+        if whole >= size:
+            rest = whole % size // nxt_size
+            return f"{whole // size} {unit}" + (f" {rest} {nxt}" if rest else "")
+    if whole >= 60:
+        return f"{whole // 60} min" + (f" {whole % 60} s" if whole % 60 else "")
+    return f"{whole} s"
+
+
+@pytest.fixture
+def reports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[GridRuntime, TestClient]]:
+    """A grid whose Slurm site nobody answers for (never observed), a local site
+    observed now and one whose last report is two minutes old."""
+    monkeypatch.setenv("REMOTE_TOKEN", "t")
+    path = tmp_path / "grid.toml"
+    path.write_text(
+        'version = 1\n[sites.local-a]\nkind = "local"\nprocessors = 8\n'
+        '[sites.local-b]\nkind = "local"\nprocessors = 8\n'
+        '[sites.remote]\nkind = "slurm"\nprocessors = 16\nurl = "http://127.0.0.1:9"\n'
+        'token = { env = "REMOTE_TOKEN" }\ntimeout_s = 2\n'
+    )
+    rt = GridRuntime(load_grid(path), open_store(f"sqlite:///{tmp_path}/s.db", upgrade=True))
+    errors = rt.refresh()
+    assert errors["remote"] is not None and errors["local-a"] is None
+    with rt.store.begin() as conn:
+        conn.execute(
+            update(sites).where(sites.c.name == "local-b").values(observed_at=time.time() - 125)
+        )
+    try:
+        with TestClient(create_app(rt.store, dashboard=operator_token(TOKEN))) as client:
+            yield rt, client
+    finally:
+        rt.store.dispose()
+
+
+def test_a_site_never_observed_or_observed_long_ago_is_not_shown_as_now(
+    reports: tuple[GridRuntime, TestClient], tmp_path: Path
+) -> None:
+    _rt, client = reports
+    for page in ("/grid/", "/grid/ti/d/r/t/-1"):  # stale is counted in these refreshes
+        served = client.get(page, headers=HEADERS).text
+        assert f'data-refresh-s="{PAGE_REFRESH_S:g}"' in served
+    shown = render(client, "/grid/", "/api/v1/grid", tmp_path)
+    remote = shown["site-remote"]
+    assert remote["attrs"]["data-report"] == "never"
+    assert remote["cells"]["observed-at"]["text"] == "never observed"  # not 1970-01-01
+    assert (remote["cells"]["idle"]["text"], remote["cells"]["free"]["text"]) == (
+        "unknown",
+        "unknown",
+    )
+    assert "127.0.0.1:9" in remote["cells"]["health"]["text"]
+
+    stale = shown["site-local-b"]
+    assert stale["attrs"]["data-report"] == "stale"
+    assert stale["cells"]["observed-at"]["text"] == "2 min ago (stale)"
+    assert stale["cells"]["idle"]["text"] == "8"  # the figure, greyed with its age
+    assert shown["site-local-b-observed-at"]["attrs"]["title"].endswith(" UTC")
+
+    now = shown["site-local-a"]
+    assert now["attrs"]["data-report"] == "current"
+    assert re.fullmatch(r"just now|\d+ s ago", now["cells"]["observed-at"]["text"])
+    source = str((tmp_path / "grid.toml").resolve())
+    for name in ("local-a", "local-b", "remote"):
+        [(attrs, text)] = shown[f"site-{name}"]["cells"]["definitions"]["items"]
+        assert attrs["data-source"] == source and text.startswith(source), text
+        assert shown[f"site-{name}"]["attrs"]["data-retired"] == "false"
+
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+def test_the_task_tabs_reasons_keep_a_reading_width_in_a_real_browser(
+    grid: tuple[GridRuntime, TestClient, int],
+) -> None:
+    """Layout needs a browser: headless Chromium lays the task page out at the width of
+    Airflow's tab, every request answered by the app itself (no server, no network).
+    The reasons column shrank to its longest word (78 px, a word or two a line)."""
+    if not Path(CHROMIUM).is_file():
+        pytest.skip(f"no Chromium at {CHROMIUM} (make test installs Debian's chromium)")
+    from playwright.sync_api import Route, sync_playwright
+
+    _rt, client, _reserved = grid
+    origin = "http://gridcore.test"
+
+    def answer(route: Route) -> None:
+        got = client.get(route.request.url.removeprefix(origin), headers=HEADERS)
+        kind = got.headers["content-type"]
+        route.fulfill(status=got.status_code, headers={"content-type": kind}, body=got.content)
+
+    with sync_playwright() as driver:
+        browser = driver.chromium.launch(
+            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"]
+        )
+        try:
+            page = browser.new_context(viewport={"width": 900, "height": 800}).new_page()
+            page.route(f"{origin}/**", answer)
+            page.goto(f"{origin}/grid/ti/ensemble/manual__1/member/0")
+            page.locator('#grid-status[data-state="ok"]').wait_for()
+            reasons = page.locator('#task-selections td[data-field="reasons"] li')
+            assert reasons.count() >= 2
+            widths = [reasons.nth(i).bounding_box()["width"] for i in range(reasons.count())]
+        finally:
+            browser.close()
+    font_px = 14  # grid.css: body font
+    assert min(widths) >= 22 * font_px, widths

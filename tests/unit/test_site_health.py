@@ -12,16 +12,19 @@ import time
 from pathlib import Path
 
 import pytest
+from sqlalchemy import update
 
 from gridcore import cli
 from gridcore.config import default_grid
 from gridcore.engine import health
 from gridcore.engine.coallocation import CoAllocationEngine
 from gridcore.engine.runtime import GridRuntime
+from gridcore.errors import NoUsableSite
 from gridcore.model import JobRequest, JobState, JobSubmission
 from gridcore.policies.claiming import CoAllocationParams
 from gridcore.state import capacity
 from gridcore.state.capacity import HolderKind
+from gridcore.state.schema import sites
 from gridcore.state.store import open_store
 from tests.barrier_checks import running_center
 
@@ -243,3 +246,28 @@ def test_gridcore_sites_only_looks_an_unreachable_site_keeps_its_health(
         assert state(rt, "remote").consecutive_errors == 1  # an engine's look counts
     finally:
         rt.store.dispose()
+
+
+def test_a_decision_that_cannot_use_a_set_aside_site_says_why_it_is_set_aside(
+    tmp_path: Path,
+) -> None:
+    """Not "site local-a: marked unusable" alone: its errors, the last one and when."""
+    rt = runtime(tmp_path)
+    at = 1_700_000_000.0  # 2023-11-14 22:13:20 UTC
+    with rt.store.begin() as conn:
+        for n in range(health.UNUSABLE_AFTER_ERRORS):
+            health.record_failure(conn, "local-a", f"connection refused ({n})", now=at + n)
+        # no probe for now: one completing in between would make the site usable again
+        conn.execute(update(sites).where(sites.c.name == "local-a").values(probe_started_at=1e18))
+    with pytest.raises(NoUsableSite) as refused:
+        rt.select(JobRequest("big", 8))  # only local-a has 8 processors
+    assert (
+        "site local-a: marked unusable after 3 consecutive errors, the last at"
+        " 2023-11-14 22:13:22 UTC: connection refused (2)"
+    ) in str(refused.value)
+    with rt.store.begin() as conn:  # a failed probe since: the count says so too
+        health.record_failure(conn, "local-a", "probe job 7 failed", now=at + 60)
+    with pytest.raises(NoUsableSite, match=r"after 3 consecutive errors \(4 so far\), the last"):
+        rt.select(JobRequest("big", 8))
+    site = next(r for r in rt.site_rows() if r.name == "local-a")
+    assert site.last_error_at == at + 60

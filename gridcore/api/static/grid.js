@@ -37,6 +37,30 @@
     return t === null || t === undefined ? "" : new Date(t * 1000).toISOString().replace("T", " ").slice(0, 19);
   }
 
+  // A length of time, readable: "5 ms", "4.2 s", "38 s", "3 min 4 s", "2 h 5 min", "1 d 3 h".
+  function duration(s) {
+    if (s === null || s === undefined) return "-";
+    if (s < 1) return Math.round(s * 1000) + " ms";
+    if (s < 10) return s.toFixed(1) + " s";
+    const whole = Math.round(s);
+    for (const [unit, size, next, nextSize] of [["d", 86400, "h", 3600], ["h", 3600, "min", 60], ["min", 60, "s", 1]]) {
+      if (whole >= size) {
+        const rest = Math.floor((whole % size) / nextSize);
+        return Math.floor(whole / size) + " " + unit + (rest ? " " + rest + " " + next : "");
+      }
+    }
+    return whole + " s";
+  }
+
+  // How old something is, coarse: "just now", "38 s ago", "2 min ago", "3 h ago", "2 d ago".
+  function ago(s) {
+    if (s < 1) return "just now";
+    for (const [unit, size] of [["d", 86400], ["h", 3600], ["min", 60]]) {
+      if (s >= size) return Math.floor(s / size) + " " + unit + " ago";
+    }
+    return Math.floor(s) + " s ago";
+  }
+
   function bytes(n) {
     if (n === null || n === undefined) return "unlimited";
     for (const [unit, size] of [["TB", 1e12], ["GB", 1e9], ["MB", 1e6], ["kB", 1e3]]) {
@@ -88,14 +112,32 @@
 
   // -- the grid page ----------------------------------------------------------------------
 
+  // A site's report: its age, and whether its figures may be read as now (docs/grid-page.md).
+  function observed(s) {
+    if (s.report_state === "never") return "never observed";
+    return ago(s.report_age_s) + (s.report_state === "stale" ? " (stale)" : "");
+  }
+
+  // Idle and free come from the report: unknown until a site is first observed (the row
+  // then holds the grid file's size, not a count anyone saw).
+  const reported = (name) => (s) => (s.report_state === "never" ? "unknown" : s[name]);
+
+  function definitions(s) {
+    const items = s.definitions.map((d) => el("li", { "data-source": d.source, "data-in-use": d.in_use }, [
+      `${d.source}: ${d.processors} processors, storage ${bytes(d.storage_limit)}${d.in_use ? "" : " (not in use)"}`,
+    ]));
+    const note = s.retired ? [el("span", { class: "retired" }, ["retired: no grid file in use defines it"])] : [];
+    return [...note, el("ul", { class: "definitions" }, items)];
+  }
+
   function renderSites(sites) {
     const columns = [
       ["name", "site", f("name")],
       ["kind", "kind", f("kind")],
       ["software", "software", (s) => (s.release || s.api_version ? "Slurm " + (s.release || "?") + " REST " + (s.api_version || "?") : s.kind)],
-      ["idle", "idle", f("idle"), null, true],
+      ["idle", "idle", f("idle"), reported("idle"), true],
       ["total", "total", f("total"), null, true],
-      ["free", "free", f("free"), null, true],
+      ["free", "free", f("free"), reported("free"), true],
       ["claimed", "claimed", f("claimed"), null, true],
       ["claimed-by-kind", "claimed by", f("claimed_by_kind"), (s) => kinds(s.claimed_by_kind)],
       ["queued", "queued", f("queued"), null, true],
@@ -106,9 +148,15 @@
       ["usable", "usable", f("usable"), (s) => (s.usable ? "yes" : "NO")],
       ["consecutive-errors", "errors", f("consecutive_errors"), null, true],
       ["health", "health", f("health")],
-      ["observed-at", "observed", f("observed_at"), (s) => time(s.observed_at)],
+      ["observed-at", "observed", f("observed_at"), observed],
+      ["definitions", "defined by", f("definitions"), definitions],
     ];
-    table(document.getElementById("sites"), columns, sites, (s) => ({ "data-site": s.name, "data-usable": s.usable }), (s) => "site-" + s.name);
+    const attrs = (s) => ({ "data-site": s.name, "data-usable": s.usable, "data-report": s.report_state, "data-retired": s.retired });
+    table(document.getElementById("sites"), columns, sites, attrs, (s) => "site-" + s.name);
+    // the exact time of each report, where the age is shown
+    for (const s of sites) {
+      if (s.report_state !== "never") document.getElementById("site-" + s.name + "-observed-at").setAttribute("title", time(s.observed_at) + " UTC");
+    }
   }
 
   function koalaColumns() {
@@ -146,7 +194,7 @@
       ["vj-size", "g", f("vj_size"), null, true],
       ["max-clusters", "M", f("max_clusters"), null, true],
       ["clusters", "pilots per cluster", f("clusters"), (r) => Object.entries(r.clusters).map(([c, n]) => c + " " + n).join(", ")],
-      ["lifetime-s", "lifetime (s)", f("lifetime_s"), (r) => (r.lifetime_s === null ? "" : r.lifetime_s.toFixed(1)), true],
+      ["lifetime-s", "lifetime", f("lifetime_s"), (r) => duration(r.lifetime_s), true],
       ["deadline-at", "lifetime ends", f("deadline_at"), (r) => time(r.deadline_at)],
       ["message", "message", f("message")],
       ["reasons", "selection reasons", f("reasons"), (r) => [reasons(r.reasons)]],
@@ -315,7 +363,7 @@
       ["site", "site", f("site")],
       ["state", "state", f("state")],
       ["site-job-id", "site job", f("site_job_id")],
-      ["t-avail-s", "T_avail (s)", f("t_avail_s"), null, true],
+      ["t-avail-s", "T_avail", f("t_avail_s"), (p) => duration(p.t_avail_s), true],
       ["component", "rank", f("component"), null, true],
       ["message", "message", f("message")],
     ], res.pilots, (p) => ({ "data-pilot-id": p.id, "data-state": p.state }), (p) => id + "-pilot-" + p.id);
@@ -325,7 +373,7 @@
         "state ", el("span", { "data-field": "state", "data-value": res.state }, [res.state]),
         "; ", el("span", { "data-field": "processors", "data-value": res.processors }, [res.processors]),
         " processors in virtual jobs of ", el("span", { "data-field": "vj-size", "data-value": res.vj_size }, [res.vj_size]),
-        "; lifetime ", el("span", { "data-field": "lifetime-s", "data-value": raw(res.lifetime_s) }, [res.lifetime_s === null ? "-" : res.lifetime_s.toFixed(1) + " s"]),
+        "; lifetime ", el("span", { "data-field": "lifetime-s", "data-value": raw(res.lifetime_s) }, [duration(res.lifetime_s)]),
       ]),
       el("div", { "data-field": "reasons", "data-value": raw(res.reasons) }, [reasons(res.reasons)]),
       owned,
