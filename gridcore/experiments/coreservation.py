@@ -15,7 +15,7 @@ from typing import Any
 
 from gridcore.experiments.registry import Experiment, RunOptions, text_table
 from gridcore.experiments.seeds import Claim, OverSeeds
-from gridcore.policies.coreservation import PAPER_RULE, ReorganizeRule
+from gridcore.policies.coreservation import BOTH, DIRECT, INDIRECT, PAPER_RULE, ReorganizeRule
 from gridcore.progress import progress
 from gridcore.sim.coreservation import (
     Mode,
@@ -55,7 +55,7 @@ LIFETIME_FLOOR_S = 300.0
 LOAD_WINDOW_S = 4 * 3600.0
 HORIZON_S = 7 * 86_400.0
 DEADLOCK_CASES = 5
-REORGANIZATION_STEPS = ("indirect (Eq. 3)", "direct (Eq. 4)", "step 3", "wait", "none")
+REORGANIZATION_STEPS = (INDIRECT, DIRECT, BOTH, "step 3", "wait", "none")
 
 _DELAYED: dict[str, Any] = {
     "lifetime_floor_s": LIFETIME_FLOOR_S,

@@ -148,7 +148,9 @@ def select_clusters(
     already: Mapping[str, int] | None = None,
 ) -> ClusterSelection:
     """Steps (1)-(3): distribute ``virtual_jobs`` over ``clusters`` (the available set C),
-    spanning at most ``max_clusters`` (M) clusters.
+    spanning at most ``max_clusters`` (M) clusters; step (3) drops the cluster with the
+    smallest virtual-job set and, with ``C = C'``, spreads its virtual jobs over the
+    clusters still chosen (:func:`_after_drop`).
 
     ``already``: virtual jobs of this job that stay where they are (a reorganization keeps
     some clusters and seeks substitutes for the rest): they count in ``VJ_seq`` and in
@@ -179,18 +181,27 @@ def select_clusters(
             f"{len(spanned)} clusters > M={max_clusters}: dropped {drop}"
             f" (smallest virtual-job set, {spanned[drop]})"
         )
+        if drop in kept:
+            reasons.append(f"cannot drop {drop}: it holds virtual jobs this job keeps")
+            return ClusterSelection(Outcome.NO_FIT, (), tuple(reasons))
         undecided = sorted(i for i, c in placed.items() if c.cluster == drop)
         for i in undecided:
             del placed[i]
-        available = [c for c in available if c.name != drop]
-        if not available or drop in kept:
-            reasons.append(f"cannot drop {drop}: it holds virtual jobs this job keeps")
-            return ClusterSelection(Outcome.NO_FIT, (), tuple(reasons))
+        available = _after_drop(available, spanned, drop)
     choices = tuple(placed[i] for i in sorted(placed))
     for name, n in _spanned(placed, {}).items():
         waits = [c.t_avail for c in choices if c.cluster == name]
         reasons.append(f"{n} virtual jobs on {name}: T_avail {min(waits):.1f}-{max(waits):.1f} s")
     return ClusterSelection(Outcome.FIT, choices, tuple(reasons))
+
+
+def _after_drop(
+    available: Sequence[ClusterView], spanned: Mapping[str, int], drop: str
+) -> list[ClusterView]:
+    """Step (3)'s "update the available clusters set C = C'": the dropped cluster's
+    virtual jobs go back to the other clusters already chosen, never to one step (1)
+    passed over, so the span only shrinks."""
+    return [c for c in available if c.name in spanned and c.name != drop]
 
 
 def select_substitutes(
@@ -376,6 +387,13 @@ def relation(a: PendingJob, b: PendingJob, cluster: str) -> Relation | None:
     return Relation.EQUAL
 
 
+INDIRECT = "indirect (Eq. 3)"
+DIRECT = "direct (Eq. 4)"
+BOTH = "indirect + direct (Eq. 3, 4)"
+"""The reorganization steps that shift (:attr:`Reorganization.step`): Sec. 3.3's steps 1
+and 2, and both at one check."""
+
+
 @dataclass(frozen=True)
 class Shift:
     """Move ``pilots`` held virtual jobs of ``from_job`` on ``cluster`` to ``to_job``."""
@@ -394,7 +412,7 @@ class Reorganization:
     clusters kept, and how many virtual jobs need substitute clusters."""
 
     job_id: int
-    step: str  # "indirect (Eq. 3)" | "direct (Eq. 4)" | "step 3" | "wait" | "none"
+    step: str  # INDIRECT | DIRECT | BOTH | "step 3" | "wait" | "none"
     shifts: tuple[Shift, ...]
     release: tuple[str, ...]
     keep: tuple[str, ...]
@@ -485,8 +503,12 @@ def _by_submission(
 def reorganize(
     a: PendingJob, others: Sequence[PendingJob], rule: ReorganizeRule = PAPER_RULE
 ) -> Reorganization:
-    """Sec. 3.3's resource reorganization for ``a`` after its lifetime: step 1 (Eq. 3),
-    else step 2 (Eq. 4), else step 3 (:func:`release_slower_half`).
+    """Sec. 3.3's resource reorganization for ``a`` after its lifetime: step 1 (Eq. 3)
+    and step 2 (Eq. 4), both, as the paper lists them; step 3
+    (:func:`release_slower_half`) only "if neither Eq. 3 nor Eq. 4 [is] satisfied".
+    Eq. 3's ``C_n`` are clusters where ``a`` holds all it needs and Eq. 4's ones where
+    it does not, so the two steps never name the same cluster and their order does not
+    matter; step ``"indirect + direct (Eq. 3, 4)"`` when both found one.
 
     ``rule`` (default the paper's; :data:`DEFAULT_RULE` is what gridcore runs):
 
@@ -508,15 +530,15 @@ def reorganize(
     time-out is competition among VJM jobs that the younger job resolves toward ``a``
     at its own check; step 3's premise ("caused by local jobs or other meta-schedulers")
     does not hold, so ``a`` keeps everything (step ``"wait"``)."""
-    for step, found in (
-        ("indirect (Eq. 3)", indirect_deadlock(a, others, earlier_only=rule.earlier_only)),
-        (
-            "direct (Eq. 4)",
-            direct_deadlock(a, others, earlier_only=rule.earlier_only, held_only=rule.held_only),
+    steps = {
+        INDIRECT: indirect_deadlock(a, others, earlier_only=rule.earlier_only),
+        DIRECT: direct_deadlock(
+            a, others, earlier_only=rule.earlier_only, held_only=rule.held_only
         ),
-    ):
-        if found:
-            return _shift_to_others(a, step, found)
+    }
+    found = {step: by_cluster for step, by_cluster in steps.items() if by_cluster}
+    if found:
+        return _shift_to_others(a, found)
     if rule.wait_for_younger:
         waiting = _younger_holders(a, others)
         if waiting:
@@ -545,10 +567,15 @@ def _younger_holders(a: PendingJob, others: Sequence[PendingJob]) -> list[str]:
     return reasons
 
 
-def _shift_to_others(a: PendingJob, step: str, found: Mapping[str, PendingJob]) -> Reorganization:
+def _shift_to_others(
+    a: PendingJob, by_step: Mapping[str, Mapping[str, PendingJob]]
+) -> Reorganization:
     shifts: list[Shift] = []
     reasons: list[str] = []
-    for c_n, b in found.items():
+    found = {
+        c_n: (step, b) for step, by_cluster in by_step.items() for c_n, b in by_cluster.items()
+    }
+    for c_n, (step, b) in found.items():
         mine, theirs = a.clusters[c_n], b.clusters[c_n]
         give = min(mine.held, theirs.required - theirs.held)
         rel = relation(a, b, c_n)
@@ -562,21 +589,24 @@ def _shift_to_others(a: PendingJob, step: str, found: Mapping[str, PendingJob]) 
     release = tuple(found)
     keep = tuple(c for c in a.clusters if c not in found)
     substitutes = sum(a.clusters[c].required for c in release)
+    step = BOTH if len(by_step) > 1 else next(iter(by_step))
     return Reorganization(a.job_id, step, tuple(shifts), release, keep, substitutes, tuple(reasons))
 
 
 def release_slower_half(a: PendingJob) -> Reorganization:
     """Step 3: split ``C'`` into complete and incomplete clusters; sort the incomplete
-    ones ascending by the mean wait of their not-yet-acquired virtual jobs; with
-    ``k = ceil(m / 2)`` release ``C_k .. C_m`` and keep ``C_1 .. C_(k-1)`` and the
-    complete ones (docs/coreservation.md on the printed ranges)."""
+    ones ascending by the mean wait of their not-yet-acquired virtual jobs; release
+    ``C_[m/2] .. C_m`` and keep ``C_1 .. C_(floor(m/2)-1)`` and the complete ones, as
+    printed: ``[m/2]`` is the integer part, ``floor(m / 2)``, as the second range writes
+    it, so the two ranges split the incomplete clusters exactly (``C_0`` of ``m = 1``
+    is ``C_1``; docs/coreservation.md)."""
     incomplete = sorted(
         (c for c, r in a.clusters.items() if not r.complete),
         key=lambda c: (a.clusters[c].mean_wait_s, c),
     )
     if not incomplete:
         return Reorganization(a.job_id, "none", (), (), tuple(a.clusters), 0, ("complete",))
-    k = math.ceil(len(incomplete) / 2)
+    k = max(1, len(incomplete) // 2)
     release = tuple(incomplete[k - 1 :])
     keep = tuple(c for c in a.clusters if c not in release)
     waits = ", ".join(f"{c} {a.clusters[c].mean_wait_s:.0f} s" for c in incomplete)

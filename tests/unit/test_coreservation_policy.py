@@ -185,6 +185,66 @@ def test_select_clusters(
     assert len(selection.clusters) <= m
 
 
+@pytest.mark.parametrize(
+    ("scenario", "vjs", "clusters", "m", "choices", "drops"),
+    [
+        (
+            "A, B 0 s and C 1 s, dt 1, M=1: step (1) passes C over (ties to the first listed);"
+            " B (2, slower on ties) is dropped and C = C' = {A}: B's two go to A at 2 and 3 s",
+            4,
+            [view("A", 0.0, dt=1.0), view("B", 0.0, dt=1.0), view("C", 1.0, dt=1.0)],
+            1,
+            [("A", 0.0), ("A", 2.0), ("A", 1.0), ("A", 3.0)],
+            ["B"],
+        ),
+        (
+            "D (2.1 s, flat) passed over; C (1) dropped: its virtual job to B (2.5 s), not D,"
+            " which is not in C = C'",
+            6,
+            [
+                view("A", 0.0, dt=1.0),
+                view("B", 0.5, dt=1.0),
+                view("C", 1.2, dt=1.0),
+                view("D", 2.1),
+            ],
+            2,
+            [("A", 0.0), ("B", 0.5), ("A", 1.0), ("B", 2.5), ("B", 1.5), ("A", 2.0)],
+            ["C"],
+        ),
+        (
+            "4 clusters, M=1: C (1, slower than B's 1) then B (2, slower than A's 2) dropped,"
+            " C = C' shrinking to {A}; D (9 s) never chosen",
+            4,
+            [
+                view("A", 0.0, dt=1.0),
+                view("B", 0.5, dt=1.0),
+                view("C", 1.0, dt=1.0),
+                view("D", 9.0),
+            ],
+            1,
+            [("A", 0.0), ("A", 2.0), ("A", 1.0), ("A", 3.0)],
+            ["C", "B"],
+        ),
+    ],
+)
+def test_step3_updates_the_available_set_to_c_prime(
+    scenario: str,
+    vjs: int,
+    clusters: list[ClusterView],
+    m: int,
+    choices: list[tuple[str, float]],
+    drops: list[str],
+) -> None:
+    # Sec. 3.2 step (3): "remove the cluster C_m who has the smallest virtual job set from
+    # C', C' = C' - C_m; update the available clusters set C = C', and set the undecided
+    # jobs set to VJ(m); go to (2)" (issue 21 item 15: clusters never chosen stayed in C).
+    selection = select_clusters(vjs, clusters, m)
+    assert selection.outcome is Outcome.FIT, scenario
+    assert [(c.cluster, c.t_avail) for c in selection.choices] == choices, scenario
+    dropped = [r.split("dropped ")[1].split(" ")[0] for r in selection.reasons if "dropped" in r]
+    assert dropped == drops, scenario
+
+
 def test_step3_drop_is_named_in_the_reasons() -> None:
     selection = select_clusters(
         6, [view("A", 0.0, dt=1.0), view("B", 0.5, dt=1.0), view("C", 1.2, dt=1.0)], 2
@@ -420,12 +480,65 @@ def test_complete_jobs_and_j_a_itself_are_not_candidates() -> None:
     assert indirect_deadlock(a, [a, done]) == {}
 
 
-def test_indirect_is_checked_before_direct() -> None:
-    # With J_b: J_a > J_b on Cn and J_a < J_b on Cm (Eq. 3); with J_c: J_a = J_c on Cm.
-    a = job(1, 0.0, Cm=(2, 1), Cn=(2, 2))
-    b = job(2, 9.0, Cm=(1, 1), Cn=(2, 0))
-    c = job(3, 1.0, Cm=(2, 1))
-    assert reorganize(a, [b, c]).step == "indirect (Eq. 3)"
+@pytest.mark.parametrize(
+    ("scenario", "a", "others", "step", "shifts", "release", "keep"),
+    [
+        (
+            "Eq. 3 with J_b (a < b on Cm, a > b on Cn) and Eq. 4 with J_c (a = c on Cm):"
+            " both steps shift, Cn to b and Cm to c",
+            job(1, 0.0, Cm=(2, 1), Cn=(2, 2)),
+            [job(2, 9.0, Cm=(1, 1), Cn=(2, 0)), job(3, 1.0, Cm=(2, 1))],
+            "indirect + direct (Eq. 3, 4)",
+            [(2, "Cn", 2), (3, "Cm", 1)],
+            ("Cn", "Cm"),
+            (),
+        ),
+        (
+            "one J_b: a > b on X and a < b on Y (Eq. 3), a = b on Z (Eq. 4): X and Z to b, Y kept",
+            job(1, 0.0, X=(2, 2), Y=(2, 1), Z=(2, 1)),
+            [job(2, 5.0, X=(2, 0), Y=(1, 1), Z=(2, 1))],
+            "indirect + direct (Eq. 3, 4)",
+            [(2, "X", 2), (2, "Z", 1)],
+            ("X", "Z"),
+            ("Y",),
+        ),
+        (
+            "only Eq. 3: the indirect step alone",
+            job(1, 0.0, Cm=(4, 1), Cn=(3, 3)),
+            [job(2, 5.0, Cm=(2, 2), Cn=(5, 3))],
+            "indirect (Eq. 3)",
+            [(2, "Cn", 2)],
+            ("Cn",),
+            ("Cm",),
+        ),
+        (
+            "only Eq. 4: the direct step alone",
+            job(1, 0.0, C=(6, 4), D=(2, 2)),
+            [job(2, 3.0, C=(6, 5))],
+            "direct (Eq. 4)",
+            [(2, "C", 1)],
+            ("C",),
+            ("D",),
+        ),
+    ],
+)
+def test_reorganization_takes_both_steps_1_and_2(
+    scenario: str,
+    a: PendingJob,
+    others: list[PendingJob],
+    step: str,
+    shifts: list[tuple[int, str, int]],
+    release: tuple[str, ...],
+    keep: tuple[str, ...],
+) -> None:
+    # Sec. 3.3 lists both actions ("VJM will do the following actions, 1. ... 2. ...") and
+    # step 3 only "if neither Eq. 3 nor Eq. 4 satisfied" (issue 21 item 15: step 2 ran
+    # only when step 1 found nothing).
+    plan = reorganize(a, others, PAPER_RULE)
+    assert plan.step == step, scenario
+    assert [(s.to_job, s.cluster, s.pilots) for s in plan.shifts] == shifts, scenario
+    assert (plan.release, plan.keep) == (release, keep), scenario
+    assert plan.substitutes == sum(a.clusters[c].required for c in release)
 
 
 def test_no_deadlock_with_another_vjm_job_goes_to_step_3() -> None:
@@ -437,12 +550,16 @@ def test_no_deadlock_with_another_vjm_job_goes_to_step_3() -> None:
 @pytest.mark.parametrize(
     ("m", "release", "keep"),
     [
-        # Incomplete clusters C1 (fastest) .. Cm; k = ceil(m / 2): release C_k .. C_m.
+        # Incomplete clusters C1 (fastest) .. Cm: release C_[m/2] .. C_m, keep
+        # C_1 .. C_(floor(m/2)-1), [m/2] = floor(m/2) (C_0 of m = 1 is C_1): the two
+        # printed ranges split the clusters exactly (issue 21 item 15).
         (1, ["C1"], []),
         (2, ["C1", "C2"], []),
-        (3, ["C2", "C3"], ["C1"]),
+        (3, ["C1", "C2", "C3"], []),
         (4, ["C2", "C3", "C4"], ["C1"]),
-        (5, ["C3", "C4", "C5"], ["C1", "C2"]),
+        (5, ["C2", "C3", "C4", "C5"], ["C1"]),
+        (6, ["C3", "C4", "C5", "C6"], ["C1", "C2"]),
+        (7, ["C3", "C4", "C5", "C6", "C7"], ["C1", "C2"]),
     ],
 )
 def test_step3_releases_the_slower_half(m: int, release: list[str], keep: list[str]) -> None:
