@@ -303,13 +303,20 @@ class SiteSnapshot:
         return replace(self, idle_processors=self.idle_processors - processors)
 
 
+ASSUMED_RUNTIME_S = 600.0
+"""A job's runtime on a reference site when its request gives none and the site has no
+history of finished jobs: an estimate reports it as assumed (:class:`RuntimeBasis`)."""
+
+
 @dataclass(frozen=True)
 class JobRequest:
-    """One job to place on one site (an ensemble member)."""
+    """One job to place on one site (an ensemble member). ``runtime_s``: its runtime on a
+    reference site, seconds; None when nobody knows it (the selection policy then
+    estimates it from the site's history, else assumes :data:`ASSUMED_RUNTIME_S`)."""
 
     name: str
     processors: int
-    runtime_s: float = 600.0
+    runtime_s: float | None = None
     input_bytes: int = 0
     output_bytes: int = 0
     origin: str = ORIGIN
@@ -394,6 +401,14 @@ class Outcome(enum.IntEnum):
         return self.name.lower()
 
 
+class RuntimeBasis(enum.StrEnum):
+    """Where an estimate's runtime at a site comes from."""
+
+    GIVEN = "given"  # the request's runtime_s x the site's slowness
+    HISTORY = "history"  # the mean runtime of the jobs that finished there
+    ASSUMED = "assumed"  # nothing known: ASSUMED_RUNTIME_S x the site's slowness
+
+
 @dataclass(frozen=True)
 class SiteEstimate:
     """The policy's estimate for one site; ``reason`` renders it for people."""
@@ -409,6 +424,7 @@ class SiteEstimate:
     reported_idle: int = 0
     in_flight: int = 0
     others_queued: int = 0
+    runtime_basis: RuntimeBasis = RuntimeBasis.GIVEN
 
     @property
     def reason(self) -> str:
@@ -419,7 +435,16 @@ class SiteEstimate:
             f"site {self.site}: {self.effective_idle} idle {relation} {self.needed} needed"
             f" (reported {self.reported_idle}, ours in flight {self.in_flight},"
             f" others queued {self.others_queued}){wait}; est. completion {self.completion_s:.0f} s"
+            f"{self._runtime_note}"
         )
+
+    @property
+    def _runtime_note(self) -> str:
+        if self.runtime_basis is RuntimeBasis.HISTORY:
+            return f", runtime {self.compute_s:.0f} s from the site's history"
+        if self.runtime_basis is RuntimeBasis.ASSUMED:
+            return f", runtime unknown ({ASSUMED_RUNTIME_S:.0f} s assumed)"
+        return ""
 
 
 @dataclass(frozen=True)

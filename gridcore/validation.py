@@ -787,7 +787,7 @@ def grid_from_raw(raw: Any, source: str = "<memory>") -> GridSpec:
 class _JobRequest(_Model):
     name: JobName
     processors: Count
-    runtime_s: NonNegative = 600.0
+    runtime_s: NonNegative | None = None  # None: unknown (gridcore.model.JobRequest)
     input_bytes: ByteCount = 0
     output_bytes: ByteCount = 0
     origin: SiteName = ORIGIN

@@ -28,7 +28,6 @@ from gridcore_airflow.operators.site_job import input_paths
 
 SELECTIONS_KEY = "gridcore_burst_selection_ids"  # in the task state store, shared by all tries
 DEFAULT_PROCESSORS = 1  # SiteJobOperator's defaults
-DEFAULT_RUNTIME_S = 600.0
 RESULT_KEYS = ("name", "selection_id", "site", "processors", "outcome", "selected_at")
 
 
@@ -46,8 +45,9 @@ class SelectSitesOperator(GridcoreOperator):
     """Decide a burst of members' sites in one decision; run them with SiteJobOperator.
 
     :param members: one mapping per member (templated; typically an upstream task's
-        list), read for ``processors`` (default 1), ``runtime_s`` (default 600),
-        ``input_files`` (paths whose total size is the member's input) and ``name``.
+        list), read for ``processors`` (default 1), ``runtime_s`` (default: unknown,
+        as :class:`SiteJobOperator`'s), ``input_files`` (paths whose total size is the
+        member's input) and ``name``.
         Other keys (the member task's own arguments, e.g. ``env``) are not read, so the
         member task's ``expand_kwargs`` rows can be given as they are.
     :param member_task_id: the mapped SiteJobOperator task that runs the members: member
@@ -182,7 +182,7 @@ class SelectSitesOperator(GridcoreOperator):
                 {
                     "name": name,
                     "processors": member.get("processors", DEFAULT_PROCESSORS),
-                    "runtime_s": member.get("runtime_s", DEFAULT_RUNTIME_S),
+                    "runtime_s": member.get("runtime_s"),
                     "input_bytes": sum(p.stat().st_size for p in inputs),
                 }
             )

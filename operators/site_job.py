@@ -84,7 +84,9 @@ class SiteJobOperator(JobLifecycleOperator[GridRuntime, JobRecord, JobPlan]):
     :param processors: processors the job needs (> 0).
     :param input_files: paths whose total size is the request's ``input_bytes``
         (templated); each must exist when the task runs.
-    :param runtime_s: estimated runtime on a reference site, seconds (>= 0).
+    :param runtime_s: estimated runtime on a reference site, seconds (>= 0); None
+        (the default): unknown, the site's history of finished jobs is used, else 600 s
+        is assumed and the selection's reasons say so.
     :param site: ``"auto"`` for policy selection, or the name of a grid site to pin.
     :param selection_id: a selection already made for this member (templated, or from
         :class:`~operators.select_sites.SelectSitesOperator`'s result through
@@ -146,7 +148,7 @@ class SiteJobOperator(JobLifecycleOperator[GridRuntime, JobRecord, JobPlan]):
         command: str,
         processors: int = 1,
         input_files: Sequence[str] | None = None,
-        runtime_s: float = 600.0,
+        runtime_s: float | None = None,
         site: str = AUTO_SITE,
         selection_id: int | str | None = None,
         protocol: str = DEFAULT_PROTOCOL.value,

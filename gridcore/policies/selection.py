@@ -12,7 +12,15 @@ import math
 import random
 from collections.abc import Sequence
 
-from gridcore.model import JobRequest, Outcome, SiteEstimate, SiteSelection, SiteSnapshot
+from gridcore.model import (
+    ASSUMED_RUNTIME_S,
+    JobRequest,
+    Outcome,
+    RuntimeBasis,
+    SiteEstimate,
+    SiteSelection,
+    SiteSnapshot,
+)
 from gridcore.policies.transfer import Bandwidth, job_transfer_seconds
 
 
@@ -192,7 +200,7 @@ def estimated_queue_delay(request: JobRequest, snapshot: SiteSnapshot, idle: int
     deficit = request.processors - idle
     if deficit <= 0:
         return 0.0
-    own = request.runtime_s * snapshot.slowness
+    own, _ = expected_runtime(request, snapshot)
     runtime = snapshot.mean_runtime_s
     if runtime is None:
         runtime = own
@@ -210,13 +218,26 @@ def estimated_queue_delay(request: JobRequest, snapshot: SiteSnapshot, idle: int
     return max(observed, runtime / 2, drain)
 
 
+def expected_runtime(request: JobRequest, snapshot: SiteSnapshot) -> tuple[float, RuntimeBasis]:
+    """How long the member runs at the site, and how that is known: the request's runtime
+    x the site's slowness; a request without one (None: nobody said), the mean runtime of
+    the jobs that finished there (``SiteSnapshot.mean_runtime_s``); with no history
+    either, :data:`~gridcore.model.ASSUMED_RUNTIME_S` x slowness, which the estimate's
+    reason then says was assumed (a 2 s job was reported as "est. completion 600 s")."""
+    if request.runtime_s is not None:
+        return request.runtime_s * snapshot.slowness, RuntimeBasis.GIVEN
+    if snapshot.mean_runtime_s is not None:
+        return snapshot.mean_runtime_s, RuntimeBasis.HISTORY
+    return ASSUMED_RUNTIME_S * snapshot.slowness, RuntimeBasis.ASSUMED
+
+
 def estimate_site(
     request: JobRequest, snapshot: SiteSnapshot, bandwidth: Bandwidth, protocol: SelectionProtocol
 ) -> SiteEstimate:
     idle = effective_idle(snapshot, protocol)
     fits = idle >= request.processors
     transfer = job_transfer_seconds(request, snapshot.site, bandwidth)
-    compute = request.runtime_s * snapshot.slowness
+    compute, basis = expected_runtime(request, snapshot)
     wait = estimated_queue_delay(request, snapshot, idle)
     completion = wait + transfer + compute
     return SiteEstimate(
@@ -231,6 +252,7 @@ def estimate_site(
         snapshot.idle_processors,
         snapshot.in_flight_processors,
         snapshot.external_pending_processors,
+        basis,
     )
 
 

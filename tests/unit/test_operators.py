@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -111,6 +112,29 @@ def test_execute_selects_submits_and_defers_to_a_trigger_for_the_selection(
     assert result["selection_id"] == trigger.selection_id
     assert result["job_id"] == record.job_id
     assert result["queued_s"] >= 0
+
+
+def test_a_job_without_a_runtime_estimate_is_said_to_be_assumed_then_taken_from_history(
+    runtime: GridRuntime,
+) -> None:
+    """Issue 21 item 6: runtime_s defaulted to 600 s, so a job of a moment was reported as
+    "est. completion 600 s"; without one the reasons say 600 s is assumed, and once a job
+    finished at the site, its runtime there is used."""
+
+    def local_a(task_id: str) -> str:
+        """The reason given for local-a (all idle: the fastest site, chosen)."""
+        op = SiteJobOperator(task_id=task_id, command="true", poll_interval=0.05)
+        trigger = deferred(op)
+        record = runtime.record(trigger.selection_id)
+        assert record.site == "local-a"
+        op.execute_complete({}, event_of(trigger))  # the job's runtime joins the history
+        (reason,) = [r for r in record.reasons if r.startswith("site local-a: ")]
+        return reason
+
+    assert local_a("first").endswith("est. completion 600 s, runtime unknown (600 s assumed)")
+    assert re.search(
+        r"est\. completion \d+ s, runtime \d+ s from the site's history$", local_a("second")
+    )
 
 
 def test_a_pinned_site_is_used_as_given(runtime: GridRuntime) -> None:

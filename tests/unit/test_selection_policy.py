@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from gridcore.model import MB, JobRequest, Outcome, SiteSnapshot
+from gridcore.model import MB, JobRequest, Outcome, RuntimeBasis, SiteSnapshot
 from gridcore.policies.selection import InsufficientMode, SelectionProtocol, select_site
 
 # Table 1 of the paper: the test bench.
@@ -224,6 +224,39 @@ def test_no_usable_site_is_no_fit_with_every_reason() -> None:
     assert decision.site is None and decision.outcome is Outcome.NO_FIT
     assert any("a: 2 processors in all < 4 needed" in r for r in decision.reasons)
     assert any("b: marked unusable" in r for r in decision.reasons)
+
+
+def test_a_runtime_nobody_gave_comes_from_the_sites_history_or_is_said_to_be_assumed() -> None:
+    """Issue 21 item 6: runtime_s defaulted to 600 s, so a 2 s job was reported as "est.
+    completion 600 s". Unknown now: the site's mean runtime, else 600 s said so."""
+    fresh = SiteSnapshot("fresh", 8, 8, slowness=1.5)
+    known = SiteSnapshot("known", 8, 8, slowness=1.5, mean_runtime_s=2.0)
+
+    unknown = pick(JobRequest("j", 1), [fresh, known], SelectionProtocol.EARLIEST_COMPLETION)
+    given = pick(JobRequest("j", 1, 4.0), [fresh, known], SelectionProtocol.EARLIEST_COMPLETION)
+
+    assert unknown.site == "known"
+    by_site = {e.site: e for e in unknown.estimates}
+    assert (by_site["known"].compute_s, by_site["known"].runtime_basis) == (
+        2.0,
+        RuntimeBasis.HISTORY,
+    )
+    assert by_site["known"].reason.endswith(
+        "est. completion 2 s, runtime 2 s from the site's history"
+    )
+    assert (by_site["fresh"].compute_s, by_site["fresh"].runtime_basis) == (
+        900.0,
+        RuntimeBasis.ASSUMED,
+    )
+    assert by_site["fresh"].reason.endswith(
+        "est. completion 900 s, runtime unknown (600 s assumed)"
+    )
+    # a runtime given is the estimate (x slowness), whatever the history, with no note
+    assert [(e.compute_s, e.runtime_basis) for e in given.estimates] == [
+        (6.0, RuntimeBasis.GIVEN),
+        (6.0, RuntimeBasis.GIVEN),
+    ]
+    assert all(e.reason.endswith("est. completion 6 s") for e in given.estimates)
 
 
 def test_reason_names_the_numbers() -> None:
