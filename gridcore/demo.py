@@ -25,7 +25,8 @@ from gridcore.errors import GridError
 from gridcore.model import JobRequest, JobState, JobSubmission
 
 UNSET_FOR_DEFAULT = ("GRIDCORE_GRID", "GRIDCORE_CENTER_URL")
-"""Variables that would take gridcore off the embedded default (a grid file, a VJ center)."""
+"""Variables that would take gridcore off the embedded default (a grid file, a VJ center):
+the integration tests remove them; ``make demo`` keeps them (a user's own grid)."""
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,8 @@ class GridcoreEnv:
         )
 
     def variables(self) -> dict[str, str]:
-        """The environment gridcore, the DAGs and their tasks read (with
-        :data:`UNSET_FOR_DEFAULT` removed)."""
+        """The environment gridcore, the DAGs and their tasks read: gridcore's home, its
+        state database and the forcing directory under :attr:`base`."""
         return {
             "GRIDCORE_HOME": str(self.gridcore_home),
             "GRIDCORE_DB_URL": self.db_url,
