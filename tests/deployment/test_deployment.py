@@ -72,14 +72,17 @@ def drop_forcing(deployment: Deployment) -> None:
 def kill_a_worker_running_a_task(
     deployment: Deployment, timeout_s: float = 600.0
 ) -> dict[str, Any]:
-    """Wait until a task instance runs in worker1 (its process descends from it), then
-    SIGKILL the worker with every process under it; the task instance it ran."""
+    """Wait until a task instance that may be retried runs in worker1 (its process
+    descends from it), then SIGKILL the worker with every process under it; the task
+    instance it ran. A task without retries (the minimal DAG's) fails when its worker
+    dies, by Airflow's rule: it is not the one killed."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         deployment.check_alive()
         for ti in task_instances(deployment):
             if (
                 ti["state"] == "running"
+                and int(ti.get("max_tries") or 0) > 0
                 and ti.get("pid")
                 and deployment.descends_from(int(ti["pid"]), "worker1")
             ):

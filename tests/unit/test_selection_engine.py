@@ -17,7 +17,7 @@ from sqlalchemy import Connection, func, select, update
 
 from gridcore.engine import health
 from gridcore.engine import selection as selection_engine
-from gridcore.errors import NoUsableSite, RequestError
+from gridcore.errors import NoUsableSite
 from gridcore.model import (
     GridSpec,
     JobRequest,
