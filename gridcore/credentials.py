@@ -349,9 +349,7 @@ class _Fetched:
     signature: tuple[int, ...] = ()
 
 
-def _fetch(
-    ref: CredentialRef, runner: Runner, timeout_s: float, known: Sequence[str]
-) -> _Fetched:
+def _fetch(ref: CredentialRef, runner: Runner, timeout_s: float, known: Sequence[str]) -> _Fetched:
     """The token ``ref`` names now. ``known`` are secrets to hide from error text."""
     if ref.env is not None:
         value = os.environ.get(ref.env)
@@ -442,8 +440,7 @@ def _run(
     if done.returncode != 0:
         printed = [*known, *_candidates(done.stdout)]
         raise CredentialError(
-            f"{where} failed ({_status(done.returncode)}): "
-            f"{_first_line(done.stderr, printed)}"
+            f"{where} failed ({_status(done.returncode)}): {_first_line(done.stderr, printed)}"
         )
     return _token_in(done.stdout, ref, what="printed")
 

@@ -58,7 +58,7 @@ def grid_with_defaults(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPa
             f"[sites.{name}.defaults]",
             *(f'{key} = "{value}"' for key, value in SITE_DEFAULTS[name].items()),
         ]
-    lines += ["", "[bandwidth]", 'origin = { local-a = 400.0, local-b = 200.0, local-c = 100.0 }']
+    lines += ["", "[bandwidth]", "origin = { local-a = 400.0, local-b = 200.0, local-c = 100.0 }"]
     path = tmp_path / "grid.toml"
     path.write_text("\n".join(lines) + "\n")
     monkeypatch.setenv("GRIDCORE_GRID", str(path))
