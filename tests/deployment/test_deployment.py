@@ -72,22 +72,23 @@ def drop_forcing(deployment: Deployment) -> None:
 def kill_a_worker_running_a_task(
     deployment: Deployment, timeout_s: float = 600.0
 ) -> dict[str, Any]:
-    """Wait until a task instance that may be retried runs in worker1 (its process
-    descends from it), then SIGKILL the worker with every process under it; the task
+    """Wait until worker1 runs task instances (their processes descend from it) that may
+    all be retried, then SIGKILL the worker with every process under it; one task
     instance it ran. A task without retries (the minimal DAG's) fails when its worker
-    dies, by Airflow's rule: it is not the one killed."""
+    dies, by Airflow's rule: the worker is not killed while it runs one."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         deployment.check_alive()
-        for ti in task_instances(deployment):
-            if (
-                ti["state"] == "running"
-                and int(ti.get("max_tries") or 0) > 0
-                and ti.get("pid")
-                and deployment.descends_from(int(ti["pid"]), "worker1")
-            ):
-                deployment.kill("worker1")
-                return ti
+        on_worker = [
+            ti
+            for ti in task_instances(deployment)
+            if ti["state"] == "running"
+            and ti.get("pid")
+            and deployment.descends_from(int(ti["pid"]), "worker1")
+        ]
+        if on_worker and all(int(ti.get("max_tries") or 0) > 0 for ti in on_worker):
+            deployment.kill("worker1")
+            return on_worker[0]
         time.sleep(0.5)
     raise TimeoutError(f"no task ran in worker1 within {timeout_s:.0f} s")
 
