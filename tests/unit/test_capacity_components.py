@@ -70,7 +70,7 @@ def test_placed_components_hold_processors_until_the_sites_report_them_running(
 ) -> None:
     koala = engine(tmp_path, center)
     job = koala.submit(SPREAD, PlacementPolicy.WF, "sleep 3")
-    koala._claim = lambda now, work: None  # type: ignore[method-assign]  # place only
+    koala._claim = lambda now, work, silent: None  # type: ignore[method-assign]  # place only
     koala.scan()
     del koala._claim
     assert koala.status(job).state == "claiming"
@@ -127,7 +127,7 @@ def test_cancel_releases_every_component_hold(tmp_path: Path, center: str) -> No
     koala = engine(tmp_path, center)
     blocker = CoAllocationRequest("late", RequestKind.NON_FIXED, (Component(4), Component(4)))
     job = koala.submit(SPREAD, PlacementPolicy.WF, "sleep 30")
-    koala._claim = lambda now, work: None  # type: ignore[method-assign]  # place only
+    koala._claim = lambda now, work, silent: None  # type: ignore[method-assign]  # place only
     koala.scan()
     held = component_holds(koala)
     assert held == {"local-a": 8, "local-b": 4, "local-c": 4}
