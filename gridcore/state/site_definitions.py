@@ -26,8 +26,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import Connection, and_, func, insert, select, update
+from sqlalchemy import Connection, and_, func, select
 
 from gridcore.errors import ConfigError
 from gridcore.model import GridSpec, SiteSpec
@@ -86,9 +87,30 @@ def record(conn: Connection, grid: GridSpec, now: float) -> None:
             "storage_total": definition.storage_total,
             "used_at": now,
         }
-        ours = and_(site_definitions.c.site == name, site_definitions.c.source == source)
-        if conn.execute(update(site_definitions).where(ours).values(values)).rowcount == 0:
-            conn.execute(insert(site_definitions).values(site=name, source=source, **values))
+        # One statement: workers starting together on a fresh database each insert it
+        # (an UPDATE-then-INSERT let two of them insert the same key).
+        conn.execute(_upsert(conn).values(site=name, source=source, **values))
+
+
+def _upsert(conn: Connection) -> Any:
+    """INSERT of a definition that updates the (site, source) row already there."""
+    keys = [site_definitions.c.site, site_definitions.c.source]
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        pg = pg_insert(site_definitions)
+        return pg.on_conflict_do_update(index_elements=keys, set_=_excluded(pg.excluded))
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    lite = sqlite_insert(site_definitions)
+    return lite.on_conflict_do_update(index_elements=keys, set_=_excluded(lite.excluded))
+
+
+def _excluded(excluded: Any) -> dict[str, Any]:
+    return {
+        column: getattr(excluded, column)
+        for column in ("kind", "processors", "url", "partition", "storage_total", "used_at")
+    }
 
 
 def grid_source(grid: GridSpec) -> str:
