@@ -192,6 +192,23 @@ def _lose_answers(site: FakeSite, times: int) -> None:
     site.after_accept = lost
 
 
+def _lose_the_answer_and_go_silent(site: FakeSite) -> Callable[..., str | None]:
+    """The next submission is made by the site, its answer lost, and every look-up after
+    it fails (the site silent); returns the site's own look-up, to restore it."""
+    original_find = site.find
+
+    def unreachable(key: str, since: float | None = None) -> str | None:
+        raise SiteUnavailable(site.spec.name, "GET /jobs: no answer")
+
+    def lost_and_silent(job: FakeJob) -> None:
+        site.after_accept = None
+        site.find = unreachable  # type: ignore[method-assign]
+        raise AnswerLost(site.spec.name, "POST /job/submit: no answer within 1.5 s")
+
+    site.after_accept = lost_and_silent
+    return original_find
+
+
 def _selected(runtime: GridRuntime) -> int:
     return runtime.select(JobRequest(JOB.name, JOB.processors, 1.0), site="local-a").selection_id
 
@@ -227,17 +244,7 @@ def test_an_unknown_submission_keeps_its_claim_and_its_retry_adopts_the_one_job(
 ) -> None:
     site = _fake(runtime)
     sid = _selected(runtime)
-    original_find = site.find
-
-    def unreachable(key: str, since: float | None = None) -> str | None:
-        raise SiteUnavailable(site.spec.name, "GET /jobs: no answer")
-
-    def lost_and_silent(job: FakeJob) -> None:
-        site.after_accept = None
-        site.find = unreachable  # type: ignore[method-assign]
-        raise AnswerLost(site.spec.name, "POST /job/submit: no answer within 1.5 s")
-
-    site.after_accept = lost_and_silent
+    original_find = _lose_the_answer_and_go_silent(site)
     with pytest.raises(AnswerLost, match=r"looking key .* up failed too"):
         runtime.submit(sid, JOB)
     record = runtime.record(sid)
@@ -356,17 +363,7 @@ def test_a_vjm_pilot_whose_answer_was_lost_stays_submitting_and_is_adopted_later
 ) -> None:
     engine = CoReservationEngine(runtime, "http://127.0.0.1:9", CoReservationParams(lease_s=5.0))
     site = _fake(runtime, "local-b")
-    original_find = site.find
-
-    def unreachable(key: str, since: float | None = None) -> str | None:
-        raise SiteUnavailable(site.spec.name, "GET /jobs: no answer")
-
-    def lost_and_silent(job: FakeJob) -> None:
-        site.after_accept = None
-        site.find = unreachable  # type: ignore[method-assign]
-        raise AnswerLost(site.spec.name, "POST /job/submit: no answer within 1.5 s")
-
-    site.after_accept = lost_and_silent
+    original_find = _lose_the_answer_and_go_silent(site)
     engine.submit(CoReservationRequest("lost", "true", 1, sites=("local-b",)))
     with engine.store.begin() as conn:
         (state, job) = conn.execute(select(pilots.c.state, pilots.c.site_job_id)).one()
