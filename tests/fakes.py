@@ -289,3 +289,26 @@ class FakeSlurmrestd(BaseAdapter):
 
     def bodies(self) -> list[dict[str, Any]]:
         return [json.loads(r.body or b"") for r in self.sent if r.method == "POST"]
+
+
+class FakeClock:
+    """A clock a test moves by hand (``clock.now += 10``)."""
+
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def fake_site_runtime(tmp_path: Any, clock: FakeClock) -> Any:
+    """A GridRuntime over the embedded grid's sites as :class:`FakeSite` s, on a fresh
+    SQLite state database under ``tmp_path`` (dispose ``runtime.store`` after)."""
+    from gridcore.config import default_grid
+    from gridcore.engine.runtime import GridRuntime
+    from gridcore.state.store import open_store
+
+    grid = default_grid(tmp_path)
+    fakes = {s.name: FakeSite(s, clock=clock) for s in grid.sites}
+    store = open_store(f"sqlite:///{tmp_path}/state.db", upgrade=True)
+    return GridRuntime(grid, store, adapters=fakes, clock=clock)

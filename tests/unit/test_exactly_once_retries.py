@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from gridcore.config import default_grid
 from gridcore.engine import coreservation
 from gridcore.engine.coallocation import CoAllocationEngine, ComponentState, JobPhase
 from gridcore.engine.coreservation import CoReservationEngine, CoReservationParams
@@ -38,8 +37,7 @@ from gridcore.policies.claiming import CoAllocationParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.sites.keys import component_key, selection_key
 from gridcore.state.schema import pilots
-from gridcore.state.store import open_store
-from tests.fakes import FakeJob, FakeSite
+from tests.fakes import FakeClock, FakeJob, FakeSite, fake_site_runtime
 
 CENTER = "http://127.0.0.1:9"  # nothing runs on the fake sites: no barrier calls it
 
@@ -48,26 +46,19 @@ class _Died(BaseException):
     """The submitter dies here (nothing on the way out catches a BaseException)."""
 
 
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+Clock = FakeClock
 
 
 @pytest.fixture
 def clock() -> Clock:
-    return Clock(1_000_000.0)
+    return Clock()
 
 
 @pytest.fixture
 def runtime(tmp_path: Path, clock: Clock) -> Iterator[GridRuntime]:
-    grid = default_grid(tmp_path)
-    fakes = {s.name: FakeSite(s, clock=clock) for s in grid.sites}
-    store = open_store(f"sqlite:///{tmp_path}/state.db", upgrade=True)
-    yield GridRuntime(grid, store, adapters=fakes, clock=clock)
-    store.dispose()
+    runtime = fake_site_runtime(tmp_path, clock)
+    yield runtime
+    runtime.store.dispose()
 
 
 def _fake(runtime: GridRuntime, site: str) -> FakeSite:

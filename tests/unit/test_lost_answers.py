@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from gridcore.config import default_grid
 from gridcore.engine import coreservation, health
 from gridcore.engine.coallocation import CoAllocationEngine
 from gridcore.engine.coreservation import CoReservationEngine, CoReservationParams
@@ -48,8 +47,7 @@ from gridcore.sites.slurm import SlurmSite, forget_shared
 from gridcore.state import capacity
 from gridcore.state.capacity import HolderKind
 from gridcore.state.schema import pilots, selections
-from gridcore.state.store import open_store
-from tests.fakes import FakeJob, FakeSite
+from tests.fakes import FakeClock, FakeJob, FakeSite, fake_site_runtime
 
 JOB = JobSubmission("member", "true", 2)
 
@@ -155,22 +153,11 @@ def test_a_silent_server_loses_the_answer_and_a_get_is_not_asked_twice() -> None
 # ------------------------------------------------------------------ the runtime
 
 
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def runtime(tmp_path: Path) -> Iterator[GridRuntime]:
-    clock = Clock(1_000_000.0)
-    grid = default_grid(tmp_path)
-    fakes = {s.name: FakeSite(s, clock=clock) for s in grid.sites}
-    store = open_store(f"sqlite:///{tmp_path}/state.db", upgrade=True)
-    yield GridRuntime(grid, store, adapters=fakes, clock=clock)
-    store.dispose()
+    runtime = fake_site_runtime(tmp_path, FakeClock())
+    yield runtime
+    runtime.store.dispose()
 
 
 def _fake(runtime: GridRuntime, site: str = "local-a") -> FakeSite:
@@ -373,7 +360,7 @@ def test_a_vjm_pilot_whose_answer_was_lost_stays_submitting_and_is_adopted_later
     site.find = original_find  # type: ignore[method-assign]
     monkeypatch.setattr(coreservation, "SUBMIT_DEADLINE_S", 0.0)
     clock = runtime.clock
-    assert isinstance(clock, Clock)
+    assert isinstance(clock, FakeClock)
     clock.now += 1.0
     engine.scan()
 
