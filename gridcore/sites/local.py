@@ -80,13 +80,14 @@ KILL_GRACE_S = 10  # SIGTERM at the limit, SIGKILL this much later (Slurm's Kill
 # The fence: only the wrapper that creates start.N runs attempt N's command. With a time
 # limit a watchdog runs beside it in the same process group: past the limit it marks the
 # attempt timed out and signals the whole group (itself included, so it ignores TERM
-# first); a command that ends in time stops it (its trap stops its sleep too).
-# The trap kills $! rather than $s: a TERM that lands between the sleep's fork and
-# ``s=$!`` runs the trap with $s still empty (the sleep would outlive the job), while $!
-# is set as soon as the ``&`` command completes, before any trap can run.
+# first). It sleeps one second at a time and stops at the first second the job's rc
+# exists (the wrapper also kills it when the command ends): no sleep of the whole limit
+# is left for a signal to miss. A single ``sleep LIMIT`` with a TERM trap left an
+# orphaned 'sleep 600' behind when the TERM landed while the sleep was being forked (the
+# parallel suite hit it twice, after an earlier fix of the same race).
 _WATCHDOG = (
-    "( trap 'kill $! 2>/dev/null; exit 0' TERM; "
-    f'sleep "$(cat {TIME_LIMIT_FILE})" & s=$!; wait $s || exit 0; '
+    f'( n=$(cat {TIME_LIMIT_FILE}); while [ "$n" -gt 0 ] && [ ! -e rc ]; do '
+    "sleep 1; n=$((n - 1)); done; [ -e rc ] && exit 0; "
     f'echo timed out > "start.$GRIDCORE_ATTEMPT/{TIMED_OUT}"; '
     f"trap '' TERM; kill -TERM 0; sleep {KILL_GRACE_S}; kill -KILL 0 ) & w=$!; "
 )
