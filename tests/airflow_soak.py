@@ -562,10 +562,7 @@ def read_dags_test_output(run: DagsTestRun, output: str) -> None:
 
 
 DOUBLE_SCHEDULED = "the scheduler queued its task too (Airflow)"
-# The execution API refusing a task instance's transition because another process moved
-# it ("TI was not in a state where it could be marked as running", "TI was not in the
-# running state so it cannot be updated", with the state it found).
-_REFUSED = "'reason': 'invalid_state'"
+_NOT_STARTABLE = "TI was not in a state where it could be marked as running"
 
 
 def double_scheduled(run: DagsTestRun, scheduler_log: str) -> bool:
@@ -573,10 +570,10 @@ def double_scheduled(run: DagsTestRun, scheduler_log: str) -> bool:
     task too: its run is an ordinary running DagRun of an unpaused DAG in the same
     metadata DB, so the scheduler queues a task instance ``dag.test()`` has just set to
     scheduled and is about to run itself (as apache/airflow#35994 reports for ``tasks
-    test``), and one of the two cannot start it or report its end. Both are required:
-    the scheduler's "Trying to enqueue tasks" line naming the run, and the execution API
-    refusing a transition of its task instance."""
-    if run.run_id is None or not any(_REFUSED in error for error in run.errors):
+    test``), and one of the two cannot start it. Both are required: the scheduler's
+    "Trying to enqueue tasks" line naming the run, and the execution API refusing to
+    start a task instance of it."""
+    if run.run_id is None or not any(_NOT_STARTABLE in error for error in run.errors):
         return False
     return any(
         "Trying to enqueue tasks" in line and run.run_id in line
