@@ -44,7 +44,6 @@ import os
 import re
 import secrets
 import shlex
-import signal
 import statistics
 import subprocess
 import sys
@@ -790,11 +789,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"{DAG_FILE}: the README's minimal DAG is missing")
     base = args.base or Path(tempfile.mkdtemp(prefix="gridcore-soak-"))
     base.mkdir(parents=True, exist_ok=True)
-    # SIGTERM (a timeout, a stopped job) ends this process through its finally blocks,
-    # which stop the services and drop the deployment's databases: by default it would
-    # leave them running, and a Celery worker left behind takes the tasks of the next
-    # deployment that picks its Redis database.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     with stdout_to_stderr():  # Airflow logs to stdout; the report alone goes there
         if args.executor == "local":
             prepare_demo_environment(base)
