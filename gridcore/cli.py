@@ -198,6 +198,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(handler=_serve)
 
+    _trace_parser(sub)
+
     p = sub.add_parser("db", help="state database maintenance")
     p.add_argument("action", choices=["upgrade"])
     common(p, grid=False)
@@ -637,6 +639,31 @@ def _serve(args: argparse.Namespace) -> int:
         serve(store, args.host, args.port)
     finally:
         store.dispose()
+    return 0
+
+
+def _trace_parser(sub: Any) -> None:
+    p = sub.add_parser("trace", help="workload logs (Standard Workload Format, docs/workloads.md)")
+    actions = p.add_subparsers(dest="action", required=True)
+    info = actions.add_parser(
+        "info",
+        help="a log's machine, max procs, job count, span, partitions and unknown fields",
+        description="Read LOG (.swf or gzipped) once and summarize it. --json prints ONE JSON"
+        " object: path, computer, installation, max_procs, max_partitions, unix_start_time,"
+        " jobs, first_submit_s, last_submit_s, span_s, first_submit_utc, last_submit_utc,"
+        " partitions {ID: jobs}, size_unknown, unknown {FIELD: jobs}, statuses {NAME: jobs}."
+        " A malformed log: one line naming file, line and field, exit status 2.",
+    )
+    info.add_argument("log", metavar="LOG.swf[.gz]")
+    info.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    info.set_defaults(handler=_trace_info)
+
+
+def _trace_info(args: argparse.Namespace) -> int:
+    from gridcore.workloads.summary import describe, summarize_log
+
+    summary = summarize_log(args.log)
+    _emit(args, summary.to_json(), "" if args.json else describe(summary))
     return 0
 
 
