@@ -143,6 +143,18 @@ def _parser() -> argparse.ArgumentParser:
         metavar="S",
         help="stateful-selection: seconds between monitor (MDS) reports (default 60, MDS's)",
     )
+    p.add_argument(
+        "--trace",
+        metavar="LOG.swf",
+        help="wait-prediction: the workload log to replay (Standard Workload Format, .swf or"
+        " .swf.gz)",
+    )
+    p.add_argument(
+        "--cluster",
+        type=int,
+        metavar="N",
+        help="wait-prediction: only the jobs of partition N (field 16) of a multi-cluster log",
+    )
     p.add_argument("--plot", help="PNG path (default out/<name>.png; '' to skip)")
     p.set_defaults(handler=_experiment)
 
@@ -444,6 +456,8 @@ def _run_registered(args: argparse.Namespace, entry: registry.Experiment) -> int
         live=getattr(args, "live", None),
         grid=getattr(args, "grid", None) if args.command == "bench" else None,
         site=getattr(args, "site", None),
+        trace=getattr(args, "trace", None),
+        cluster=getattr(args, "cluster", None),
     )
     progress_mode()  # a bad $GRIDCORE_PROGRESS is refused before the run, not in it
     # Log lines during the run are written above the progress bars (stderr), not through them.

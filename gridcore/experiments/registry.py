@@ -40,7 +40,8 @@ class RunOptions:
     growth table as JSON text, parsed by the entry) for koala-placement,
     ``monitor_interval_s``, ``case`` (a selection-robustness case's seed, replayed) and
     ``all_orderings`` (True when given) for stateful-selection, ``cases`` for
-    selection-robustness, ``live`` (True when given) for dataplan. Errors name
+    selection-robustness, ``live`` (True when given) for dataplan, ``trace`` (a workload
+    log's path) and ``cluster`` (its partition) for wait-prediction. Errors name
     the command-line option.
     """
 
@@ -59,6 +60,8 @@ class RunOptions:
     live: bool | None = None
     grid: str | None = None
     site: str | None = None
+    trace: str | None = None
+    cluster: int | None = None
 
     def __post_init__(self) -> None:
         if self.cases is not None and self.cases < 1:
@@ -89,6 +92,8 @@ OPTIONAL_OPTIONS: Mapping[str, str] = MappingProxyType(
         "live": "--live",
         "grid": "--grid",
         "site": "--site",
+        "trace": "--trace",
+        "cluster": "--cluster",
     }
 )
 """The :class:`RunOptions` only some entries take, by the command-line option that sets them."""
@@ -215,6 +220,7 @@ EXPERIMENTS: Mapping[str, str] = MappingProxyType(
         "vjm-deadlock": "gridcore.experiments.coreservation:VJM_DEADLOCK",
         "dataplan": "gridcore.experiments.dataplan:DATAPLAN",
         "dataplan-robustness": "gridcore.experiments.dataplan_robustness:DATAPLAN_ROBUSTNESS",
+        "wait-prediction": "gridcore.experiments.wait_prediction:WAIT_PREDICTION",
     }
 )
 """``gridcore experiment NAME``: the seed papers' experiments on the simulator."""

@@ -1,0 +1,371 @@
+"""``gridcore experiment wait-prediction --trace LOG.swf [--cluster N]``: every wait model
+of :data:`gridcore.policies.wait_prediction.WAIT_MODELS` asked, at each job's submission
+in a real log, for that job's wait, knowing only the past; compared with the logged wait.
+
+The replay's rules and the metrics were fixed before any result on the shared logs:
+``docs/wait-prediction.md`` (section "Fixed before results").
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gridcore.errors import ConfigError
+from gridcore.experiments.registry import Experiment, RunOptions, text_table
+from gridcore.model import ASSUMED_RUNTIME_S
+from gridcore.policies.wait_prediction import (
+    DEFAULT_WAIT_MODEL,
+    WAIT_MODELS,
+    QueuedJob,
+    QueueView,
+    RunningJob,
+    WaitForecast,
+    WaitModel,
+)
+from gridcore.progress import progress
+from gridcore.workloads.swf import SwfJob, iter_jobs, read_header
+
+WAITED_S = 60.0
+"""A job "waited" when its logged wait is above this: a forecast of 0 is within 60 s of
+any shorter one."""
+NEAR_S = (60.0, 600.0)
+REFERENCE = "eq1"
+"""The model whose CPU time the others' is divided by (measured in the same run)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayJob:
+    """One job of the replay: its identity in submit order, what a predictor may see of
+    it, and its logged times."""
+
+    order: int
+    number: int
+    processors: int
+    submit_s: float
+    start_s: float
+    end_s: float
+    requested_s: float
+    user: int | None
+
+    @property
+    def wait_s(self) -> float:
+        return self.start_s - self.submit_s
+
+    def queued(self) -> QueuedJob:
+        return QueuedJob(self.order, self.processors, self.submit_s, self.requested_s, self.user)
+
+    def running(self) -> RunningJob:
+        return RunningJob(self.order, self.processors, self.start_s, self.requested_s, self.user)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The jobs to replay (submit order) on a machine of ``processors``, and what was
+    skipped and filled in (docs/wait-prediction.md)."""
+
+    jobs: tuple[ReplayJob, ...]
+    processors: int
+    processors_from: str
+    skipped: Mapping[str, int]
+    requested_time_filled: int
+
+
+def load_workload(path: str, cluster: int | None = None) -> Workload:
+    """Read ``path`` (partition ``cluster`` only, if given) into a :class:`Workload`."""
+    header = read_header(path)
+    logged = list(iter_jobs(path, partition=cluster))
+    skipped = {"unknown_wait": 0, "unknown_run_time": 0, "unknown_size": 0}
+    kept: list[SwfJob] = []
+    for job in logged:
+        size = job.size
+        if job.wait_s is None:
+            skipped["unknown_wait"] += 1
+        elif job.run_s is None:
+            skipped["unknown_run_time"] += 1
+        elif size is None or size <= 0:
+            skipped["unknown_size"] += 1
+        else:
+            kept.append(job)
+    if cluster is None and header.max_procs is not None:
+        processors, source = header.max_procs, "MaxProcs"
+    else:
+        processors = max((job.size or 0 for job in kept), default=0)
+        source = "largest job" + ("" if cluster is None else f" of partition {cluster}")
+    fitting = [job for job in kept if (job.size or 0) <= processors]
+    skipped["larger_than_machine"] = len(kept) - len(fitting)
+    fitting.sort(key=lambda job: (job.submit_s, job.number))
+    jobs, filled = _replay_jobs(fitting)
+    return Workload(tuple(jobs), processors, source, skipped, filled)
+
+
+def _replay_jobs(logged: Sequence[SwfJob]) -> tuple[list[ReplayJob], int]:
+    """The jobs with their requested times, an unknown one (or not above 0) replaced by
+    the largest given before it, else :data:`~gridcore.model.ASSUMED_RUNTIME_S`."""
+    jobs: list[ReplayJob] = []
+    largest: float | None = None
+    filled = 0
+    for order, job in enumerate(logged):
+        requested = job.requested_s
+        if requested is None or requested <= 0:
+            requested = ASSUMED_RUNTIME_S if largest is None else largest
+            filled += 1
+        else:
+            largest = requested if largest is None else max(largest, requested)
+        start = job.submit_s + (job.wait_s or 0.0)
+        user = job.user
+        jobs.append(
+            ReplayJob(
+                order,
+                job.number,
+                job.size or 0,
+                job.submit_s,
+                start,
+                start + (job.run_s or 0.0),
+                requested,
+                user,
+            )
+        )
+    return jobs, filled
+
+
+@dataclass
+class _Timed:
+    """A model and the CPU seconds spent in it."""
+
+    model: WaitModel
+    cpu_s: float = 0.0
+
+
+_END, _START = 0, 1
+
+
+def replay(
+    workload: Workload, models: Mapping[str, WaitModel]
+) -> tuple[dict[str, list[WaitForecast]], dict[str, float]]:
+    """Ask every model for every job's wait at its submission, showing only the past
+    (docs/wait-prediction.md): the forecasts per model in job order, and the CPU seconds
+    each model spent in its own calls."""
+    timed = {name: _Timed(model) for name, model in models.items()}
+    forecasts: dict[str, list[WaitForecast]] = {name: [] for name in models}
+    _run_replay(workload, timed, forecasts)
+    return forecasts, {name: entry.cpu_s for name, entry in timed.items()}
+
+
+def _run_replay(
+    workload: Workload,
+    timed: Mapping[str, _Timed],
+    forecasts: Mapping[str, list[WaitForecast]],
+) -> None:
+    events: list[tuple[float, int, int]] = []  # (time, _END before _START, order)
+    queued: dict[int, QueuedJob] = {}
+    running: dict[int, RunningJob] = {}
+    jobs = workload.jobs
+    clock = time.process_time
+    for job in progress(jobs, "jobs", unit="job"):
+        now = job.submit_s
+        while events and events[0][0] <= now:
+            at, kind, order = heapq.heappop(events)
+            past = jobs[order]
+            if kind == _START:
+                shown = queued.pop(order)
+                running[order] = past.running()
+                heapq.heappush(events, (past.end_s, _END, order))
+                for entry in timed.values():
+                    began = clock()
+                    entry.model.observe_start(shown, past.submit_s, at)
+                    entry.cpu_s += clock() - began
+            else:
+                ended = running.pop(order)
+                for entry in timed.values():
+                    began = clock()
+                    entry.model.observe_end(ended, past.start_s, at)
+                    entry.cpu_s += clock() - began
+        view = QueueView(now, workload.processors, tuple(running.values()), tuple(queued.values()))
+        shown = job.queued()
+        for name, entry in timed.items():
+            began = clock()
+            answer = entry.model.forecast(shown, view)
+            entry.cpu_s += clock() - began
+            forecasts[name].append(answer)
+        queued[job.order] = shown
+        heapq.heappush(events, (job.start_s, _START, job.order))
+
+
+def wait_prediction_experiment(path: str, cluster: int | None = None) -> dict[str, Any]:
+    """The figures of ``gridcore experiment wait-prediction`` (module docstring)."""
+    workload = load_workload(path, cluster)
+    if not workload.jobs:
+        raise ConfigError(f"{path}: no job to replay (skipped: {dict(workload.skipped)})")
+    models = {name: factory() for name, factory in WAIT_MODELS.items()}
+    forecasts, cpu_s = replay(workload, models)
+    actual = np.array([job.wait_s for job in workload.jobs])
+    waited = actual > WAITED_S
+    predictors: dict[str, Any] = {}
+    count = len(workload.jobs)
+    for name, answers in forecasts.items():
+        point = np.array([a.wait_s for a in answers])
+        bound = np.array([math.inf if a.bound_s is None else a.bound_s for a in answers])
+        has_bound = any(a.confidence is not None for a in answers)
+        s_per_1000 = cpu_s[name] / count * 1000.0
+        predictors[name] = {
+            "all": metrics(point, actual, bound if has_bound else None),
+            "waited": metrics(point[waited], actual[waited], bound[waited] if has_bound else None),
+            "s_per_1000": s_per_1000,
+        }
+    reference = predictors[REFERENCE]["s_per_1000"]
+    for figures in predictors.values():
+        figures[f"s_per_1000_over_{REFERENCE}"] = (
+            figures["s_per_1000"] / reference if reference > 0 else None
+        )
+    return {
+        "jobs": count,
+        "default": DEFAULT_WAIT_MODEL,
+        "skipped": dict(workload.skipped),
+        "predictors": predictors,
+        "trace": {
+            "path": path,
+            "cluster": cluster,
+            "processors": workload.processors,
+            "processors_from": workload.processors_from,
+            "requested_time_filled": workload.requested_time_filled,
+            "waited": int(waited.sum()),
+        },
+        "done_when": done_when(predictors),
+    }
+
+
+def metrics(forecast: np.ndarray, actual: np.ndarray, bound: np.ndarray | None) -> dict[str, Any]:
+    """The figures of one predictor on one set of jobs (docs/wait-prediction.md)."""
+    jobs = int(actual.size)
+    if jobs == 0:
+        return {"jobs": 0}
+    error = np.abs(forecast - actual)
+    figures: dict[str, Any] = {"jobs": jobs}
+    for near in NEAR_S:
+        figures[f"within_{near:.0f}s"] = float(np.mean(error <= near))
+    figures["median_abs_error_s"] = float(np.median(error))
+    figures["rank_correlation"] = spearman(forecast, actual)
+    if bound is not None:
+        # an infinite bound is no bound (the model gave none): not covered
+        figures["coverage"] = float(np.mean(np.isfinite(bound) & (actual <= bound)))
+        ratio = float(np.median(bound / np.maximum(actual, WAITED_S)))
+        figures["bound_over_actual_median"] = ratio if math.isfinite(ratio) else None
+        figures["bounded"] = float(np.mean(np.isfinite(bound)))
+    return figures
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float | None:
+    """Spearman's rank correlation, average ranks for ties; ``None`` when either side
+    is constant (no ranking to correlate)."""
+    rx, ry = _ranks(x), _ranks(y)
+    sx, sy = rx.std(), ry.std()
+    if sx == 0 or sy == 0:
+        return None
+    return float(np.mean((rx - rx.mean()) * (ry - ry.mean())) / (sx * sy))
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+    before = np.cumsum(counts) - counts
+    return (before + (counts + 1) / 2.0)[inverse]
+
+
+def done_when(predictors: Mapping[str, Any]) -> dict[str, Any]:
+    """Issue 22's criteria for the default model on this log (docs/wait-prediction.md)."""
+    default = predictors[DEFAULT_WAIT_MODEL]
+    ratio = default["all"].get("bound_over_actual_median")
+    return {
+        "within_600s_waited_above_backfill": default["waited"].get("within_600s", 0.0)
+        > predictors["backfill"]["waited"].get("within_600s", 0.0),
+        "coverage_at_least_0.95": default["all"].get("coverage", 0.0) >= 0.95,
+        "bound_over_actual_median_at_most_5": ratio is not None and ratio <= 5.0,
+    }
+
+
+def wait_prediction_table(result: Mapping[str, Any]) -> str:
+    """One line per model: waited jobs' accuracy, every job's bound, CPU time."""
+    columns = [
+        ("predictor", "<18"),
+        ("waited", ">6d"),
+        ("w<=60s", ">6.3f"),
+        ("w<=600s", ">7.3f"),
+        ("w_med_err_s", ">11.0f"),
+        ("w_rank", ">6s"),
+        ("all<=600s", ">9.3f"),
+        ("coverage", ">8s"),
+        ("bound/act", ">9s"),
+        ("s/1000", ">7.3f"),
+    ]
+    rows = []
+    for name, figures in result["predictors"].items():
+        waited, every = figures["waited"], figures["all"]
+        rows.append(
+            [
+                name + (" *" if name == result["default"] else ""),
+                waited["jobs"],
+                waited.get("within_60s", 0.0),
+                waited.get("within_600s", 0.0),
+                waited.get("median_abs_error_s", 0.0),
+                _optional(waited.get("rank_correlation"), ".3f"),
+                every["within_600s"],
+                _optional(every.get("coverage"), ".3f"),
+                _optional(every.get("bound_over_actual_median"), ".2f"),
+                figures["s_per_1000"],
+            ]
+        )
+    return text_table(columns, rows)
+
+
+def _optional(value: float | None, spec: str) -> str:
+    return "-" if value is None else f"{value:{spec}}"
+
+
+def plot_wait_prediction(result: Mapping[str, Any], path: str) -> None:
+    """Write a PNG: per model, the share of waited jobs within 60 s and 600 s, and the
+    bound's coverage where it has one."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    predictors: Mapping[str, Mapping[str, Any]] = result["predictors"]
+    names = list(predictors)
+    figure = Figure(figsize=(10, 4))
+    FigureCanvasAgg(figure)
+    left, right = figure.subplots(1, 2)
+    positions = np.arange(len(names))
+    for offset, key in ((-0.2, "within_60s"), (0.2, "within_600s")):
+        shares = [predictors[n]["waited"].get(key, 0.0) for n in names]
+        left.bar(positions + offset, shares, width=0.4, label=key)
+    left.set_title(f"waited jobs (> {WAITED_S:.0f} s): |forecast - actual| within", fontsize=9)
+    left.legend(fontsize=8)
+    coverage = [predictors[n]["all"].get("coverage") or 0.0 for n in names]
+    right.bar(positions, coverage)
+    right.axhline(0.95, color="black", linewidth=0.8)
+    right.set_title("0.95 bound's coverage (all jobs)", fontsize=9)
+    for ax in (left, right):
+        ax.set_xticks(positions, names, rotation=30, ha="right", fontsize=8)
+        ax.set_ylim(0, 1)
+    figure.suptitle(f"{result['trace']['path']}: {result['jobs']} jobs", fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path, format="png", dpi=100)
+
+
+def _run(options: RunOptions) -> dict[str, Any]:
+    if options.trace is None:
+        raise ConfigError("--trace: wait-prediction replays a workload log (SWF); give its path")
+    return wait_prediction_experiment(options.trace, options.cluster)
+
+
+WAIT_PREDICTION = Experiment(
+    "Issue 22: wait models asked at each job's submission in a real log (SWF), vs its wait",
+    _run,
+    wait_prediction_table,
+    plot_wait_prediction,
+    takes=frozenset({"trace", "cluster"}),
+)

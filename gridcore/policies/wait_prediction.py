@@ -1,0 +1,557 @@
+"""How long will a job wait in one cluster's queue? Wait models over a queue snapshot.
+
+The API the selection and VJM engines and the simulator call (design, the replay that
+measures these models on real logs and its figures: ``docs/wait-prediction.md``):
+
+* :class:`QueueView`: what one cluster shows at ``now``: its processors, the jobs
+  running (:class:`RunningJob`: processors, start, requested time, user; never their
+  actual run time) and the jobs queued, first come first (:class:`QueuedJob`).
+* :class:`WaitModel`: ``name``, ``forecast(job, view) -> WaitForecast`` for a job not
+  yet in ``view.queued`` (it joins at the back), and ``observe_start(job, submitted_at,
+  started_at)`` / ``observe_end(job, started_at, ended_at)``, through which the
+  history-keeping models learn the waits of started jobs and the run times of finished
+  ones, in time order. A model never sees anything else: a forecast uses the past only.
+* :class:`WaitForecast`: the point estimate ``wait_s``, where the model has one a bound
+  ``bound_s`` at ``confidence`` (``None``: no bound), and a reason a person can read.
+* :data:`WAIT_MODELS`: name -> factory of a fresh model; :data:`DEFAULT_WAIT_MODEL`.
+
+The models (each one ``WAIT_MODELS`` entry):
+
+``eq1``
+    VJM Eq. 1 as it is (:func:`gridcore.policies.coreservation.expected_wait` over
+    :func:`gridcore.policies.queue_stats.estimate_queue_stats`), ``VJ_seq`` 0.
+``eq_w``
+    The default selection's Eq. W as it is
+    (:func:`gridcore.policies.selection.estimated_queue_delay`) on a snapshot built from
+    the view, the job's runtime being its requested time.
+``backfill``
+    What Slurm's estimate does: conservative backfill planning with requested times
+    (:func:`plan_starts`).
+``qbets``
+    Nurmi, Brevik, Wolski (JSSPP 2007): a binomial upper confidence bound on the 0.95
+    quantile of observed waits per size bin, with change-point trimming
+    (:class:`QuantileHistory`).
+``predicted_backfill`` (the default)
+    :func:`plan_starts` with run times predicted as Tsafrir, Etsion & Feitelson 2007
+    (:class:`UserRuntimes`), and a split-conformal bound: QBETS's bound on this model's
+    own recent residuals, binned by forecast.
+
+Pure: no I/O, no clock, no randomness. The models keep history in memory (bounded).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Protocol
+
+import numpy as np
+
+from gridcore.model import JobRequest, SiteSnapshot
+from gridcore.policies.coreservation import expected_wait
+from gridcore.policies.queue_stats import WINDOW, QueueRecord, estimate_queue_stats
+from gridcore.policies.selection import (
+    DEFAULT_PROTOCOL,
+    effective_idle,
+    estimated_queue_delay,
+)
+
+QUANTILE = 0.95
+CONFIDENCE = 0.95
+RARE = 0.01
+"""QBETS's defaults: the 0.95 quantile at 0.95 confidence; a run of misses is a change
+point when it is less likely than 1 % while the bound holds."""
+
+SIZE_BINS = (4, 16, 64)
+"""QBETS's processor-count bins as deployed (Nurmi et al. 2007): 1-4, 5-16, 17-64, 65+."""
+
+FORECAST_BINS_S = (0.0, 600.0, 3600.0, 14400.0)
+"""The conformal bound's bins by forecast: 0, (0, 600], (600, 3600], (3600, 14400], more."""
+
+RESIDUAL_WINDOW = 1000
+"""The conformal bound reads the last this many residuals of a bin."""
+
+PENDING_LIMIT = 10_000
+"""Forecasts waiting for their job's start that ``predicted_backfill`` remembers; the
+oldest are forgotten beyond it (a job cancelled while queued never starts)."""
+
+EWMA_WEIGHT = 0.3
+"""Eq. W's observed means, as the live engine folds them
+(``gridcore.engine.selection.EWMA_WEIGHT``; policies do not import engines)."""
+
+
+# -- the view and the answer ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedJob:
+    """A job waiting (or about to be submitted): its processors, submit time, requested
+    time limit (s) and user (``None``: unknown)."""
+
+    job_id: Hashable
+    processors: int
+    submitted_at: float
+    requested_s: float
+    user: int | str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    """A job running since ``started_at``; its actual run time is not known."""
+
+    job_id: Hashable
+    processors: int
+    started_at: float
+    requested_s: float
+    user: int | str | None = None
+
+
+@dataclass(frozen=True)
+class QueueView:
+    """One cluster at ``now``: ``queued`` in the order the scheduler serves them (first
+    come, first served: submit time, then id)."""
+
+    now: float
+    total_processors: int
+    running: tuple[RunningJob, ...] = ()
+    queued: tuple[QueuedJob, ...] = ()
+
+
+@dataclass(frozen=True)
+class WaitForecast:
+    """A model's answer: ``wait_s`` from now; ``bound_s`` (or ``None``) with
+    P(wait <= bound) >= ``confidence`` as the model claims it."""
+
+    predictor: str
+    wait_s: float
+    bound_s: float | None
+    confidence: float | None
+    reason: str
+
+
+class WaitModel(Protocol):
+    """A wait model (module docstring)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def forecast(self, job: QueuedJob, view: QueueView) -> WaitForecast: ...
+
+    def observe_start(self, job: QueuedJob, submitted_at: float, started_at: float) -> None: ...
+
+    def observe_end(self, job: RunningJob, started_at: float, ended_at: float) -> None: ...
+
+
+# -- conservative backfill planning ---------------------------------------------------------
+
+
+def plan_starts(
+    now: float,
+    total_processors: int,
+    running_ends: Iterable[tuple[float, int]],
+    jobs: Iterable[tuple[int, float]],
+) -> list[float]:
+    """Conservative backfill (Mu'alem & Feitelson 2001; Slurm's start-time estimate):
+    the start of each of ``jobs`` ((processors, duration s), first come first) when each
+    is placed, in turn, at the earliest time from ``now`` at which its processors are free
+    for its whole duration, given the running jobs (``running_ends``: (end, processors);
+    an end not after ``now`` frees its processors at ``now``) and the jobs placed before
+    it. A job may start before earlier ones (a hole), never delaying them.
+
+    The profile is a step function of free processors over breakpoints (numpy arrays);
+    a placement finds the first run of segments with enough processors that lasts the
+    duration, in O(breakpoints)."""
+    ends: dict[float, int] = {}
+    busy = 0
+    for end, processors in running_ends:
+        if end > now:
+            ends[end] = ends.get(end, 0) + processors
+            busy += processors
+    order = sorted(ends)
+    times = np.array([now, *order], dtype=float)
+    freed = np.array([0, *(ends[t] for t in order)], dtype=np.int64)
+    free = total_processors - busy + np.cumsum(freed)
+    starts: list[float] = []
+    for processors, duration in jobs:
+        times, free, start = _place(times, free, processors, duration)
+        starts.append(start)
+    return starts
+
+
+def _place(
+    times: np.ndarray, free: np.ndarray, processors: int, duration: float
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """Place one job on the profile (:func:`plan_starts`): the profile after, its start."""
+    ok = free >= processors
+    edges = np.diff(np.concatenate(([0], ok.view(np.int8), [0])))
+    run_first = np.flatnonzero(edges == 1)
+    run_stop = np.flatnonzero(edges == -1)  # the first segment after each run
+    if run_first.size == 0:
+        raise ValueError(f"{processors} processors never free (at most {int(free[-1])})")
+    stop_times = np.append(times, math.inf)[run_stop]
+    lasting = np.flatnonzero(stop_times - times[run_first] >= duration)
+    first = int(run_first[lasting[0]])
+    start = float(times[first])
+    if duration <= 0:
+        return times, free, start
+    end = start + duration
+    last = int(np.searchsorted(times, end))  # the segment where the job's end falls
+    if last == times.size or times[last] != end:
+        times = np.insert(times, last, end)
+        free = np.insert(free, last, free[last - 1])
+    free = free.copy() if free.base is not None else free
+    free[first:last] -= processors
+    return times, free, start
+
+
+# -- QBETS: the binomial order statistic and change points ---------------------------------
+
+
+_ORDER_STATISTICS: dict[tuple[int, float, float], int | None] = {}
+
+
+def order_statistic(
+    n: int, quantile: float = QUANTILE, confidence: float = CONFIDENCE
+) -> int | None:
+    """The smallest k (1-based) such that P(Binomial(n, quantile) < k) >= ``confidence``:
+    the k-th smallest of n exchangeable observations is then an upper bound on their
+    ``quantile`` at that confidence (Nurmi et al. 2007). ``None`` when even the largest
+    (k = n) is not enough: too little history (n < 59 at 0.95 / 0.95)."""
+    key = (n, quantile, confidence)
+    if key not in _ORDER_STATISTICS:
+        _ORDER_STATISTICS[key] = _order_statistic(n, quantile, confidence)
+    return _ORDER_STATISTICS[key]
+
+
+def _order_statistic(n: int, quantile: float, confidence: float) -> int | None:
+    # P(X < k) >= c  <=>  P(X >= k) <= 1 - c; the upper tail summed from X = n down
+    # (log-space terms: q ** n underflows for long histories).
+    if n <= 0:
+        return None
+    allowed = 1.0 - confidence
+    log_q, log_p = math.log(quantile), math.log1p(-quantile)
+    log_n = math.lgamma(n + 1)
+    tail = 0.0
+    for k in range(n, -1, -1):
+        term = log_n - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * log_q + (n - k) * log_p
+        if tail + math.exp(term) > allowed * (1 + 1e-12):
+            return k + 1 if k + 1 <= n else None
+        tail += math.exp(term)
+    return 1
+
+
+def change_point_run(quantile: float = QUANTILE, rare: float = RARE) -> int:
+    """The least number of consecutive observations above a bound on the ``quantile``
+    whose probability, while the bound holds, is below ``rare``: ``(1 - quantile) ** r
+    < rare`` (2 at 0.95 and 1 %). A run that long marks a change point (Nurmi et al.)."""
+    miss = 1.0 - quantile
+    run = 1
+    while miss**run >= rare:
+        run += 1
+    return run
+
+
+class QuantileHistory:
+    """QBETS on one series: observations in time order, the bound on their quantile
+    (:func:`order_statistic`), and change-point trimming: an observation above the bound
+    the history gave just before it is a miss; a run of :func:`change_point_run` misses
+    in a row trims the history to that run (the observations since the change).
+
+    ``window``: keep at most the last this many observations (``None``: all)."""
+
+    def __init__(
+        self,
+        quantile: float = QUANTILE,
+        confidence: float = CONFIDENCE,
+        rare: float = RARE,
+        window: int | None = None,
+    ) -> None:
+        self.quantile, self.confidence = quantile, confidence
+        self.window = window
+        self._values: deque[float] = deque()
+        self._sorted: list[float] = []
+        self._misses = 0
+        self._run = change_point_run(quantile, rare)
+        self.trims = 0
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def add(self, value: float) -> None:
+        bound = self.bound()
+        self._misses = self._misses + 1 if bound is not None and value > bound else 0
+        self._values.append(value)
+        bisect.insort(self._sorted, value)
+        if self.window is not None and len(self._values) > self.window:
+            old = self._values.popleft()
+            del self._sorted[bisect.bisect_left(self._sorted, old)]
+        if self._misses >= self._run:
+            kept = list(self._values)[-self._misses :]
+            self._values = deque(kept)
+            self._sorted = sorted(kept)
+            self._misses = 0
+            self.trims += 1
+
+    def bound(self) -> float | None:
+        """The upper bound on the quantile; the largest value when the history is too
+        short for one; ``None`` with no history."""
+        if not self._sorted:
+            return None
+        k = order_statistic(len(self._sorted), self.quantile, self.confidence)
+        return self._sorted[-1] if k is None else self._sorted[k - 1]
+
+    def exact(self) -> bool:
+        """Is :meth:`bound` the order statistic (not the fallback to the largest)?"""
+        return order_statistic(len(self._sorted), self.quantile, self.confidence) is not None
+
+    def median(self) -> float | None:
+        if not self._sorted:
+            return None
+        n = len(self._sorted)
+        middle = n // 2
+        if n % 2:
+            return self._sorted[middle]
+        return (self._sorted[middle - 1] + self._sorted[middle]) / 2.0
+
+
+# -- Tsafrir's run-time prediction ----------------------------------------------------------
+
+
+def tsafrir_runtime(recent: Sequence[float], requested_s: float) -> float:
+    """Tsafrir, Etsion & Feitelson 2007 (IEEE TPDS), Sec. 3: the mean of the user's last
+    two finished jobs' run times (``recent``, oldest first), at most the job's requested
+    time; the requested time when the user has fewer than two."""
+    if len(recent) < 2:
+        return requested_s
+    return min(requested_s, (recent[-1] + recent[-2]) / 2.0)
+
+
+class UserRuntimes:
+    """The last two run times of each user's finished jobs (:func:`tsafrir_runtime`)."""
+
+    def __init__(self) -> None:
+        self._recent: dict[int | str, deque[float]] = {}
+
+    def add(self, user: int | str | None, runtime_s: float) -> None:
+        if user is not None:
+            self._recent.setdefault(user, deque(maxlen=2)).append(runtime_s)
+
+    def predict(self, user: int | str | None, requested_s: float) -> float:
+        recent = self._recent.get(user) if user is not None else None
+        return tsafrir_runtime(recent or (), requested_s)
+
+    def predicted_end(self, job: RunningJob, now: float) -> float:
+        """When ``job`` is predicted to end: start + predicted run time; one that has
+        outlived its prediction, at its requested end; one past that, now."""
+        end = job.started_at + self.predict(job.user, job.requested_s)
+        if end <= now:
+            end = job.started_at + job.requested_s
+        return max(end, now)
+
+
+# -- the models -----------------------------------------------------------------------------
+
+
+class Eq1Model:
+    """VJM Eq. 1 over the last :data:`~gridcore.policies.queue_stats.WINDOW` starts and
+    the queue (module docstring)."""
+
+    name = "eq1"
+
+    def __init__(self) -> None:
+        self._started: deque[QueueRecord] = deque(maxlen=WINDOW)
+
+    def forecast(self, job: QueuedJob, view: QueueView) -> WaitForecast:
+        records = [QueueRecord(q.submitted_at) for q in view.queued]
+        records.extend(self._started)
+        stats = estimate_queue_stats(records, view.now)
+        wait = expected_wait(stats, 0)
+        reason = (
+            f"Eq. 1: T_w {stats.t_w:.0f} - T_ffw {stats.t_ffw:.0f}"
+            f" + dt {stats.dt:.0f} x (QL {stats.ql} + VJ_seq 0) = {wait:.0f} s"
+        )
+        return WaitForecast(self.name, wait, None, None, reason)
+
+    def observe_start(self, job: QueuedJob, submitted_at: float, started_at: float) -> None:
+        self._started.append(QueueRecord(submitted_at, started_at))
+
+    def observe_end(self, job: RunningJob, started_at: float, ended_at: float) -> None:
+        return None
+
+
+class EqWModel:
+    """The default selection's Eq. W on a snapshot built from the view (module
+    docstring); the observed means are the live engine's EWMAs over finished jobs."""
+
+    name = "eq_w"
+
+    def __init__(self) -> None:
+        self._mean_wait: float | None = None
+        self._mean_runtime: float | None = None
+        self._waits: dict[Hashable, float] = {}
+
+    def forecast(self, job: QueuedJob, view: QueueView) -> WaitForecast:
+        running = sum(r.processors for r in view.running)
+        snapshot = SiteSnapshot(
+            site="cluster",
+            total_processors=view.total_processors,
+            idle_processors=view.total_processors - running,
+            external_pending_processors=sum(q.processors for q in view.queued),
+            pending_jobs=len(view.queued),
+            mean_queue_wait_s=self._mean_wait,
+            mean_runtime_s=self._mean_runtime,
+        )
+        request = JobRequest(str(job.job_id), job.processors, job.requested_s)
+        idle = effective_idle(snapshot, DEFAULT_PROTOCOL)
+        wait = estimated_queue_delay(request, snapshot, idle)
+        reason = (
+            f"Eq. W: {idle} free of {view.total_processors} for {job.processors}"
+            f" (observed wait {self._mean_wait or 0:.0f} s,"
+            f" runtime {self._mean_runtime or 0:.0f} s)"
+        )
+        return WaitForecast(self.name, wait, None, None, reason)
+
+    def observe_start(self, job: QueuedJob, submitted_at: float, started_at: float) -> None:
+        self._waits[job.job_id] = started_at - submitted_at
+
+    def observe_end(self, job: RunningJob, started_at: float, ended_at: float) -> None:
+        wait = self._waits.pop(job.job_id, None)
+        if wait is not None:
+            self._mean_wait = _ewma(self._mean_wait, wait)
+        self._mean_runtime = _ewma(self._mean_runtime, ended_at - started_at)
+
+
+def _ewma(mean: float | None, value: float) -> float:
+    return value if mean is None else (1 - EWMA_WEIGHT) * mean + EWMA_WEIGHT * value
+
+
+class BackfillModel:
+    """Slurm's estimate: :func:`plan_starts` with every job's requested time."""
+
+    name = "backfill"
+
+    def forecast(self, job: QueuedJob, view: QueueView) -> WaitForecast:
+        ends = ((r.started_at + r.requested_s, r.processors) for r in view.running)
+        queue = [(q.processors, q.requested_s) for q in view.queued]
+        queue.append((job.processors, job.requested_s))
+        start = plan_starts(view.now, view.total_processors, ends, queue)[-1]
+        wait = start - view.now
+        reason = (
+            f"conservative backfill with requested times: {len(view.queued)} queued ahead,"
+            f" starts at +{wait:.0f} s"
+        )
+        return WaitForecast(self.name, wait, None, None, reason)
+
+    def observe_start(self, job: QueuedJob, submitted_at: float, started_at: float) -> None:
+        return None
+
+    def observe_end(self, job: RunningJob, started_at: float, ended_at: float) -> None:
+        return None
+
+
+def size_bin(processors: int) -> int:
+    """The index of ``processors`` in :data:`SIZE_BINS` (0: 1-4, ..., 3: 65+)."""
+    return bisect.bisect_left(SIZE_BINS, processors)
+
+
+class QbetsModel:
+    """QBETS: per size bin, the median observed wait and the bound of a
+    :class:`QuantileHistory` of observed waits."""
+
+    name = "qbets"
+
+    def __init__(self) -> None:
+        self._bins = [QuantileHistory() for _ in range(len(SIZE_BINS) + 1)]
+
+    def forecast(self, job: QueuedJob, view: QueueView) -> WaitForecast:
+        index = size_bin(job.processors)
+        history = self._bins[index]
+        label = _size_label(index)
+        median, bound = history.median(), history.bound()
+        if median is None:
+            why = f"no wait observed yet for {label} processors: 0, no bound"
+            return WaitForecast(self.name, 0.0, None, None, why)
+        how = "binomial bound" if history.exact() else "too little history: the largest wait"
+        reason = f"{label} processors, {len(history)} waits: median {median:.0f} s, {how}"
+        return WaitForecast(self.name, median, bound, CONFIDENCE, reason)
+
+    def observe_start(self, job: QueuedJob, submitted_at: float, started_at: float) -> None:
+        self._bins[size_bin(job.processors)].add(started_at - submitted_at)
+
+    def observe_end(self, job: RunningJob, started_at: float, ended_at: float) -> None:
+        return None
+
+
+def _size_label(index: int) -> str:
+    low = 1 if index == 0 else SIZE_BINS[index - 1] + 1
+    return f"{low}+" if index == len(SIZE_BINS) else f"{low}-{SIZE_BINS[index]}"
+
+
+def forecast_bin(wait_s: float) -> int:
+    """The index of ``wait_s`` in :data:`FORECAST_BINS_S` (0: exactly 0 s)."""
+    return bisect.bisect_left(FORECAST_BINS_S, wait_s)
+
+
+class PredictedBackfillModel:
+    """The default: :func:`plan_starts` with Tsafrir's predicted run times, and a
+    split-conformal bound from this model's own residuals (module docstring)."""
+
+    name = "predicted_backfill"
+
+    def __init__(self) -> None:
+        self.runtimes = UserRuntimes()
+        self._residuals = [
+            QuantileHistory(window=RESIDUAL_WINDOW) for _ in range(len(FORECAST_BINS_S) + 1)
+        ]
+        self._pending: dict[Hashable, float] = {}
+
+    def forecast(self, job: QueuedJob, view: QueueView) -> WaitForecast:
+        now = view.now
+        ends = ((self.runtimes.predicted_end(r, now), r.processors) for r in view.running)
+        queue = [(q.processors, self.runtimes.predict(q.user, q.requested_s)) for q in view.queued]
+        queue.append((job.processors, self.runtimes.predict(job.user, job.requested_s)))
+        wait = plan_starts(now, view.total_processors, ends, queue)[-1] - now
+        self._remember(job.job_id, wait)
+        index = forecast_bin(wait)
+        history = self._residuals[index]
+        margin = history.bound()
+        plan = f"backfill with predicted run times: {len(view.queued)} queued ahead, +{wait:.0f} s"
+        if margin is None:
+            return WaitForecast(self.name, wait, None, None, f"{plan}; no residual yet in its bin")
+        how = "binomial bound" if history.exact() else "too few residuals: the largest"
+        reason = f"{plan}; {len(history)} residuals in its bin, {how} +{max(0.0, margin):.0f} s"
+        return WaitForecast(self.name, wait, wait + max(0.0, margin), CONFIDENCE, reason)
+
+    def _remember(self, job_id: Hashable, wait: float) -> None:
+        self._pending.pop(job_id, None)
+        self._pending[job_id] = wait
+        if len(self._pending) > PENDING_LIMIT:
+            del self._pending[next(iter(self._pending))]
+
+    def observe_start(self, job: QueuedJob, submitted_at: float, started_at: float) -> None:
+        forecast = self._pending.pop(job.job_id, None)
+        if forecast is not None:
+            actual = started_at - submitted_at
+            self._residuals[forecast_bin(forecast)].add(actual - forecast)
+
+    def observe_end(self, job: RunningJob, started_at: float, ended_at: float) -> None:
+        self.runtimes.add(job.user, ended_at - started_at)
+
+
+WAIT_MODELS: Mapping[str, Callable[[], WaitModel]] = MappingProxyType(
+    {
+        "eq1": Eq1Model,
+        "eq_w": EqWModel,
+        "backfill": BackfillModel,
+        "qbets": QbetsModel,
+        "predicted_backfill": PredictedBackfillModel,
+    }
+)
+"""Every wait model by name: a factory of a fresh one (no history)."""
+
+DEFAULT_WAIT_MODEL = "predicted_backfill"
+"""The model decisions use: fixed before the measurements (docs/wait-prediction.md)."""

@@ -1,0 +1,407 @@
+"""Wait models (gridcore.policies.wait_prediction) and the wait-prediction experiment that
+replays a real log against them (docs/wait-prediction.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gridcore.cli import main
+from gridcore.experiments.wait_prediction import (
+    load_workload,
+    metrics,
+    replay,
+    spearman,
+)
+from gridcore.policies.wait_prediction import (
+    DEFAULT_WAIT_MODEL,
+    WAIT_MODELS,
+    PredictedBackfillModel,
+    QbetsModel,
+    QuantileHistory,
+    QueuedJob,
+    QueueView,
+    RunningJob,
+    UserRuntimes,
+    change_point_run,
+    forecast_bin,
+    order_statistic,
+    plan_starts,
+    size_bin,
+    tsafrir_runtime,
+)
+
+FIXTURES = Path(__file__).parent.parent / "data" / "swf"
+HEADS = sorted(FIXTURES.glob("*-head.swf.gz"))
+
+
+# -- conservative backfill planning --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("now", "running", "jobs", "starts"),
+    [
+        pytest.param(0.0, [(100.0, 4)], [(6, 50.0)], [0.0], id="a job that fits now waits 0"),
+        pytest.param(
+            0.0,
+            [(100.0, 8)],
+            [(10, 50.0), (2, 200.0)],
+            [100.0, 150.0],
+            id="FCFS reservation: 2 free now, but 200 s would delay the 10-job at 100",
+        ),
+        pytest.param(
+            0.0,
+            [(100.0, 8)],
+            [(10, 50.0), (2, 100.0)],
+            [100.0, 0.0],
+            id="backfill into the hole before the reservation",
+        ),
+        pytest.param(
+            0.0,
+            [(100.0, 8)],
+            [(10, 50.0), (2, 101.0)],
+            [100.0, 150.0],
+            id="one second too long for the hole",
+        ),
+        pytest.param(
+            100.0,
+            [(50.0, 8)],
+            [(10, 10.0)],
+            [100.0],
+            id="a running job past its requested time ends now",
+        ),
+        pytest.param(
+            0.0,
+            [(200.0, 4), (300.0, 4)],
+            [(6, 100.0), (4, 100.0), (2, 50.0)],
+            [200.0, 300.0, 0.0],
+            id="FCFS order kept, a small job backfills",
+        ),
+        pytest.param(
+            0.0,
+            [(200.0, 4), (300.0, 4)],
+            [(6, 100.0), (4, 50.0)],
+            [200.0, 300.0],
+            id="the second waits behind the first's reservation",
+        ),
+        pytest.param(
+            0.0, [(100.0, 10)], [(3, 0.0)], [100.0], id="zero duration: first free instant"
+        ),
+        pytest.param(
+            100.0, [], [(10, 5.0), (10, 5.0)], [100.0, 105.0], id="an idle machine, in turn"
+        ),
+    ],
+)
+def test_conservative_backfill_plan(
+    now: float,
+    running: list[tuple[float, int]],
+    jobs: list[tuple[int, float]],
+    starts: list[float],
+) -> None:
+    assert plan_starts(now, 10, running, jobs) == starts
+
+
+def test_plan_matches_a_brute_force_planner_on_random_queues() -> None:
+    rng = random.Random(7)
+    for _ in range(200):
+        total = rng.randint(4, 32)
+        running = [(rng.uniform(-50, 500), rng.randint(1, total // 2)) for _ in range(3)]
+        jobs = [(rng.randint(1, total), float(rng.choice([0, 10, 60, 200]))) for _ in range(6)]
+        assert plan_starts(0.0, total, running, jobs) == pytest.approx(
+            _brute_force(0.0, total, running, jobs)
+        )
+
+
+def _brute_force(
+    now: float, total: int, running: list[tuple[float, int]], jobs: list[tuple[int, float]]
+) -> list[float]:
+    """Conservative backfill by checking every candidate start against every interval."""
+    busy = [(now, max(now, end), p) for end, p in running]
+    starts = []
+    for p, d in jobs:
+        candidates = sorted({now, *(e for _, e, _ in busy if e >= now)})
+        for s in candidates:
+            points = sorted({s, *(b for b, _, _ in busy if s < b < s + d)})
+            if all(
+                total - sum(q for b, e, q in busy if b <= t < e) >= p
+                for t in points
+                if d > 0 or t == s
+            ):
+                break
+        starts.append(s)
+        if d > 0:
+            busy.append((s, s + d, p))
+    return starts
+
+
+# -- QBETS: binomial order statistic, change points ----------------------------------------
+
+
+def _order_statistic_by_sum(n: int, q: float, c: float) -> int | None:
+    below = 0.0
+    for i in range(n):
+        below += math.comb(n, i) * q**i * (1 - q) ** (n - i)
+        if below >= c:
+            return i + 1
+    return None
+
+
+@pytest.mark.parametrize(
+    ("n", "k"),
+    [(1, None), (58, None), (59, 59), (100, 99), (200, 196), (1000, 962)],
+)
+def test_binomial_order_statistic_known_values(n: int, k: int | None) -> None:
+    # k by exact rational arithmetic (fractions.Fraction) of sum_{i<k} C(n,i) .95^i .05^(n-i)
+    assert order_statistic(n) == k
+
+
+def test_binomial_order_statistic_equals_the_direct_sum() -> None:
+    for n in range(1, 300):
+        assert order_statistic(n) == _order_statistic_by_sum(n, 0.95, 0.95), n
+    assert order_statistic(40, 0.5, 0.9) == _order_statistic_by_sum(40, 0.5, 0.9)
+
+
+def test_a_long_history_does_not_underflow() -> None:
+    k = order_statistic(50_000)
+    assert k is not None and 0.95 * 50_000 < k < 0.955 * 50_000
+
+
+def test_change_point_run_is_the_least_run_below_one_percent() -> None:
+    assert change_point_run(0.95, 0.01) == 2  # 0.05 ** 2 = 0.0025 < 0.01 <= 0.05
+    assert change_point_run(0.8, 0.01) == 3  # 0.2 ** 3 = 0.008
+
+
+def test_two_misses_in_a_row_trim_the_history_to_them() -> None:
+    history = QuantileHistory()
+    for v in range(99, -1, -1):  # never above the largest so far: no miss
+        history.add(float(v))
+    assert history.bound() == 98.0 and history.exact()  # k(100) = 99: the 99th smallest
+    history.add(500.0)
+    history.add(3.0)  # a hit ends the run
+    assert len(history) == 102 and history.trims == 0
+    history.add(1000.0)
+    history.add(2000.0)
+    assert len(history) == 2 and history.trims == 1
+    assert history.bound() == 2000.0 and not history.exact()
+    assert history.median() == 1500.0
+
+
+def test_the_window_keeps_the_last_values() -> None:
+    history = QuantileHistory(window=3)
+    for v in (1.0, 2.0, 3.0, 4.0):
+        history.add(v)
+    assert len(history) == 3 and history.bound() == 4.0 and history.median() == 3.0
+
+
+def test_qbets_bins_by_size_and_says_when_it_has_no_history() -> None:
+    model = QbetsModel()
+    view = QueueView(0.0, 128)
+    first = model.forecast(QueuedJob(1, 8, 0.0, 60.0), view)
+    assert first.wait_s == 0.0 and first.bound_s is None and "no wait observed" in first.reason
+    for i in range(69, -1, -1):  # no miss: each wait below the largest so far
+        model.observe_start(QueuedJob(i, 8, 0.0, 60.0), 0.0, float(i))
+    forecast = model.forecast(QueuedJob(99, 16, 0.0, 60.0), view)
+    assert forecast.wait_s == 34.5 and forecast.bound_s == 69.0  # k(70) = 70: the largest
+    assert "binomial bound" in forecast.reason
+    assert model.forecast(QueuedJob(98, 2, 0.0, 60.0), view).bound_s is None
+    assert [size_bin(p) for p in (1, 4, 5, 16, 17, 64, 65, 512)] == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+# -- Tsafrir's run-time prediction ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("recent", "requested", "predicted"),
+    [
+        pytest.param([], 100.0, 100.0, id="no history: the requested time"),
+        pytest.param([50.0], 100.0, 100.0, id="one finished job: the requested time"),
+        pytest.param([10.0, 30.0, 50.0], 100.0, 40.0, id="mean of the last two"),
+        pytest.param([300.0, 500.0], 100.0, 100.0, id="at most the requested time"),
+    ],
+)
+def test_tsafrir_prediction(recent: list[float], requested: float, predicted: float) -> None:
+    assert tsafrir_runtime(recent, requested) == predicted
+
+
+def test_a_running_job_outliving_its_prediction_ends_at_its_requested_end() -> None:
+    runtimes = UserRuntimes()
+    for r in (100.0, 200.0):
+        runtimes.add("ann", r)
+    runtimes.add(None, 5.0)  # an unknown user teaches nothing
+    job = RunningJob(1, 4, 0.0, 1000.0, "ann")
+    assert runtimes.predicted_end(job, 100.0) == 150.0
+    assert runtimes.predicted_end(job, 200.0) == 1000.0
+    assert runtimes.predicted_end(job, 1200.0) == 1200.0
+    assert runtimes.predict("bob", 300.0) == 300.0
+    assert runtimes.predict(None, 300.0) == 300.0
+
+
+# -- the conformal bound -------------------------------------------------------------------
+
+
+def test_conformal_bound_covers_a_stationary_sequence() -> None:
+    """Over 20 fixed seeds, waits drawn i.i.d. (lognormal, heavy-tailed) behind a forecast
+    of 0 (an idle machine): the default's bound covers at least 0.95 of the next waits."""
+    shares = []
+    for seed in range(20):
+        rng = random.Random(seed)
+        model = PredictedBackfillModel()
+        covered = asked = 0
+        for i in range(1500):
+            job = QueuedJob(i, 1, float(i), 60.0)
+            forecast = model.forecast(job, QueueView(float(i), 8))
+            wait = rng.lognormvariate(5.0, 1.5)
+            if forecast.bound_s is not None:
+                asked += 1
+                covered += wait <= forecast.bound_s
+            model.observe_start(job, float(i), float(i) + wait)
+        shares.append(covered / asked)
+    assert min(shares) > 0.93
+    assert sum(shares) / len(shares) >= 0.95
+
+
+def test_the_bound_is_never_below_the_forecast_and_bins_by_forecast() -> None:
+    model = PredictedBackfillModel()
+    view = QueueView(0.0, 4, (RunningJob(0, 4, 0.0, 1000.0),))
+    for i in range(100):  # every job started well before its forecast
+        job = QueuedJob(i, 4, 0.0, 10.0)
+        assert model.forecast(job, view).wait_s == 1000.0
+        model.observe_start(job, 0.0, 1.0)
+    forecast = model.forecast(QueuedJob(200, 4, 0.0, 10.0), view)
+    assert forecast.bound_s == forecast.wait_s == 1000.0
+    assert [forecast_bin(w) for w in (0.0, 1.0, 600.0, 601.0, 3600.0, 14400.0, 14401.0)] == [
+        0, 1, 1, 2, 2, 3, 4,
+    ]  # fmt: skip
+
+
+# -- the replay ----------------------------------------------------------------------------
+
+
+def test_no_model_sees_the_future() -> None:
+    """Changing a later job's logged data changes no forecast made before its submission;
+    changing its wait and run time does not change the forecast for it either."""
+    workload = load_workload(str(HEADS[0]))
+    k = 150
+    later = workload.jobs[k]
+    outcome = dataclasses.replace(later, start_s=later.submit_s, end_s=later.submit_s + 1.0)
+    shape = dataclasses.replace(outcome, processors=1, requested_s=1.0, user=-7)
+    forecasts = [
+        replay(
+            dataclasses.replace(workload, jobs=(*workload.jobs[:k], job, *workload.jobs[k + 1 :])),
+            {n: f() for n, f in WAIT_MODELS.items()},
+        )[0]
+        for job in (later, outcome, shape)
+    ]
+    original, changed_outcome, changed_shape = forecasts
+    for name in WAIT_MODELS:
+        assert original[name][: k + 1] == changed_outcome[name][: k + 1], name
+        assert original[name][:k] == changed_shape[name][:k], name
+    assert any(original[n][k + 1 :] != changed_outcome[n][k + 1 :] for n in WAIT_MODELS)
+
+
+def test_spearman_with_ties_and_constants() -> None:
+    assert spearman(np.array([1.0, 2.0, 3.0]), np.array([10.0, 20.0, 40.0])) == pytest.approx(1)
+    assert spearman(np.array([1.0, 2.0, 3.0]), np.array([3.0, 2.0, 1.0])) == pytest.approx(-1)
+    assert spearman(np.array([1.0, 1.0, 2.0, 3.0]), np.array([1.0, 2.0, 3.0, 4.0])) == (
+        pytest.approx(0.9486833)
+    )
+    assert spearman(np.zeros(3), np.array([1.0, 2.0, 3.0])) is None
+
+
+def test_metrics_by_hand() -> None:
+    forecast = np.array([0.0, 100.0, 1000.0, 5000.0])
+    actual = np.array([30.0, 700.0, 1000.0, 1000.0])
+    bound = np.array([60.0, 600.0, math.inf, 10000.0])
+    figures = metrics(forecast, actual, bound)
+    assert figures["jobs"] == 4
+    assert figures["within_60s"] == 0.5 and figures["within_600s"] == 0.75
+    assert figures["median_abs_error_s"] == 315.0  # of 0, 30, 600, 4000
+    assert figures["coverage"] == 0.5  # 700 > 600; no bound counts as not covered
+    assert figures["bound_over_actual_median"] == 5.5  # of 600/700, 1, 10, inf
+    assert figures["bounded"] == 0.75
+    assert "coverage" not in metrics(forecast, actual, None)
+
+
+@pytest.mark.parametrize("log", HEADS, ids=[p.name for p in HEADS])
+def test_experiment_end_to_end_on_the_shipped_log_heads(
+    log: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["experiment", "wait-prediction", "--trace", str(log), "--json", "--plot", ""]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["default"] == DEFAULT_WAIT_MODEL
+    assert set(result["predictors"]) == set(WAIT_MODELS)
+    lines = sum(1 for _ in load_workload(str(log)).jobs)
+    assert result["jobs"] == lines
+    assert result["jobs"] + sum(result["skipped"].values()) == 300
+    for name, figures in result["predictors"].items():
+        assert figures["all"]["jobs"] == result["jobs"]
+        assert figures["waited"]["jobs"] == result["trace"]["waited"]
+        for share in ("within_60s", "within_600s"):
+            assert 0 <= figures["waited"][share] <= 1 and 0 <= figures["all"][share] <= 1
+        assert figures["s_per_1000"] > 0
+        assert ("coverage" in figures["all"]) == (name in ("qbets", "predicted_backfill"))
+    assert result["predictors"]["eq1"]["s_per_1000_over_eq1"] == 1.0
+
+
+def test_the_text_table_names_every_model(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["experiment", "wait-prediction", "--trace", str(HEADS[0]), "--plot", ""]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:3] == ["predictor", "waited", "w<=60s"]
+    assert [line.split()[0] for line in table[1:]] == list(WAIT_MODELS)
+    assert f"{DEFAULT_WAIT_MODEL} *" in "\n".join(table)
+
+
+SWF_LINE = "{n} {submit} {wait} {run} {procs} -1 -1 {procs} {req} -1 1 {user} 1 -1 1 {part} -1 -1"
+
+
+def _write_log(path: Path, rows: list[dict[str, object]], max_procs: int | None = None) -> str:
+    header = ["; Version: 2.2", "; Computer: test"]
+    if max_procs is not None:
+        header.append(f"; MaxProcs: {max_procs}")
+    path.write_text("\n".join([*header, *(SWF_LINE.format(**r) for r in rows)]) + "\n")
+    return str(path)
+
+
+def test_cluster_keeps_one_partition_and_skipped_jobs_are_counted(tmp_path: Path) -> None:
+    rows: list[dict[str, object]] = [
+        {"n": 1, "submit": 0, "wait": 0, "run": 100, "procs": 4, "req": 200, "user": 1, "part": 1},
+        {"n": 2, "submit": 5, "wait": 95, "run": 10, "procs": 8, "req": 60, "user": 1, "part": 1},
+        {"n": 3, "submit": 6, "wait": -1, "run": 10, "procs": 2, "req": 60, "user": 2, "part": 1},
+        {"n": 4, "submit": 7, "wait": 0, "run": -1, "procs": 2, "req": 60, "user": 2, "part": 1},
+        {"n": 5, "submit": 8, "wait": 0, "run": 3, "procs": -1, "req": 60, "user": 2, "part": 1},
+        {"n": 6, "submit": 9, "wait": 0, "run": 3, "procs": 64, "req": 60, "user": 2, "part": 2},
+        {"n": 7, "submit": 9, "wait": 0, "run": 3, "procs": 2, "req": -1, "user": 2, "part": 1},
+    ]
+    log = _write_log(tmp_path / "two.swf", rows, max_procs=16)
+    whole = load_workload(log)
+    assert whole.processors == 16 and whole.processors_from == "MaxProcs"
+    assert dict(whole.skipped) == {
+        "unknown_wait": 1, "unknown_run_time": 1, "unknown_size": 1, "larger_than_machine": 1,
+    }  # fmt: skip
+    one = load_workload(log, cluster=1)
+    assert one.processors == 8 and one.processors_from == "largest job of partition 1"
+    assert [j.number for j in one.jobs] == [1, 2, 7]
+    assert one.requested_time_filled == 1 and one.jobs[-1].requested_s == 200.0
+    forecasts, _ = replay(one, {"backfill": WAIT_MODELS["backfill"]()})
+    # job 2 (8 processors) waits for job 1's requested end at 200: 195 s from its submit;
+    # job 7 (2 of 4 free, 200 s filled in) would overlap job 2's reservation: after it
+    assert [f.wait_s for f in forecasts["backfill"]] == [0.0, 195.0, 251.0]
+
+
+def test_without_a_trace_or_with_a_bad_log_the_cli_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["experiment", "wait-prediction", "--json"]) == 2
+    assert "--trace" in capsys.readouterr().err
+    bad = tmp_path / "bad.swf"
+    bad.write_text("; Version: 2.2\n1 0 0 10 4 -1\n")
+    assert main(["experiment", "wait-prediction", "--trace", str(bad), "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "bad.swf:2" in err
+    assert main(["experiment", "stateful-selection", "--trace", str(bad), "--json"]) == 2
