@@ -155,6 +155,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="wait-prediction: only the jobs of partition N (field 16) of a multi-cluster log",
     )
+    _log_load_arguments(p)
     p.add_argument("--plot", help="PNG path (default out/<name>.png; '' to skip)")
     p.set_defaults(handler=_experiment)
 
@@ -456,6 +457,12 @@ def _run_registered(args: argparse.Namespace, entry: registry.Experiment) -> int
         live=getattr(args, "live", None),
         grid=getattr(args, "grid", None) if args.command == "bench" else None,
         site=getattr(args, "site", None),
+        background=_tuple(getattr(args, "background", None)),
+        background_window=getattr(args, "background_window", None),
+        background_offset=getattr(args, "background_offset", None),
+        background_scale=getattr(args, "background_scale", None),
+        traces=_tuple(getattr(args, "traces", None)),
+        windows=getattr(args, "windows", None),
         trace=getattr(args, "trace", None),
         cluster=getattr(args, "cluster", None),
     )
@@ -467,6 +474,54 @@ def _run_registered(args: argparse.Namespace, entry: registry.Experiment) -> int
         _plot(args, result, entry.plot)
     _emit(args, result, entry.render(result))
     return 0 if entry.ok(result) else 1
+
+
+def _tuple(values: Sequence[str] | None) -> tuple[str, ...] | None:
+    return None if values is None else tuple(values)
+
+
+def _log_load_arguments(p: argparse.ArgumentParser) -> None:
+    """``gridcore experiment``'s options of real workload logs as other users' load."""
+    p.add_argument(
+        "--background",
+        action="append",
+        metavar="LOG.swf[@SITE]",
+        help="every experiment with other users: a real workload log (SWF, .swf or .swf.gz)"
+        " replayed as other users' jobs besides the experiment's own, in EASY-backfilled"
+        " queues; @SITE puts all its jobs on that site, else a multi-partition log's"
+        " partition p goes to the p-th site and a single-partition log to the first"
+        " (repeatable)",
+    )
+    p.add_argument(
+        "--background-window",
+        metavar="START:END",
+        help="--background: the log's jobs submitted in [START, END), seconds of the log or"
+        " with a unit s, h or d (e.g. 100h:200h; either end may be left out; default all)",
+    )
+    p.add_argument(
+        "--background-offset",
+        metavar="S",
+        help="--background: the log's time that is simulated time 0 (seconds, or s/h/d;"
+        " default the window's start; a window starting earlier replays a warm-up)",
+    )
+    p.add_argument(
+        "--background-scale",
+        type=float,
+        metavar="X",
+        help="--background: load scale, the log's inter-arrival times divided by X (default 1)",
+    )
+    p.add_argument(
+        "--traces",
+        nargs="+",
+        metavar="LOG.swf",
+        help="selection-traces: the logs, one per cluster (or one multi-cluster log)",
+    )
+    p.add_argument(
+        "--windows",
+        type=int,
+        metavar="N",
+        help="selection-traces: arrival windows drawn from the logs' common span (default 30)",
+    )
 
 
 def _plot(

@@ -11,7 +11,13 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gridcore.experiments.registry import Experiment, RunOptions
+from gridcore.experiments.registry import (
+    BACKGROUND,
+    Experiment,
+    RunOptions,
+    background_figures,
+    log_replay,
+)
 from gridcore.experiments.seeds import Claim, OverSeeds, increasing
 from gridcore.model import (
     Priority,
@@ -20,6 +26,7 @@ from gridcore.policies.claiming import CoAllocationParams
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.policies.transfer import transfer_seconds, uniform_bandwidth
 from gridcore.sim.claiming import JobOutcome, KoalaJob, KoalaJobRecord, KoalaRun, simulate_koala
+from gridcore.sim.log_load import LogReplay
 from gridcore.sim.workload import BackgroundLoad, SimSite
 
 GB = 10**9
@@ -74,8 +81,10 @@ def koala_claiming_experiment(
     mean_interarrival_s: float = MEAN_INTERARRIVAL_S,
     failure_probability: Mapping[str, float] = FAILURE_PROBABILITY,
     background_utilization: float = BACKGROUND_UTILIZATION,
+    log: LogReplay | None = None,
 ) -> dict[str, Any]:
-    """Sec. 4's experiment for ``seed``: the outcome per priority, and the setup used."""
+    """Sec. 4's experiment for ``seed``: the outcome per priority, and the setup used;
+    ``log``: real other users' jobs besides the generated ones (``--background``)."""
     sites = das_sites(failure_probability)
     workload = koala_workload(seed, jobs, mean_interarrival_s)
     loads = background_loads(sites, background_utilization)
@@ -86,6 +95,7 @@ def koala_claiming_experiment(
         bandwidth=uniform_bandwidth(BACKBONE_MB_S),
         background_load=loads,
         policy=POLICY,
+        log=log,
         seed=seed,
     )
     return {
@@ -97,7 +107,7 @@ def koala_claiming_experiment(
         "setup": _setup(
             seed, jobs, sites, params, mean_interarrival_s, background_utilization, run
         ),
-    }
+    } | background_figures(log)
 
 
 def koala_claiming_table(result: Mapping[str, Any]) -> str:
@@ -117,7 +127,7 @@ def koala_claiming_table(result: Mapping[str, Any]) -> str:
 
 
 def _run(options: RunOptions) -> dict[str, Any]:
-    return koala_claiming_experiment(seed=options.seed)
+    return koala_claiming_experiment(seed=options.seed, log=log_replay(options))
 
 
 def das_sites(failure_probability: Mapping[str, float] = FAILURE_PROBABILITY) -> list[SimSite]:
@@ -360,6 +370,7 @@ KOALA_CLAIMING = Experiment(
     _run,
     koala_claiming_table,
     plot_koala_claiming,
+    takes=BACKGROUND,
     over_seeds=OverSeeds(
         ("submitted", "completed", "component_failure_rate", "priorities"), PAPER_ORDERING
     ),

@@ -15,7 +15,14 @@ from types import MappingProxyType
 from typing import Any
 
 from gridcore.errors import ConfigError
-from gridcore.experiments.registry import Experiment, RunOptions, text_table
+from gridcore.experiments.registry import (
+    BACKGROUND,
+    Experiment,
+    RunOptions,
+    background_figures,
+    log_replay,
+    text_table,
+)
 from gridcore.experiments.seeds import OverSeeds, increasing
 from gridcore.model import RequestKind
 from gridcore.policies.placement import PlacementPolicy
@@ -30,6 +37,7 @@ from gridcore.sim.coallocation import (
     coallocation_request,
     simulate_coallocation,
 )
+from gridcore.sim.log_load import LogReplay
 from gridcore.sim.workload import BackgroundLoad, SimSite
 
 DAS_TABLE1: tuple[tuple[str, str, int, int], ...] = (
@@ -59,10 +67,12 @@ def koala_placement_experiment(
     comm_factor: float = 1.0,
     runs: int = 1,
     growth_table: Mapping[int, tuple[float, ...]] = FIG5_EXECUTION_S,
+    log: LogReplay | None = None,
 ) -> dict[str, Any]:
     """Fig. 7: WF, CM and FCM on W1 and W2 (docs/experiments.md), means per policy;
     execution times from ``growth_table`` with its co-allocation penalty scaled by
-    ``comm_factor`` (:class:`gridcore.sim.coallocation.Fig5ExecutionTime`)."""
+    ``comm_factor`` (:class:`gridcore.sim.coallocation.Fig5ExecutionTime`); ``log``:
+    real other users' jobs besides the band-controlled load (``--background``)."""
     if jobs < 1 or runs < 1:
         raise ConfigError(f"jobs and runs must be >= 1, got jobs={jobs}, runs={runs}")
     _check_sizes(growth_table)
@@ -84,6 +94,7 @@ def koala_placement_experiment(
                         execution,
                         background=background,
                         scan_interval_s=SCAN_INTERVAL_S,
+                        log=log,
                         seed=run_seed * len(WORKLOADS) + index,
                     )
                 )
@@ -91,7 +102,7 @@ def koala_placement_experiment(
     return {
         "workloads": workloads,
         "setup": _setup(seed, jobs, execution, runs, clusters, background),
-    }
+    } | background_figures(log)
 
 
 def koala_placement_table(result: Mapping[str, Any]) -> str:
@@ -119,6 +130,7 @@ def _run(options: RunOptions) -> dict[str, Any]:
         comm_factor=1.0 if options.comm_factor is None else options.comm_factor,
         runs=options.runs or 1,
         growth_table=FIG5_EXECUTION_S if given is None else parse_growth_table(given),
+        log=log_replay(options),
     )
 
 
@@ -326,6 +338,6 @@ KOALA_PLACEMENT = Experiment(
     koala_placement_table,
     plot_koala_placement,
     default_runs=1,
-    takes=frozenset({"comm_factor", "growth_table"}),
+    takes=frozenset({"comm_factor", "growth_table"}) | BACKGROUND,
     over_seeds=OverSeeds(("workloads",), PAPER_ORDERING),
 )

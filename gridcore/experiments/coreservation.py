@@ -13,7 +13,14 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from gridcore.experiments.registry import Experiment, RunOptions, text_table
+from gridcore.experiments.registry import (
+    BACKGROUND,
+    Experiment,
+    RunOptions,
+    background_figures,
+    log_replay,
+    text_table,
+)
 from gridcore.experiments.seeds import Claim, OverSeeds
 from gridcore.policies.coreservation import BOTH, DIRECT, INDIRECT, PAPER_RULE, ReorganizeRule
 from gridcore.progress import progress
@@ -26,6 +33,7 @@ from gridcore.sim.coreservation import (
     VjmRun,
     simulate_vjm,
 )
+from gridcore.sim.log_load import LogReplay
 from gridcore.sim.workload import LocalJob, SimSite
 from gridcore.stats import half_width_95
 
@@ -80,10 +88,13 @@ VARIANTS: Mapping[str, VjmParams] = MappingProxyType(
 # -- vjm-coallocation (Fig. 3) ------------------------------------------------------------------
 
 
-def coallocation_experiment(seed: int = 0, samples: int = SAMPLES) -> dict[str, Any]:
-    """Fig. 3 for ``seed``: per interval of B, VJM's and round-robin's co-allocation."""
+def coallocation_experiment(
+    seed: int = 0, samples: int = SAMPLES, log: LogReplay | None = None
+) -> dict[str, Any]:
+    """Fig. 3 for ``seed``: per interval of B, VJM's and round-robin's co-allocation;
+    ``log``: real other users' jobs besides the probes (``--background``)."""
     points = [
-        _point(b, seed, samples) for b in progress(B_INTERVALS_S, "B intervals", unit="point")
+        _point(b, seed, samples, log) for b in progress(B_INTERVALS_S, "B intervals", unit="point")
     ]
     return {
         "points": points,
@@ -102,10 +113,12 @@ def coallocation_experiment(seed: int = 0, samples: int = SAMPLES) -> dict[str, 
             "probe_window_s": PROBE_WINDOW_S,
             "interval": "95 % Student t over the samples: mean +- t(0.975, n-1) * s / sqrt(n)",
         },
-    }
+    } | background_figures(log)
 
 
-def coallocation_sample(b_interval_s: float, seed: int, sample: int) -> dict[str, VjmRun]:
+def coallocation_sample(
+    b_interval_s: float, seed: int, sample: int, log: LogReplay | None = None
+) -> dict[str, VjmRun]:
     """One sample of Fig. 3's setup: the VJM and the round-robin run on the same draws."""
     # the seed string keeps the former module path, so seeded runs reproduce
     rng = random.Random(f"gridcore.sim.vjm_experiments:fig3:{seed}:{sample}:{b_interval_s}")
@@ -129,18 +142,19 @@ def coallocation_sample(b_interval_s: float, seed: int, sample: int) -> dict[str
             job,
             VjmParams(max_clusters=MAX_CLUSTERS, selection=selection, reorganize=False),
             background=probes,
+            log=log,
             seed=seed,
         )
         for selection in Selection
     }
 
 
-def _point(b: float, seed: int, samples: int) -> dict[str, Any]:
+def _point(b: float, seed: int, samples: int, log: LogReplay | None) -> dict[str, Any]:
     vjm: list[float] = []
     round_robin: list[float] = []
     on_b: list[float] = []
     for sample in range(samples):
-        runs = coallocation_sample(b, seed, sample)
+        runs = coallocation_sample(b, seed, sample, log)
         job = runs[Selection.VJM.value].by_name("J")
         vjm.append(job.coallocation_s or 0.0)
         on_b.append(job.clusters.get("B", 0) / job.processors)
@@ -238,7 +252,7 @@ def plot_coallocation(result: Mapping[str, Any], path: str) -> None:
 def _run_coallocation(options: RunOptions) -> dict[str, Any]:
     # Fig. 3 on real Slurm clusters needs the project's test grid, which an installed
     # gridcore does not have: from a checkout, python -m tests.slurm.live_vjm
-    return coallocation_experiment(options.seed, options.runs or SAMPLES)
+    return coallocation_experiment(options.seed, options.runs or SAMPLES, log_replay(options))
 
 
 def _coallocation_ok(result: Mapping[str, Any]) -> bool:
@@ -252,6 +266,7 @@ VJM_COALLOCATION = Experiment(
     plot_coallocation,
     ok=_coallocation_ok,
     default_runs=SAMPLES,
+    takes=BACKGROUND,
     over_seeds=OverSeeds(
         ("summary",),
         (
@@ -310,8 +325,11 @@ def _background(rng: random.Random, clusters: Sequence[VjmCluster]) -> list[Loca
     return jobs
 
 
-def deadlock_experiment(seed: int = 0, cases: int = DEADLOCK_CASES) -> dict[str, Any]:
-    """Every variant on ``cases`` traces of ``seed``: pooled figures and per case."""
+def deadlock_experiment(
+    seed: int = 0, cases: int = DEADLOCK_CASES, log: LogReplay | None = None
+) -> dict[str, Any]:
+    """Every variant on ``cases`` traces of ``seed``: pooled figures and per case;
+    ``log``: real other users' jobs besides the drawn ones (``--background``)."""
     per_case: list[dict[str, Any]] = []
     runs: dict[str, list[VjmRun]] = {name: [] for name in VARIANTS}
     for case in progress(range(cases), "cases", unit="case"):
@@ -319,7 +337,13 @@ def deadlock_experiment(seed: int = 0, cases: int = DEADLOCK_CASES) -> dict[str,
         row: dict[str, Any] = {"case": case, "intervals_s": [c.interval_s for c in clusters]}
         for name, params in VARIANTS.items():
             run = simulate_vjm(
-                clusters, jobs, params, background=background, seed=seed, horizon_s=HORIZON_S
+                clusters,
+                jobs,
+                params,
+                background=background,
+                log=log,
+                seed=seed,
+                horizon_s=HORIZON_S,
             )
             runs[name].append(run)
             row[name] = {"submitted": run.submitted, "started": run.started}
@@ -328,7 +352,7 @@ def deadlock_experiment(seed: int = 0, cases: int = DEADLOCK_CASES) -> dict[str,
         "variants": {name: _pooled(rs) for name, rs in runs.items()},
         "cases": per_case,
         "setup": _deadlock_setup(seed, cases),
-    }
+    } | background_figures(log)
 
 
 def _pooled(runs: Sequence[VjmRun]) -> dict[str, Any]:
@@ -412,7 +436,7 @@ def deadlock_table(result: Mapping[str, Any]) -> str:
 
 
 def _run_deadlock(options: RunOptions) -> dict[str, Any]:
-    return deadlock_experiment(options.seed, options.runs or DEADLOCK_CASES)
+    return deadlock_experiment(options.seed, options.runs or DEADLOCK_CASES, log_replay(options))
 
 
 def _every_job_with_reorganization(result: Mapping[str, Any]) -> bool:
@@ -431,6 +455,7 @@ VJM_DEADLOCK = Experiment(
     deadlock_table,
     ok=lambda result: _every_job_with_reorganization(result) and _some_never_without(result),
     default_runs=DEADLOCK_CASES,
+    takes=BACKGROUND,
     over_seeds=OverSeeds(
         ("variants",),
         (

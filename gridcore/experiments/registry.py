@@ -21,11 +21,14 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gridcore.errors import ConfigError
 from gridcore.experiments.seeds import OverSeeds, render_table
 from gridcore.progress import progress, run_stages
+
+if TYPE_CHECKING:
+    from gridcore.sim.log_load import LogReplay
 
 Result = dict[str, Any]
 
@@ -42,7 +45,10 @@ class RunOptions:
     ``all_orderings`` (True when given) for stateful-selection, ``cases`` for
     selection-robustness, ``live`` (True when given) for dataplan, ``trace`` (a workload
     log's path) and ``cluster`` (its partition) for wait-prediction. Errors name
-    the command-line option.
+    the command-line option. ``background`` (the ``--background LOG.swf[@SITE]`` given),
+    with its window, offset and scale, for every entry whose models have other users
+    (:data:`BACKGROUND`, read by :func:`log_replay`); ``traces`` and ``windows`` for
+    selection-traces.
     """
 
     seed: int = 0
@@ -60,6 +66,12 @@ class RunOptions:
     live: bool | None = None
     grid: str | None = None
     site: str | None = None
+    background: tuple[str, ...] | None = None
+    background_window: str | None = None
+    background_offset: str | None = None
+    background_scale: float | None = None
+    traces: tuple[str, ...] | None = None
+    windows: int | None = None
     trace: str | None = None
     cluster: int | None = None
 
@@ -81,6 +93,30 @@ class RunOptions:
             )
 
 
+BACKGROUND = frozenset({"background", "background_window", "background_offset", "background_scale"})
+"""The options of an entry whose models have other users: a real log as their load."""
+
+
+def log_replay(options: RunOptions) -> LogReplay | None:
+    """The ``--background`` logs of ``options`` as one replay, ``None`` without any
+    (refused with an error naming the option when malformed)."""
+    from gridcore.sim.log_load import LogReplay, parse_log_loads
+
+    loads = parse_log_loads(
+        options.background or (),
+        options.background_window,
+        options.background_offset,
+        options.background_scale,
+    )
+    return LogReplay(loads) if loads else None
+
+
+def background_figures(log: LogReplay | None) -> Result:
+    """What an entry reports of its ``--background`` logs: per log its window, offset,
+    scale and the jobs replayed and left out (summed over the entry's runs)."""
+    return {} if log is None else {"background": log.describe()}
+
+
 OPTIONAL_OPTIONS: Mapping[str, str] = MappingProxyType(
     {
         "comm_factor": "--comm-factor",
@@ -92,6 +128,12 @@ OPTIONAL_OPTIONS: Mapping[str, str] = MappingProxyType(
         "live": "--live",
         "grid": "--grid",
         "site": "--site",
+        "background": "--background",
+        "background_window": "--background-window",
+        "background_offset": "--background-offset",
+        "background_scale": "--background-scale",
+        "traces": "--traces",
+        "windows": "--windows",
         "trace": "--trace",
         "cluster": "--cluster",
     }
@@ -128,6 +170,8 @@ class Experiment:
         result of the first seed with ``over_seeds`` added (:mod:`gridcore.experiments.seeds`);
         the plot, if any, is then the first seed's."""
         self._refuse_unread(options)
+        if "background" in self.takes:
+            log_replay(options)  # a bad --background is refused before anything runs
         options = replace(options, runs=self.runs(options))
         across = {} if self.across_seeds is None else self.across_seeds(options)
         if options.seeds == 1:

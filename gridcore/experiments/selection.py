@@ -15,10 +15,18 @@ from types import MappingProxyType
 from typing import Any
 
 from gridcore.errors import ConfigError
-from gridcore.experiments.registry import Experiment, RunOptions, text_table
+from gridcore.experiments.registry import (
+    BACKGROUND,
+    Experiment,
+    RunOptions,
+    background_figures,
+    log_replay,
+    text_table,
+)
 from gridcore.experiments.seeds import OverSeeds, increasing
 from gridcore.policies.selection import DEFAULT_PROTOCOL, InsufficientMode, SelectionProtocol
 from gridcore.progress import progress
+from gridcore.sim.log_load import LogReplay
 from gridcore.sim.selection import (
     MDS_INTERVAL_S,
     SelectionRun,
@@ -92,18 +100,20 @@ def stateful_selection_experiment(
     seed: int = 0,
     monitor_interval_s: float | None = None,
     case: int | None = None,
+    log: LogReplay | None = None,
 ) -> dict[str, Any]:
     """Fig. 2: every protocol of :data:`PROTOCOLS` on the canonical trace for ``seed``
     (or on selection-robustness's random ``case``), the monitor publishing every
-    ``monitor_interval_s`` (default: the trace's, MDS's 60 s for the canonical one)."""
+    ``monitor_interval_s`` (default: the trace's, MDS's 60 s for the canonical one);
+    ``log``: real other users' jobs besides the trace's (``--background``)."""
     trace = canonical_trace(seed) if case is None else robustness_case_trace(case)
     interval = trace.monitor_interval_s if monitor_interval_s is None else monitor_interval_s
     return {
-        "protocols": compare_protocols(trace, runs, seed, interval),
+        "protocols": compare_protocols(trace, runs, seed, interval, log),
         "trace": {**trace.description, "monitor_delay_s": interval},
         "runs": runs,
         "seed": seed,
-    }
+    } | background_figures(log)
 
 
 def robustness_case_trace(case: int) -> SelectionTrace:
@@ -129,7 +139,11 @@ def stateful_selection_table(result: Mapping[str, Any]) -> str:
 
 def _run(options: RunOptions) -> dict[str, Any]:
     return stateful_selection_experiment(
-        options.runs or 1, options.seed, options.monitor_interval_s, options.case
+        options.runs or 1,
+        options.seed,
+        options.monitor_interval_s,
+        options.case,
+        log_replay(options),
     )
 
 
@@ -205,6 +219,8 @@ def _across_seeds(options: RunOptions) -> dict[str, Any]:
         return {}
     if options.case is not None:
         raise ConfigError("--all-orderings: orders the canonical trace's sites, not --case's")
+    if options.background:
+        raise ConfigError("--all-orderings: runs the canonical trace alone, not with --background")
     interval = MDS_INTERVAL_S if options.monitor_interval_s is None else options.monitor_interval_s
     seeds = range(options.seed, options.seed + options.seeds)
     return {"orderings": all_orderings(list(seeds), options.runs or 1, interval)}
@@ -246,8 +262,10 @@ def compare_protocols(
     runs: int = 20,
     seed: int = 0,
     monitor_interval_s: float = MDS_INTERVAL_S,
+    log: LogReplay | None = None,
 ) -> dict[str, dict[str, float]]:
-    """Mean Fig. 2 metrics of every protocol over ``runs`` seeded runs of ``trace``."""
+    """Mean Fig. 2 metrics of every protocol over ``runs`` seeded runs of ``trace``
+    (with ``log``'s other users besides its own)."""
     if runs < 1:
         raise ConfigError(f"runs must be >= 1, got {runs}")
     results: dict[str, dict[str, float]] = {}
@@ -260,6 +278,7 @@ def compare_protocols(
                 jobs,
                 streams,
                 external=trace.external,
+                log=log,
                 monitor_interval_s=monitor_interval_s,
                 seed=_run_seed(seed, r),
             )
@@ -369,7 +388,7 @@ STATEFUL_SELECTION = Experiment(
     stateful_selection_table,
     plot_stateful_selection,
     default_runs=20,
-    takes=frozenset({"monitor_interval_s", "case", "all_orderings"}),
+    takes=frozenset({"monitor_interval_s", "case", "all_orderings"}) | BACKGROUND,
     over_seeds=OverSeeds(("protocols",), PAPER_ORDERING),
     across_seeds=_across_seeds,
 )

@@ -39,9 +39,17 @@ from types import MappingProxyType
 from typing import Any
 
 from gridcore.errors import ConfigError
-from gridcore.experiments.registry import Experiment, RunOptions, text_table
+from gridcore.experiments.registry import (
+    BACKGROUND,
+    Experiment,
+    RunOptions,
+    background_figures,
+    log_replay,
+    text_table,
+)
 from gridcore.policies.selection import DEFAULT_PROTOCOL, InsufficientMode, SelectionProtocol
 from gridcore.progress import progress
+from gridcore.sim.log_load import LogReplay
 from gridcore.sim.selection import SimJob, StreamConfig, simulate_selection
 from gridcore.sim.workload import LocalJob, SimSite
 
@@ -165,14 +173,18 @@ def _external_load(rng: random.Random, sites: Sequence[SimSite]) -> list[LocalJo
     return jobs
 
 
-def completion_by_protocol(case: RandomCase, run_seed: int = 0) -> dict[str, float]:
-    """The ensemble's completion time (first arrival to last end) under every protocol."""
+def completion_by_protocol(
+    case: RandomCase, run_seed: int = 0, log: LogReplay | None = None
+) -> dict[str, float]:
+    """The ensemble's completion time (first arrival to last end) under every protocol;
+    ``log``: real other users' jobs besides the case's (``--background``)."""
     return {
         name: simulate_selection(
             case.sites,
             case.jobs,
             {0: config},
             external=case.external,
+            log=log,
             monitor_interval_s=case.monitor_interval_s,
             seed=run_seed,
         ).completion_s
@@ -180,13 +192,15 @@ def completion_by_protocol(case: RandomCase, run_seed: int = 0) -> dict[str, flo
     }
 
 
-def selection_robustness(cases: int = DEFAULT_CASES, seed: int = 0) -> dict[str, Any]:
+def selection_robustness(
+    cases: int = DEFAULT_CASES, seed: int = 0, log: LogReplay | None = None
+) -> dict[str, Any]:
     """Cases ``seed`` .. ``seed + cases - 1``, every protocol, ratios to naive."""
     if cases < 1:
         raise ConfigError(f"--cases must be >= 1, got {cases}")
     ratios: dict[str, list[tuple[float, int]]] = {name: [] for name in PROTOCOLS if name != NAIVE}
     for case_seed in progress(range(seed, seed + cases), "cases", unit="case"):
-        completion = completion_by_protocol(random_case(case_seed))
+        completion = completion_by_protocol(random_case(case_seed), log=log)
         for name, values in ratios.items():
             values.append((completion[name] / completion[NAIVE], case_seed))
     return {
@@ -195,7 +209,7 @@ def selection_robustness(cases: int = DEFAULT_CASES, seed: int = 0) -> dict[str,
         "default": DEFAULT,
         "protocols": {name: _distribution(values) for name, values in ratios.items()},
         "ranges": _ranges(),
-    }
+    } | background_figures(log)
 
 
 def _distribution(values: Sequence[tuple[float, int]]) -> dict[str, Any]:
@@ -295,7 +309,7 @@ def plot_robustness(result: Mapping[str, Any], path: str) -> None:
 
 def _run(options: RunOptions) -> dict[str, Any]:
     cases = DEFAULT_CASES if options.cases is None else options.cases
-    return selection_robustness(cases=cases, seed=options.seed)
+    return selection_robustness(cases=cases, seed=options.seed, log=log_replay(options))
 
 
 SELECTION_ROBUSTNESS = Experiment(
@@ -303,5 +317,5 @@ SELECTION_ROBUSTNESS = Experiment(
     _run,
     robustness_table,
     plot_robustness,
-    takes=frozenset({"cases"}),
+    takes=frozenset({"cases"}) | BACKGROUND,
 )

@@ -85,7 +85,9 @@ from gridcore.sim.cluster import (
     LoadStreams,
     OtherUsers,
     Owner,
+    QueuePolicy,
 )
+from gridcore.sim.log_load import OtherUsersLog, start_log
 from gridcore.sim.workload import (
     BackgroundLoad,
     LocalJob,
@@ -261,6 +263,7 @@ def simulate_koala(
     background: Sequence[LocalJob] = (),
     background_load: Sequence[BackgroundLoad] = (),
     policy: PlacementPolicy = PlacementPolicy.CF,
+    log: OtherUsersLog | None = None,
     seed: int = 0,
     horizon_s: float = HORIZON_S,
 ) -> KoalaRun:
@@ -269,10 +272,13 @@ def simulate_koala(
     ``bandwidth`` gives MB/s between sites (the placement policies' transfer estimates,
     which the model takes as exact). Failures and generated background load draw from
     ``random.Random`` instances seeded by ``seed``: the same inputs give the same run.
+    ``log``: other users' jobs from a real log besides them, submitted while KOALA's jobs
+    are unfinished; the sites' queues then backfill as EASY (components are claims of
+    unknown end to it) and the run starts at ``log.start_s``.
     """
     params = params or CoAllocationParams()
     _validate(sites, jobs, background, background_load)
-    model = _KoalaModel(sites, params, bandwidth, policy, seed)
+    model = _KoalaModel(sites, params, bandwidth, policy, seed, log)
     return model.run(jobs, background, background_load, horizon_s)
 
 
@@ -362,8 +368,13 @@ class _KoalaModel(ClusterModel):
         bandwidth: Bandwidth,
         policy: PlacementPolicy,
         seed: int,
+        log: OtherUsersLog | None = None,
     ) -> None:
-        super().__init__(sites, _RELEASE)
+        if log is None:
+            super().__init__(sites, _RELEASE)
+        else:
+            super().__init__(sites, _RELEASE, start_s=log.start_s, policy=QueuePolicy.EASY)
+        self._users_log = log
         self._health = {s.name: SiteHealth(s.name) for s in sites}
         self._params = params
         self._bandwidth = bandwidth
@@ -400,6 +411,15 @@ class _KoalaModel(ClusterModel):
             self._sim.schedule(other.submit_s, partial(self._others.submit, other), _OTHERS)
         for load in loads:
             self._load(load).start()
+        if self._users_log is not None:
+            start_log(
+                self._sim,
+                self._users_log,
+                self._clusters,
+                self._others.submit,
+                priority=_OTHERS,
+                active=lambda: self._unfinished > 0,
+            )
         self._sim.schedule(0.0, self._scan, _SCAN)
         while self._unfinished and self._sim.pending and self._sim.peek() < horizon_s:
             self._sim.step()

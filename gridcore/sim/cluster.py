@@ -9,9 +9,17 @@ here, never on their own:
   (:class:`Owner`), as in the live capacity ledger. A claim beyond the idle
   processors is a model bug (:class:`~gridcore.sim.core.SimulationError`); a storage
   claim beyond the free bytes is refused (``False``), as a full disk refuses a write.
-* **The local queue** is strict FIFO: its head starts as soon as enough processors are
-  idle, and nothing overtakes it (no backfill). Work started from it ends by itself after
-  its duration; a model's claims (KOALA's components) bypass it, as a claim never waits.
+* **The local queue** is strict FIFO by default: its head starts as soon as enough
+  processors are idle, and nothing overtakes it (no backfill). With
+  :attr:`QueuePolicy.EASY` (used where other users' load is a real log, whose machines ran
+  EASY) it backfills as EASY does (Lifka 1995; Mu'alem and Feitelson 2001): the blocked
+  head gets a reservation at the earliest instant the running work's requested end times
+  free enough processors for it, and a later job starts now if it fits now and does not
+  delay that reservation (it ends, by its requested time, before it, or it uses only
+  processors the head does not need then). Only work with a known requested time
+  backfills; when work of unknown end holds processors the head needs, the reservation is
+  unknown and nothing backfills. Work started from the queue ends by itself after its
+  duration; a model's claims (KOALA's components) bypass it, as a claim never waits.
 * **Releases never start the queue**: the model calls :meth:`Cluster.start_queued` when
   it is done, so a preemptor takes the processors its victims free before other users
   (:meth:`Cluster.preempt`), and several releases at one instant start the queues in the
@@ -50,6 +58,11 @@ Hook = Callable[[], object]
 class Owner(enum.StrEnum):
     GRID = "grid"  # the modelled scheduler's jobs and components
     LOCAL = "local"  # other users' jobs, submitted to the cluster's own queue
+
+
+class QueuePolicy(enum.StrEnum):
+    FIFO = "fifo"  # strict first come, first served: nothing overtakes the head
+    EASY = "easy"  # EASY backfilling: the head's reservation, later jobs fill around it
 
 
 class Admission(enum.Enum):
@@ -91,7 +104,9 @@ class ScheduleTicks:
 @dataclass(frozen=True)
 class Queued:
     """Work waiting in a local queue, and what to call when it starts and ends;
-    ``duration_s`` ``None``: it holds its processors until the model releases them."""
+    ``duration_s`` ``None``: it holds its processors until the model releases them.
+    ``requested_s``: the time it asked for (its time limit), which an EASY queue plans
+    with; ``None``: not known, so it never backfills."""
 
     name: str
     processors: int
@@ -99,6 +114,19 @@ class Queued:
     kind: Owner
     on_start: Hook | None = None
     on_end: Hook | None = None
+    requested_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Running:
+    """A holder of processors as a scheduler sees it: since when, and until when it
+    asked for (``None``: unknown, a claim or a pilot without a limit)."""
+
+    holder: str
+    processors: int
+    kind: Owner
+    started_s: float
+    requested_end_s: float | None
 
 
 @dataclass
@@ -107,7 +135,8 @@ class _Integral:
 
 
 class Cluster:
-    """One site's processors, storage, FIFO local queue and busy-time integrals."""
+    """One site's processors, storage, local queue (FIFO or EASY) and busy-time
+    integrals."""
 
     def __init__(
         self,
@@ -115,9 +144,11 @@ class Cluster:
         site: SimSite,
         end_priority: int = 0,
         ticks: ScheduleTicks | None = None,
+        policy: QueuePolicy = QueuePolicy.FIFO,
     ) -> None:
         self.site = site
         self.ticks = ticks
+        self.policy = policy
         self._tick_pending = False
         self.name = site.name
         self.processors = site.processors
@@ -125,6 +156,8 @@ class Cluster:
         self._end_priority = end_priority
         # Keyed by kind too: another user may name a job as the model names its own.
         self._held: dict[tuple[Owner, str], Holding] = {}
+        # When each holder started and until when it asked for (EASY plans with it).
+        self._times: dict[tuple[Owner, str], tuple[float, float | None]] = {}
         self._used: Counter[Owner] = Counter()
         self._stored: dict[str, int] = {}
         self._queue: deque[Queued] = deque()
@@ -150,10 +183,20 @@ class Cluster:
         """The local queue, head first."""
         return tuple(self._queue)
 
+    def running(self) -> tuple[Running, ...]:
+        """Processor holders in the order they claimed, with their times."""
+        return tuple(
+            Running(h.holder, h.processors, h.kind, *self._times[h.kind, h.holder])
+            for h in self._held.values()
+        )
+
     # -- processors ----------------------------------------------------------------------
 
-    def claim(self, holder: str, processors: int, kind: Owner) -> None:
-        """``holder`` takes ``processors`` idle processors now."""
+    def claim(
+        self, holder: str, processors: int, kind: Owner, requested_s: float | None = None
+    ) -> None:
+        """``holder`` takes ``processors`` idle processors now, for ``requested_s``
+        seconds if it says (an EASY queue plans with that; ``None``: unknown)."""
         if (kind, holder) in self._held:
             raise SimulationError(f"site {self.name}: {kind} {holder} already holds processors")
         if not 0 < processors <= self.idle:
@@ -162,6 +205,8 @@ class Cluster:
             )
         self._integrate()
         self._held[kind, holder] = Holding(holder, processors, kind)
+        now = self._sim.now
+        self._times[kind, holder] = (now, None if requested_s is None else now + requested_s)
         self._used[kind] += processors
         self.peak = max(self.peak, sum(self._used.values()))
 
@@ -171,6 +216,7 @@ class Cluster:
         holding = self._held.pop((kind, holder), None)
         if holding is None:
             raise SimulationError(f"site {self.name}: {kind} {holder} holds no processors")
+        del self._times[kind, holder]
         self._integrate()
         self._used[holding.kind] -= holding.processors
         return holding.processors
@@ -230,8 +276,8 @@ class Cluster:
         self.start_queued()
 
     def start_queued(self) -> None:
-        """Start the queue's head while it fits (strict FIFO: nothing overtakes it); with
-        a scheduler interval, at the next tick."""
+        """Start the queue's head while it fits, then (EASY) backfill around it; with a
+        scheduler interval, at the next tick."""
         if self.ticks is None:
             self._start_fitting()
         elif self._queue and not self._tick_pending:
@@ -252,7 +298,7 @@ class Cluster:
     def run_now(self, work: Queued) -> None:
         """Start ``work`` at once (it must fit); it ends by itself after its duration,
         or holds until released when it has none."""
-        self.claim(work.name, work.processors, work.kind)
+        self.claim(work.name, work.processors, work.kind, work.requested_s)
         self.started[work.kind] += 1
         if work.on_start is not None:
             work.on_start()
@@ -262,6 +308,46 @@ class Cluster:
     def _start_fitting(self) -> None:
         while self._queue and self._queue[0].processors <= self.idle:
             self.run_now(self._queue.popleft())
+        if self.policy is QueuePolicy.EASY and len(self._queue) > 1 and self.idle > 0:
+            self._backfill()
+
+    def _backfill(self) -> None:
+        """EASY: later jobs that fit now and do not delay the blocked head's reservation."""
+        reservation = self._reservation(self._queue[0].processors)
+        if reservation is None:
+            return  # work of unknown end holds what the head needs: no safe backfill
+        shadow, extra = reservation
+        now = self._sim.now
+        head = self._queue.popleft()
+        kept: deque[Queued] = deque([head])
+        while self._queue:
+            work = self._queue.popleft()
+            fits = work.requested_s is not None and work.processors <= self.idle
+            in_time = fits and now + (work.requested_s or 0.0) <= shadow
+            if fits and (in_time or work.processors <= extra):
+                if not in_time:
+                    extra -= work.processors
+                self.run_now(work)
+            else:
+                kept.append(work)
+        self._queue = kept
+
+    def _reservation(self, needed: int) -> tuple[float, int] | None:
+        """The head's shadow time (when the running work's requested ends free
+        ``needed`` processors; an end already past counts as now) and the processors
+        spare then; ``None`` when only work of unknown end could free them."""
+        now = self._sim.now
+        ends = sorted(
+            (max(now, end), self._held[key].processors)
+            for key, (_, end) in self._times.items()
+            if end is not None
+        )
+        free = self.idle
+        for end, processors in ends:
+            free += processors
+            if free >= needed:
+                return end, free - needed
+        return None
 
     def _tick(self) -> None:
         self._tick_pending = False
@@ -301,12 +387,22 @@ class LoadStreams:
 
 
 class ClusterModel:
-    """A model on the shared clusters: its event core and one :class:`Cluster` per site
-    (in the sites' order), whose work ends at ``end_priority``."""
+    """A model on the shared clusters: its event core (starting at ``start_s``) and one
+    :class:`Cluster` per site (in the sites' order) queueing by ``policy``, whose work
+    ends at ``end_priority``."""
 
-    def __init__(self, sites: Sequence[SimSite], end_priority: int) -> None:
-        self._sim = Simulator()
-        self._clusters = {site.name: Cluster(self._sim, site, end_priority) for site in sites}
+    def __init__(
+        self,
+        sites: Sequence[SimSite],
+        end_priority: int,
+        *,
+        start_s: float = 0.0,
+        policy: QueuePolicy = QueuePolicy.FIFO,
+    ) -> None:
+        self._sim = Simulator(start_s)
+        self._clusters = {
+            site.name: Cluster(self._sim, site, end_priority, policy=policy) for site in sites
+        }
 
 
 class OtherUsers:
@@ -387,6 +483,7 @@ class OtherUsers:
             Owner.LOCAL,
             None if started is None else partial(started, job),
             partial(self._ended, job),
+            job.requested_s,
         )
 
     def _ended(self, job: LocalJob) -> None:

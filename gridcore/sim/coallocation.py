@@ -35,8 +35,10 @@ from gridcore.sim.cluster import (
     LocalHooks,
     OtherUsers,
     Owner,
+    QueuePolicy,
 )
 from gridcore.sim.core import SimulationError
+from gridcore.sim.log_load import OtherUsersLog, local_work, start_log
 from gridcore.sim.workload import (
     BackgroundLoad,
     JobTimes,
@@ -227,6 +229,7 @@ def simulate_coallocation(
     local_jobs: Sequence[LocalJob] = (),
     background: BackgroundLoad | None = None,
     scan_interval_s: float = SCAN_INTERVAL_S,
+    log: OtherUsersLog | None = None,
     seed: int = 0,
 ) -> CoallocRun:
     """Run ``jobs`` with ``policy`` on ``clusters`` until every grid job has completed.
@@ -234,10 +237,13 @@ def simulate_coallocation(
     ``execution_time(size, clusters_combined)`` gives each placed job's execution time
     (e.g. :class:`Fig5ExecutionTime`). ``local_jobs`` are submitted at their times;
     ``background`` adds the generated, band-controlled local load (seeded by ``seed``).
+    ``log``: other users' jobs from a real log besides them, queued at their clusters
+    (not band-controlled) while grid jobs are unfinished; the queues then backfill as EASY
+    and the run starts at ``log.start_s``.
     """
     _validate(clusters, jobs, local_jobs, scan_interval_s)
     _check_placeable(clusters, jobs, policy)
-    model = _CoallocModel(clusters, policy, execution_time, background, scan_interval_s, seed)
+    model = _CoallocModel(clusters, policy, execution_time, background, scan_interval_s, seed, log)
     return model.run(jobs, local_jobs)
 
 
@@ -318,8 +324,13 @@ class _CoallocModel(ClusterModel):
         background: BackgroundLoad | None,
         scan_interval_s: float,
         seed: int,
+        log: OtherUsersLog | None = None,
     ) -> None:
-        super().__init__(clusters, _END)
+        if log is None:
+            super().__init__(clusters, _END)
+        else:
+            super().__init__(clusters, _END, start_s=log.start_s, policy=QueuePolicy.EASY)
+        self._users_log = log
         self._policy = policy
         self._execution_time = execution_time
         self._interval = scan_interval_s
@@ -360,8 +371,24 @@ class _CoallocModel(ClusterModel):
             self._sim.schedule(local.submit_s, partial(self._users.submit, local), _LOCAL)
         for item in pending:
             self._sim.schedule(item.job.arrival_s, partial(self._arrive, item), _ARRIVE)
-        self._sim.run()
+        if self._users_log is None:
+            self._sim.run()
+            return CoallocRun(self._policy, tuple(p.record() for p in pending), tuple(self._events))
+        start_log(
+            self._sim,
+            self._users_log,
+            self._clusters,
+            self._logged_arrives,
+            priority=_LOCAL,
+            active=lambda: self._unfinished > 0,
+        )
+        # Logged jobs still queued or running when the grid's are done are not followed.
+        while self._unfinished > 0 and self._sim.pending:
+            self._sim.step()
         return CoallocRun(self._policy, tuple(p.record() for p in pending), tuple(self._events))
+
+    def _logged_arrives(self, job: LocalJob) -> None:
+        self._clusters[job.site].enqueue(local_work(job))
 
     def _log(self, kind: EventKind, job: str, site: str = "", processors: int = 0) -> None:
         self._events.append(TraceEvent(self._sim.now, kind, job, site, processors))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import math
 import random
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -25,14 +25,16 @@ from gridcore.policies.coreservation import (
     PendingJob,
     Reorganization,
     ReorganizeRule,
+    pilot_time_limit,
     reorganize,
     reservation_lifetime,
     round_robin_order,
     select_substitutes,
 )
-from gridcore.policies.queue_stats import QueueRecord, estimate_queue_stats
-from gridcore.sim.cluster import Cluster, Owner, Queued, ScheduleTicks
+from gridcore.policies.queue_stats import WINDOW, QueueRecord, estimate_queue_stats
+from gridcore.sim.cluster import Cluster, Owner, Queued, QueuePolicy, ScheduleTicks
 from gridcore.sim.core import Simulator
+from gridcore.sim.log_load import OtherUsersLog, local_work, start_log
 from gridcore.sim.workload import LocalJob, SimSite, TraceEvent, validate_local_jobs
 
 _RELEASE = 0
@@ -175,14 +177,20 @@ def simulate_vjm(
     params: VjmParams | None = None,
     *,
     background: Sequence[LocalJob] = (),
+    log: OtherUsersLog | None = None,
     seed: int = 0,
     horizon_s: float = HORIZON_S,
 ) -> VjmRun:
     """Run ``jobs`` (and other users' ``background`` jobs) on ``clusters`` until every job
-    has ended or ``horizon_s``. The same inputs and ``seed`` give the same run."""
+    has ended or ``horizon_s``. The same inputs and ``seed`` give the same run.
+
+    ``log``: other users' jobs from a real log, submitted while our jobs are unfinished;
+    the clusters' queues then backfill as EASY, a pilot asking for its time limit
+    (:func:`~gridcore.policies.coreservation.pilot_time_limit` of its lifetime and its
+    job's runtime), and the run starts at ``log.start_s``."""
     params = params or VjmParams()
     _validate(clusters, jobs, background, params)
-    return _VjmModel(clusters, params, seed).run(jobs, background, horizon_s)
+    return _VjmModel(clusters, params, seed, log).run(jobs, background, horizon_s)
 
 
 def _validate(
@@ -279,17 +287,28 @@ class _Job:
 
 
 class _VjmModel:
-    def __init__(self, clusters: Sequence[VjmCluster], params: VjmParams, seed: int) -> None:
-        self._sim = Simulator()
+    def __init__(
+        self,
+        clusters: Sequence[VjmCluster],
+        params: VjmParams,
+        seed: int,
+        log: OtherUsersLog | None = None,
+    ) -> None:
+        self._sim = Simulator(0.0 if log is None else log.start_s)
         self._params = params
         self._seed = seed
+        self._users_log = log
+        policy = QueuePolicy.FIFO if log is None else QueuePolicy.EASY
         self._clusters: dict[str, Cluster] = {}
         for spec in clusters:
             ticks = None
             if spec.interval_s is not None:
                 ticks = ScheduleTicks(spec.interval_s, spec.phase_s, _TICK)
-            self._clusters[spec.name] = Cluster(self._sim, spec.site, _RELEASE, ticks)
+            self._clusters[spec.name] = Cluster(self._sim, spec.site, _RELEASE, ticks, policy)
         self._history: dict[str, dict[str, QueueRecord]] = {name: {} for name in self._clusters}
+        # Logged jobs' started records, oldest start first: Eq. 1 reads only the last
+        # WINDOW starts, so older ones are dropped (a long log in bounded memory).
+        self._logged_starts: dict[str, deque[str]] = {name: deque() for name in self._clusters}
         self._jobs: list[_Job] = []
         self._unfinished = 0
         self._idle_held = 0.0
@@ -308,6 +327,15 @@ class _VjmModel:
             self._sim.schedule(spec.submit_s, partial(self._submit, job), _SUBMIT)
         for other in background:
             self._sim.schedule(other.submit_s, partial(self._local_arrives, other), _ARRIVE)
+        if self._users_log is not None:
+            start_log(
+                self._sim,
+                self._users_log,
+                self._clusters,
+                self._logged_arrives,
+                priority=_ARRIVE,
+                active=lambda: self._unfinished > 0,
+            )
         while self._unfinished and self._sim.pending and self._sim.peek() < horizon_s:
             self._sim.step()
         end = self._sim.now if not self._unfinished else max(self._sim.now, horizon_s)
@@ -342,6 +370,19 @@ class _VjmModel:
     def _record_start(self, cluster: str, key: str) -> None:
         records = self._history[cluster]
         records[key] = QueueRecord(records[key].submitted_at, self._sim.now)
+
+    def _logged_arrives(self, other: LocalJob) -> None:
+        key = f"log:{other.name}"
+        self._history[other.site][key] = QueueRecord(self._sim.now)
+        work = local_work(other, partial(self._logged_starts_now, other.site, key))
+        self._clusters[other.site].enqueue(work)
+
+    def _logged_starts_now(self, cluster: str, key: str) -> None:
+        self._record_start(cluster, key)
+        starts = self._logged_starts[cluster]
+        starts.append(key)
+        if len(starts) > 2 * WINDOW:
+            del self._history[cluster][starts.popleft()]
 
     # -- submission and selection (Sec. 3.2) -------------------------------------------------
 
@@ -428,8 +469,13 @@ class _VjmModel:
             None,
             Owner.GRID,
             partial(self._pilot_starts, pilot),
+            requested_s=None if self._users_log is None else self._pilot_limit(pilot.job),
         )
         self._clusters[pilot.cluster].enqueue(work)
+
+    def _pilot_limit(self, job: _Job) -> float:
+        lifetime = max(job.lifetime_s, self._params.lifetime_floor_s)
+        return float(pilot_time_limit(lifetime, job.spec.runtime_s or 1.0))
 
     # -- pilots hold; the job starts when all hold (Sec. 3.1) -----------------------------------
 

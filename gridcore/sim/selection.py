@@ -23,8 +23,9 @@ from gridcore.model import (
 )
 from gridcore.policies.selection import InsufficientMode, SelectionProtocol, select_site
 from gridcore.policies.transfer import free_bandwidth
-from gridcore.sim.cluster import Cluster, ClusterModel, Owner, Queued
+from gridcore.sim.cluster import Cluster, ClusterModel, Owner, Queued, QueuePolicy
 from gridcore.sim.core import SimulationError
+from gridcore.sim.log_load import OtherUsersLog, local_work, start_log
 from gridcore.sim.workload import (
     JobTimes,
     LocalJob,
@@ -41,6 +42,7 @@ _END = 0
 _REACH_QUEUE = 1
 _MONITOR = 2
 _SELECT = 3
+_LOG = _REACH_QUEUE  # logged jobs reach their queues as external jobs do
 
 
 @dataclass(frozen=True)
@@ -141,10 +143,15 @@ def simulate_selection(
     streams: Mapping[int, StreamConfig] | None = None,
     *,
     external: Sequence[LocalJob] = (),
+    log: OtherUsersLog | None = None,
     monitor_interval_s: float = MDS_INTERVAL_S,
     seed: int = 0,
 ) -> SelectionRun:
     """Run ``jobs`` (and ``external`` load) on ``sites`` until every job has completed.
+
+    ``log``: other users' jobs from a real log, submitted while our jobs are unfinished
+    (not recorded in the run's ``external``); the sites' queues then backfill as EASY
+    (:class:`~gridcore.sim.cluster.QueuePolicy`) and the run starts at ``log.start_s``.
 
     ``streams`` maps each stream id used by ``jobs`` to its configuration; ``None`` gives
     every stream the default (stateful, best). The monitor publishes at time 0 and then
@@ -153,7 +160,7 @@ def simulate_selection(
     """
     configs = _stream_configs(jobs, streams)
     _validate(sites, jobs, external, monitor_interval_s)
-    model = _SelectionModel(sites, configs, monitor_interval_s, seed)
+    model = _SelectionModel(sites, configs, monitor_interval_s, seed, log)
     return model.run(jobs, external)
 
 
@@ -247,8 +254,13 @@ class _SelectionModel(ClusterModel):
         configs: Mapping[int, StreamConfig],
         monitor_interval_s: float,
         seed: int,
+        log: OtherUsersLog | None = None,
     ) -> None:
-        super().__init__(sites, _END)
+        if log is None:
+            super().__init__(sites, _END)
+        else:
+            super().__init__(sites, _END, start_s=log.start_s, policy=QueuePolicy.EASY)
+        self._log = log
         self._configs = configs
         self._rngs = {
             stream: random.Random(f"gridcore.sim.selection:{seed}:{stream}") for stream in configs
@@ -259,11 +271,22 @@ class _SelectionModel(ClusterModel):
         self._report: dict[str, SiteObservation] = {}
         self._reports: list[SiteObservation] = []
         self._unfinished = 0
+        self._ours_unfinished = 0
 
     def run(self, jobs: Sequence[SimJob], external: Sequence[LocalJob]) -> SelectionRun:
         ours: list[_Placed] = []
         others: list[_Placed] = []
         self._unfinished = len(jobs) + len(external)
+        self._ours_unfinished = len(jobs)
+        if self._log is not None:
+            start_log(
+                self._sim,
+                self._log,
+                self._clusters,
+                self._log_arrives,
+                priority=_LOG,
+                active=lambda: self._ours_unfinished > 0,
+            )
         self._sim.schedule(0.0, self._monitor, _MONITOR)
         for job in jobs:
             self._sim.schedule(job.arrival_s, partial(self._select, job, ours), _SELECT)
@@ -271,7 +294,12 @@ class _SelectionModel(ClusterModel):
             placed = _Placed(ext, ext.site, ext.submit_s)
             others.append(placed)
             self._sim.schedule(ext.submit_s, partial(self._reach_queue, placed), _REACH_QUEUE)
-        self._sim.run()
+        if self._log is None:
+            self._sim.run()
+        else:
+            # Logged jobs still queued or running when ours are done are not followed.
+            while self._unfinished > 0 and self._sim.pending:
+                self._sim.step()
         # Ours are recorded in input order, whatever order they were selected in.
         order = {job.name: index for index, job in enumerate(jobs)}
         ours.sort(key=lambda placed: order[placed.name])
@@ -333,19 +361,28 @@ class _SelectionModel(ClusterModel):
             mean_runtime_s=_mean(_runtimes(finished)),
         )
 
+    def _log_arrives(self, job: LocalJob) -> None:
+        self._clusters[job.site].enqueue(local_work(job))
+
     def _reach_queue(self, placed: _Placed) -> None:
         placed.queue_arrival_s = self._sim.now
         site = self._clusters[placed.site]
-        ours = isinstance(placed.job, SimJob)
-        duration = placed.job.runtime_s * site.site.slowness if ours else placed.job.runtime_s
+        job = placed.job
+        if isinstance(job, SimJob):
+            # Our members ask for exactly their runtime there.
+            duration, kind = job.runtime_s * site.site.slowness, Owner.GRID
+            requested: float | None = duration
+        else:
+            duration, requested, kind = job.runtime_s, job.requested_s, Owner.LOCAL
         site.enqueue(
             Queued(
                 placed.name,
                 placed.processors,
                 duration,
-                Owner.GRID if ours else Owner.LOCAL,
+                kind,
                 partial(self._start, placed),
                 partial(self._end, placed),
+                requested,
             )
         )
 
@@ -355,6 +392,8 @@ class _SelectionModel(ClusterModel):
     def _end(self, placed: _Placed) -> None:
         placed.end_s = self._sim.now
         self._unfinished -= 1
+        if isinstance(placed.job, SimJob):
+            self._ours_unfinished -= 1
 
     def _monitor(self) -> None:
         now = self._sim.now

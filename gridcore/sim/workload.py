@@ -36,7 +36,9 @@ class LocalJob:
     """Another user's job, submitted straight to ``site``'s local queue at ``submit_s``.
 
     ``runtime_s`` is its wall time on that site (not scaled: it is described where it
-    runs). Nobody selects or places it; models see it only through the cluster.
+    runs); ``requested_s`` the time it asked for (a real log's field 9; ``None``:
+    unknown), which only an EASY queue reads. Nobody selects or places it; models see it
+    only through the cluster.
     """
 
     name: str
@@ -44,6 +46,7 @@ class LocalJob:
     submit_s: float
     runtime_s: float
     processors: int
+    requested_s: float | None = None
 
 
 class JobTimes:
