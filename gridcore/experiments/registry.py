@@ -264,6 +264,7 @@ EXPERIMENTS: Mapping[str, str] = MappingProxyType(
         "vjm-deadlock": "gridcore.experiments.coreservation:VJM_DEADLOCK",
         "dataplan": "gridcore.experiments.dataplan:DATAPLAN",
         "dataplan-robustness": "gridcore.experiments.dataplan_robustness:DATAPLAN_ROBUSTNESS",
+        "selection-traces": "gridcore.experiments.selection_traces:SELECTION_TRACES",
         "wait-prediction": "gridcore.experiments.wait_prediction:WAIT_PREDICTION",
     }
 )

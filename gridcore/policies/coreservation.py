@@ -46,11 +46,26 @@ class QueueStats:
 @dataclass(frozen=True)
 class ClusterView:
     """One candidate cluster: its name, its queue statistics, and how many virtual jobs of
-    one job it can hold at once (``floor(processors / g)``; see docs/coreservation.md)."""
+    one job it can hold at once (``floor(processors / g)``; see docs/coreservation.md).
+
+    ``t_avails``: a wait model's forecast of the wait of this selection's 1st, 2nd, ...
+    virtual job on the cluster (each with the earlier ones queued ahead of it; the caller
+    ran the model on the cluster's queue), used instead of Eq. 1 where given; ``None``:
+    Eq. 1 over ``stats`` (the ``eq1`` model). A forecast must not decrease along the
+    tuple; past its end the cluster takes no more of this selection's virtual jobs."""
 
     name: str
     stats: QueueStats
     capacity: int
+    t_avails: tuple[float, ...] | None = None
+
+    def t_avail(self, vj_seq: int, kept: int = 0) -> float | None:
+        """The wait of the virtual job at position ``vj_seq`` (counting ``kept`` ones
+        this job already has here); ``None`` when the forecasts end before it."""
+        if self.t_avails is None:
+            return expected_wait(self.stats, vj_seq)
+        index = vj_seq - kept
+        return self.t_avails[index] if 0 <= index < len(self.t_avails) else None
 
 
 @dataclass(frozen=True)
@@ -239,11 +254,11 @@ def _assign(
     seq = {c.name: kept.get(c.name, 0) for c in available}
     for choice in placed.values():
         seq[choice.cluster] = seq.get(choice.cluster, 0) + 1
-    heap = [
-        (expected_wait(c.stats, seq[c.name]), i, c)
-        for i, c in enumerate(available)
-        if seq[c.name] < c.capacity
-    ]
+    heap = []
+    for i, c in enumerate(available):
+        first = c.t_avail(seq[c.name], kept.get(c.name, 0))
+        if seq[c.name] < c.capacity and first is not None:
+            heap.append((first, i, c))
     heapq.heapify(heap)
     missing: list[int] = []
     for j in undecided:
@@ -253,8 +268,9 @@ def _assign(
         wait, i, cluster = heapq.heappop(heap)
         placed[j] = VirtualJobChoice(j, cluster.name, wait)
         seq[cluster.name] += 1
-        if seq[cluster.name] < cluster.capacity:
-            heapq.heappush(heap, (expected_wait(cluster.stats, seq[cluster.name]), i, cluster))
+        following = cluster.t_avail(seq[cluster.name], kept.get(cluster.name, 0))
+        if seq[cluster.name] < cluster.capacity and following is not None:
+            heapq.heappush(heap, (following, i, cluster))
     return missing
 
 

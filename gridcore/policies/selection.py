@@ -10,7 +10,8 @@ import enum
 import heapq
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from gridcore.model import (
     ASSUMED_RUNTIME_S,
@@ -22,6 +23,10 @@ from gridcore.model import (
     SiteSnapshot,
 )
 from gridcore.policies.transfer import Bandwidth, job_transfer_seconds
+
+if TYPE_CHECKING:
+    # wait_prediction's eq_w model reads this module's Eq. W: a type only, here.
+    from gridcore.policies.wait_prediction import WaitForecast
 
 
 class SelectionProtocol(enum.StrEnum):
@@ -56,10 +61,17 @@ def select_site(
     mode: InsufficientMode = InsufficientMode.BEST,
     *,
     rng: random.Random,
+    waits: Mapping[str, WaitForecast] | None = None,
 ) -> SiteSelection:
-    """Choose the site for ``request`` from one snapshot of every site."""
+    """Choose the site for ``request`` from one snapshot of every site. ``waits``: a
+    wait model's forecast of this request's queue wait per site (the caller ran the
+    model on the site's queue), used instead of Eq. W where given (:func:`estimate_site`)."""
     candidates, reasons = _candidates(request, snapshots)
-    estimates = [estimate_site(request, snap, bandwidth, protocol) for snap in candidates]
+    given = waits or {}
+    estimates = [
+        estimate_site(request, snap, bandwidth, protocol, given.get(snap.site))
+        for snap in candidates
+    ]
     return _choose_among(request, estimates, protocol, mode, reasons, rng)
 
 
@@ -232,21 +244,31 @@ def expected_runtime(request: JobRequest, snapshot: SiteSnapshot) -> tuple[float
 
 
 def estimate_site(
-    request: JobRequest, snapshot: SiteSnapshot, bandwidth: Bandwidth, protocol: SelectionProtocol
+    request: JobRequest,
+    snapshot: SiteSnapshot,
+    bandwidth: Bandwidth,
+    protocol: SelectionProtocol,
+    wait: WaitForecast | None = None,
 ) -> SiteEstimate:
+    """Eq. (C) at one site. Its queue delay is ``wait``'s point estimate when a wait
+    model gave one for this site (``gridcore.policies.wait_prediction``: the model sees
+    the site's queue, which a snapshot does not carry), else Eq. W (the ``eq_w`` model)."""
     idle = effective_idle(snapshot, protocol)
     fits = idle >= request.processors
     transfer = job_transfer_seconds(request, snapshot.site, bandwidth)
     compute, basis = expected_runtime(request, snapshot)
-    wait = estimated_queue_delay(request, snapshot, idle)
-    completion = wait + transfer + compute
+    if wait is None:
+        queue_delay = estimated_queue_delay(request, snapshot, idle)
+    else:
+        queue_delay = max(0.0, wait.wait_s)
+    completion = queue_delay + transfer + compute
     return SiteEstimate(
         snapshot.site,
         idle,
         fits,
         transfer,
         compute,
-        wait,
+        queue_delay,
         completion,
         request.processors,
         snapshot.idle_processors,

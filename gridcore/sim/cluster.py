@@ -48,6 +48,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Protocol
 
 from gridcore.sim.core import SimulationError, Simulator
 from gridcore.sim.workload import BackgroundLoad, LocalJob, SimSite
@@ -115,6 +116,16 @@ class Queued:
     on_start: Hook | None = None
     on_end: Hook | None = None
     requested_s: float | None = None
+    submitted_s: float | None = None  # when it was submitted (None: when it was queued)
+    user: int | None = None
+
+
+class Watcher(Protocol):
+    """Hears of work run from a cluster's queue (a wait model's history)."""
+
+    def started(self, work: Queued, submitted_s: float, started_s: float) -> None: ...
+
+    def ended(self, work: Queued, started_s: float, ended_s: float) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -158,6 +169,9 @@ class Cluster:
         self._held: dict[tuple[Owner, str], Holding] = {}
         # When each holder started and until when it asked for (EASY plans with it).
         self._times: dict[tuple[Owner, str], tuple[float, float | None]] = {}
+        self._submitted: dict[tuple[Owner, str], float] = {}
+        self._work: dict[tuple[Owner, str], Queued] = {}
+        self._watchers: list[Watcher] = []
         self._used: Counter[Owner] = Counter()
         self._stored: dict[str, int] = {}
         self._queue: deque[Queued] = deque()
@@ -193,10 +207,16 @@ class Cluster:
     # -- processors ----------------------------------------------------------------------
 
     def claim(
-        self, holder: str, processors: int, kind: Owner, requested_s: float | None = None
+        self,
+        holder: str,
+        processors: int,
+        kind: Owner,
+        requested_s: float | None = None,
+        started_s: float | None = None,
     ) -> None:
         """``holder`` takes ``processors`` idle processors now, for ``requested_s``
-        seconds if it says (an EASY queue plans with that; ``None``: unknown)."""
+        seconds if it says (an EASY queue plans with that; ``None``: unknown) from
+        ``started_s`` (default now: earlier for work already running when a run starts)."""
         if (kind, holder) in self._held:
             raise SimulationError(f"site {self.name}: {kind} {holder} already holds processors")
         if not 0 < processors <= self.idle:
@@ -205,8 +225,9 @@ class Cluster:
             )
         self._integrate()
         self._held[kind, holder] = Holding(holder, processors, kind)
-        now = self._sim.now
-        self._times[kind, holder] = (now, None if requested_s is None else now + requested_s)
+        start = self._sim.now if started_s is None else started_s
+        end = None if requested_s is None else start + requested_s
+        self._times[kind, holder] = (start, end)
         self._used[kind] += processors
         self.peak = max(self.peak, sum(self._used.values()))
 
@@ -216,7 +237,12 @@ class Cluster:
         holding = self._held.pop((kind, holder), None)
         if holding is None:
             raise SimulationError(f"site {self.name}: {kind} {holder} holds no processors")
-        del self._times[kind, holder]
+        started, _ = self._times.pop((kind, holder))
+        work = self._work.pop((kind, holder), None)
+        self._submitted.pop((kind, holder), None)
+        if work is not None:
+            for watcher in self._watchers:
+                watcher.ended(work, started, self._sim.now)
         self._integrate()
         self._used[holding.kind] -= holding.processors
         return holding.processors
@@ -272,8 +298,23 @@ class Cluster:
 
     def enqueue(self, work: Queued) -> None:
         """``work`` joins the tail of the local queue, which then starts what fits."""
+        self._submitted[work.kind, work.name] = (
+            self._sim.now if work.submitted_s is None else work.submitted_s
+        )
         self._queue.append(work)
         self.start_queued()
+
+    def watch(self, watcher: Watcher) -> None:
+        """``watcher`` hears of every start and end of work run from the queue."""
+        self._watchers.append(watcher)
+
+    def submitted_at(self, work: Queued) -> float:
+        """When queued ``work`` (or work run from the queue) was submitted."""
+        return self._submitted.get((work.kind, work.name), self._sim.now)
+
+    def started_work(self) -> tuple[tuple[Queued, float, float | None], ...]:
+        """Work started from the queue and still running: (work, start, requested end)."""
+        return tuple((work, *self._times[key]) for key, work in self._work.items())
 
     def start_queued(self) -> None:
         """Start the queue's head while it fits, then (EASY) backfill around it; with a
@@ -292,14 +333,22 @@ class Cluster:
         for work in self._queue:
             if work.name == name and work.kind is kind:
                 self._queue.remove(work)
+                self._submitted.pop((kind, name), None)
                 return True
         return False
 
-    def run_now(self, work: Queued) -> None:
+    def run_now(self, work: Queued, started_s: float | None = None) -> None:
         """Start ``work`` at once (it must fit); it ends by itself after its duration,
-        or holds until released when it has none."""
-        self.claim(work.name, work.processors, work.kind, work.requested_s)
+        or holds until released when it has none. ``started_s``: it started earlier, at
+        that instant, and its duration is what is left (:meth:`claim`)."""
+        self.claim(work.name, work.processors, work.kind, work.requested_s, started_s)
         self.started[work.kind] += 1
+        key = (work.kind, work.name)
+        self._work[key] = work
+        self._submitted.setdefault(key, self._sim.now)
+        if started_s is None:
+            for watcher in self._watchers:
+                watcher.started(work, self._submitted[key], self._sim.now)
         if work.on_start is not None:
             work.on_start()
         if work.duration_s is not None:

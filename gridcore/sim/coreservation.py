@@ -20,6 +20,7 @@ from gridcore.model import Outcome
 from gridcore.policies.coreservation import (
     DEFAULT_RULE,
     LIFETIME_CEILING_S,
+    PILOT_TIME_MARGIN_S,
     ClusterReservation,
     ClusterView,
     PendingJob,
@@ -32,9 +33,11 @@ from gridcore.policies.coreservation import (
     select_substitutes,
 )
 from gridcore.policies.queue_stats import WINDOW, QueueRecord, estimate_queue_stats
+from gridcore.policies.wait_prediction import WAIT_MODELS, QueuedJob, WaitModel
 from gridcore.sim.cluster import Cluster, Owner, Queued, QueuePolicy, ScheduleTicks
 from gridcore.sim.core import Simulator
 from gridcore.sim.log_load import OtherUsersLog, local_work, start_log
+from gridcore.sim.queue_view import queue_view, watch_models
 from gridcore.sim.workload import LocalJob, SimSite, TraceEvent, validate_local_jobs
 
 _RELEASE = 0
@@ -101,6 +104,9 @@ class VjmParams:
     restart_lifetime_on_shift: bool = True
     # How Sec. 3.3 is read (policies.coreservation; PAPER_RULE: as printed).
     rule: ReorganizeRule = DEFAULT_RULE
+    # A WAIT_MODELS name whose forecasts on each cluster's true queue replace Eq. 1's
+    # T_avail (policies.coreservation.ClusterView.t_avails); None: Eq. 1 on the history.
+    wait_model: str | None = None
 
     def __post_init__(self) -> None:
         low, high = self.submit_delay_s
@@ -178,6 +184,7 @@ def simulate_vjm(
     *,
     background: Sequence[LocalJob] = (),
     log: OtherUsersLog | None = None,
+    wait_models: Mapping[str, WaitModel] | None = None,
     seed: int = 0,
     horizon_s: float = HORIZON_S,
 ) -> VjmRun:
@@ -187,10 +194,18 @@ def simulate_vjm(
     ``log``: other users' jobs from a real log, submitted while our jobs are unfinished;
     the clusters' queues then backfill as EASY, a pilot asking for its time limit
     (:func:`~gridcore.policies.coreservation.pilot_time_limit` of its lifetime and its
-    job's runtime), and the run starts at ``log.start_s``."""
+    job's runtime), and the run starts at ``log.start_s``. ``wait_models``: cluster ->
+    the wait model ``params.wait_model`` names (with the history the caller gave it; it
+    hears of every start and end there); one not given starts without history."""
     params = params or VjmParams()
     _validate(clusters, jobs, background, params)
-    return _VjmModel(clusters, params, seed, log).run(jobs, background, horizon_s)
+    models: dict[str, WaitModel] = {}
+    if params.wait_model is not None:
+        if params.wait_model not in WAIT_MODELS:
+            raise ConfigError(f"wait model {params.wait_model!r}: known are {list(WAIT_MODELS)}")
+        given = wait_models or {}
+        models = {c.name: given.get(c.name) or WAIT_MODELS[params.wait_model]() for c in clusters}
+    return _VjmModel(clusters, params, seed, log, models).run(jobs, background, horizon_s)
 
 
 def _validate(
@@ -293,6 +308,7 @@ class _VjmModel:
         params: VjmParams,
         seed: int,
         log: OtherUsersLog | None = None,
+        wait_models: Mapping[str, WaitModel] | None = None,
     ) -> None:
         self._sim = Simulator(0.0 if log is None else log.start_s)
         self._params = params
@@ -306,6 +322,8 @@ class _VjmModel:
                 ticks = ScheduleTicks(spec.interval_s, spec.phase_s, _TICK)
             self._clusters[spec.name] = Cluster(self._sim, spec.site, _RELEASE, ticks, policy)
         self._history: dict[str, dict[str, QueueRecord]] = {name: {} for name in self._clusters}
+        self._wait_models = dict(wait_models or {})
+        watch_models(self._clusters, {"vjm": self._wait_models})
         # Logged jobs' started records, oldest start first: Eq. 1 reads only the last
         # WINDOW starts, so older ones are dropped (a long log in bounded memory).
         self._logged_starts: dict[str, deque[str]] = {name: deque() for name in self._clusters}
@@ -373,7 +391,7 @@ class _VjmModel:
 
     def _logged_arrives(self, other: LocalJob) -> None:
         key = f"log:{other.name}"
-        self._history[other.site][key] = QueueRecord(self._sim.now)
+        self._history[other.site][key] = QueueRecord(other.submit_s)
         work = local_work(other, partial(self._logged_starts_now, other.site, key))
         self._clusters[other.site].enqueue(work)
 
@@ -392,7 +410,7 @@ class _VjmModel:
         if self._params.selection is Selection.ROUND_ROBIN:
             order, t_avails = self._round_robin(count), [0.0]
         else:
-            chosen = self._select(count, {})
+            chosen = self._select(count, {}, job=job)
             if chosen is None:
                 self._log("no-fit", job.name, detail="no cluster set holds the job")
                 job.missing = count
@@ -410,9 +428,15 @@ class _VjmModel:
         self._start_lifetime(job, t_avails)
 
     def _select(
-        self, count: int, kept: Mapping[str, int], avoid: Sequence[str] = ()
+        self,
+        count: int,
+        kept: Mapping[str, int],
+        avoid: Sequence[str] = (),
+        *,
+        job: _Job | None = None,
     ) -> tuple[list[str], list[float]] | None:
-        """The cluster of each virtual job in issue order, and their Eq. 1 waits."""
+        """The cluster of each virtual job in issue order, and their waits (Eq. 1, or
+        the wait model's forecasts)."""
         now = self._sim.now
         g = self._params.vj_processors
         views = [
@@ -420,6 +444,7 @@ class _VjmModel:
                 name,
                 estimate_queue_stats(self._history[name].values(), now),
                 cluster.processors // g,
+                self._t_avails(name, count, kept.get(name, 0), job),
             )
             for name, cluster in self._clusters.items()
         ]
@@ -427,6 +452,30 @@ class _VjmModel:
         if selection.outcome is not Outcome.FIT:
             return None
         return [c.cluster for c in selection.choices], [c.t_avail for c in selection.choices]
+
+    def _t_avails(
+        self, cluster: str, count: int, kept: int, job: _Job | None
+    ) -> tuple[float, ...] | None:
+        """The wait model's forecast for this selection's 1st, 2nd, ... virtual job on
+        ``cluster``, each with the earlier ones queued ahead (``None``: Eq. 1)."""
+        model = self._wait_models.get(cluster)
+        if model is None:
+            return None
+        site = self._clusters[cluster]
+        g = self._params.vj_processors
+        room = min(count, site.processors // g - kept)
+        now = self._sim.now
+        # each virtual job asks for its pilot's time limit
+        limit = self._pilot_limit(job) if job is not None else float(PILOT_TIME_MARGIN_S)
+        ahead: list[QueuedJob] = []
+        waits: list[float] = []
+        for index in range(max(0, room)):
+            virtual = QueuedJob(f"?vj{index}", g, now, limit)
+            forecast = model.forecast(virtual, queue_view(site, now, ahead))
+            # a later virtual job never waits less than an earlier one (the heap's rule)
+            waits.append(max(forecast.wait_s, waits[-1] if waits else 0.0))
+            ahead.append(virtual)
+        return tuple(waits)
 
     def _round_robin(self, count: int) -> list[str]:
         """MPICH-G2's machine file (validation guarantees every virtual job fits)."""
@@ -607,7 +656,7 @@ class _VjmModel:
 
     def _substitute(self, job: _Job, count: int) -> None:
         kept: Counter[str] = Counter(p.cluster for p in job.pilots)
-        chosen = self._select(count, kept, job.avoid)
+        chosen = self._select(count, kept, job.avoid, job=job)
         if chosen is None:
             job.missing = count
             self._log("no-fit", job.name, detail=f"no substitute for {count} virtual jobs")

@@ -190,9 +190,8 @@ def _log_jobs(
         else:
             counts.replayed += 1
             name = f"{index}:{load.label}#{logged.number}"
-            yield LocalJob(
-                name, site, load.sim_time(logged.submit_s), run, size, logged.requested_s
-            )
+            at = load.sim_time(logged.submit_s)
+            yield LocalJob(name, site, at, run, size, logged.requested_s, logged.user)
 
 
 def _site_of(
@@ -261,12 +260,17 @@ def start_log(
         now = sim.now
         for running in log.running(sites):
             job = running.job
-            requested = None
-            if job.requested_s is not None:
-                requested = max(0.0, running.started_s + job.requested_s - now)
             left = max(0.0, running.started_s + job.runtime_s - now)
-            work = Queued(job.name, job.processors, left, Owner.LOCAL, requested_s=requested)
-            clusters[job.site].run_now(work)
+            work = Queued(
+                job.name,
+                job.processors,
+                left,
+                Owner.LOCAL,
+                requested_s=job.requested_s,
+                submitted_s=job.submit_s,
+                user=job.user,
+            )
+            clusters[job.site].run_now(work, running.started_s)
         LogFeeder(sim, log.jobs(sites), submit, priority=priority, active=active).start()
 
     sim.schedule(sim.now, begin, priority)
@@ -275,7 +279,14 @@ def start_log(
 def local_work(job: LocalJob, on_start: Callable[[], object] | None = None) -> Queued:
     """Another user's job as work for its cluster's queue."""
     return Queued(
-        job.name, job.processors, job.runtime_s, Owner.LOCAL, on_start, requested_s=job.requested_s
+        job.name,
+        job.processors,
+        job.runtime_s,
+        Owner.LOCAL,
+        on_start,
+        requested_s=job.requested_s,
+        submitted_s=job.submit_s,
+        user=job.user,
     )
 
 

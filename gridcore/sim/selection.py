@@ -6,6 +6,7 @@ Design, equations and the choices where a paper is ambiguous: ``docs/selection.m
 
 from __future__ import annotations
 
+import enum
 import random
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -23,9 +24,16 @@ from gridcore.model import (
 )
 from gridcore.policies.selection import InsufficientMode, SelectionProtocol, select_site
 from gridcore.policies.transfer import free_bandwidth
+from gridcore.policies.wait_prediction import (
+    WAIT_MODELS,
+    QueuedJob,
+    WaitForecast,
+    WaitModel,
+)
 from gridcore.sim.cluster import Cluster, ClusterModel, Owner, Queued, QueuePolicy
 from gridcore.sim.core import SimulationError
 from gridcore.sim.log_load import OtherUsersLog, local_work, start_log
+from gridcore.sim.queue_view import queue_view, watch_models
 from gridcore.sim.workload import (
     JobTimes,
     LocalJob,
@@ -60,14 +68,27 @@ class SimJob:
     stream: int = 0
 
 
+class View(enum.StrEnum):
+    """What a stream decides on."""
+
+    MONITOR = "monitor"  # the monitor's last report, plus the state's own work in flight
+    SCHEDULERS = "schedulers"  # each cluster's true queue now, as its scheduler knows it
+    # (sbatch -M's peer: perfect knowledge of every scheduler, none of our work in flight)
+
+
 @dataclass(frozen=True)
 class StreamConfig:
     """How one stream selects. Streams with the same ``state`` share in-flight knowledge;
-    ``None`` keeps it private to the stream."""
+    ``None`` keeps it private to the stream. ``wait_model``: a
+    :data:`~gridcore.policies.wait_prediction.WAIT_MODELS` name whose forecast on each
+    site's true queue (plus the state's members in flight there, with the monitor's
+    view) is the queue delay of Eq. (C); ``None``: Eq. W on the snapshot."""
 
     protocol: SelectionProtocol = SelectionProtocol.STATEFUL
     mode: InsufficientMode = InsufficientMode.BEST
     state: str | None = None
+    wait_model: str | None = None
+    view: View = View.MONITOR
 
 
 @dataclass(frozen=True)
@@ -144,6 +165,7 @@ def simulate_selection(
     *,
     external: Sequence[LocalJob] = (),
     log: OtherUsersLog | None = None,
+    wait_models: Mapping[str, Mapping[str, WaitModel]] | None = None,
     monitor_interval_s: float = MDS_INTERVAL_S,
     seed: int = 0,
 ) -> SelectionRun:
@@ -152,6 +174,9 @@ def simulate_selection(
     ``log``: other users' jobs from a real log, submitted while our jobs are unfinished
     (not recorded in the run's ``external``); the sites' queues then backfill as EASY
     (:class:`~gridcore.sim.cluster.QueuePolicy`) and the run starts at ``log.start_s``.
+    ``wait_models``: name -> site -> the wait model of a stream naming it (with the
+    history the caller gave it; it hears of every start and end on its site); a stream's
+    model not given starts without history.
 
     ``streams`` maps each stream id used by ``jobs`` to its configuration; ``None`` gives
     every stream the default (stateful, best). The monitor publishes at time 0 and then
@@ -160,8 +185,26 @@ def simulate_selection(
     """
     configs = _stream_configs(jobs, streams)
     _validate(sites, jobs, external, monitor_interval_s)
-    model = _SelectionModel(sites, configs, monitor_interval_s, seed, log)
+    models = _wait_models(sites, configs, wait_models)
+    model = _SelectionModel(sites, configs, monitor_interval_s, seed, log, models)
     return model.run(jobs, external)
+
+
+def _wait_models(
+    sites: Sequence[SimSite],
+    configs: Mapping[int, StreamConfig],
+    given: Mapping[str, Mapping[str, WaitModel]] | None,
+) -> dict[str, dict[str, WaitModel]]:
+    models: dict[str, dict[str, WaitModel]] = {}
+    for config in configs.values():
+        name = config.wait_model
+        if name is None or name in models:
+            continue
+        if name not in WAIT_MODELS:
+            raise ConfigError(f"wait model {name!r}: known are {', '.join(WAIT_MODELS)}")
+        mine = dict((given or {}).get(name, {}))
+        models[name] = {s.name: mine.get(s.name) or WAIT_MODELS[name]() for s in sites}
+    return models
 
 
 def _stream_configs(
@@ -255,12 +298,15 @@ class _SelectionModel(ClusterModel):
         monitor_interval_s: float,
         seed: int,
         log: OtherUsersLog | None = None,
+        wait_models: Mapping[str, Mapping[str, WaitModel]] | None = None,
     ) -> None:
         if log is None:
             super().__init__(sites, _END)
         else:
             super().__init__(sites, _END, start_s=log.start_s, policy=QueuePolicy.EASY)
         self._log = log
+        self._wait_models = wait_models or {}
+        watch_models(self._clusters, self._wait_models)
         self._configs = configs
         self._rngs = {
             stream: random.Random(f"gridcore.sim.selection:{seed}:{stream}") for stream in configs
@@ -268,6 +314,7 @@ class _SelectionModel(ClusterModel):
         self._states: dict[str, _State] = {}
         self._interval = monitor_interval_s
         self._ticks = 0
+        self._origin = 0.0
         self._report: dict[str, SiteObservation] = {}
         self._reports: list[SiteObservation] = []
         self._unfinished = 0
@@ -287,7 +334,10 @@ class _SelectionModel(ClusterModel):
                 priority=_LOG,
                 active=lambda: self._ours_unfinished > 0,
             )
-        self._sim.schedule(0.0, self._monitor, _MONITOR)
+        # The monitor's ticks are at k * interval from the run's start (0 unless a log
+        # starts it later), exactly, so repeated additions cannot drift.
+        self._origin = max(0.0, self._sim.now)
+        self._sim.schedule(self._origin, self._monitor, _MONITOR)
         for job in jobs:
             self._sim.schedule(job.arrival_s, partial(self._select, job, ours), _SELECT)
         for ext in external:
@@ -315,8 +365,21 @@ class _SelectionModel(ClusterModel):
     def _select(self, job: SimJob, ours: list[_Placed]) -> None:
         config = self._configs[job.stream]
         state = self._states.setdefault(self._state_key(job.stream), _State())
-        snapshots = [self._snapshot(site, state, config) for site in self._clusters.values()]
+        if config.view is View.SCHEDULERS:
+            snapshots = [
+                SiteSnapshot(c.name, c.processors, c.idle, c.site.slowness)
+                for c in self._clusters.values()
+            ]
+        else:
+            snapshots = [self._snapshot(site, state, config) for site in self._clusters.values()]
         request = JobRequest(job.name, job.processors, job.runtime_s)
+        waits = None
+        if config.wait_model is not None:
+            waits = {
+                name: self._forecast(job, cluster, state, config)
+                for name, cluster in self._clusters.items()
+                if cluster.processors >= job.processors
+            }
         decision = select_site(
             request,
             snapshots,
@@ -325,6 +388,7 @@ class _SelectionModel(ClusterModel):
             config.protocol,
             config.mode,
             rng=self._rngs[job.stream],
+            waits=waits,
         )
         if decision.site is None:
             # Validation guarantees some site is large enough, so this is a model bug.
@@ -334,6 +398,29 @@ class _SelectionModel(ClusterModel):
         state.placed.append(placed)
         state.names.add(job.name)
         self._sim.schedule_in(job.hysteresis_s, partial(self._reach_queue, placed), _REACH_QUEUE)
+
+    def _forecast(
+        self, job: SimJob, cluster: Cluster, state: _State, config: StreamConfig
+    ) -> WaitForecast:
+        """``config``'s wait model on ``cluster``'s true queue now, with the state's
+        members selected there and not yet queued behind it (monitor view)."""
+        now = self._sim.now
+        runtime = job.runtime_s * cluster.site.slowness
+        ahead: list[QueuedJob] = []
+        if config.view is View.MONITOR and config.protocol.counts_in_flight:
+            for p in state.placed:
+                if p.site == cluster.name and p.queue_arrival_s is None:
+                    own = p.job.runtime_s * cluster.site.slowness
+                    ahead.append(QueuedJob(p.name, p.processors, p.arrival_s, own))
+        model = self._model(config.wait_model or "", cluster.name)
+        view = queue_view(cluster, now, ahead)
+        return model.forecast(QueuedJob(job.name, job.processors, now, runtime), view)
+
+    def _model(self, name: str, site: str) -> WaitModel:
+        by_site = self._wait_models.get(name)
+        if by_site is None or site not in by_site:
+            raise SimulationError(f"no wait model {name!r} for site {site}")
+        return by_site[site]
 
     def _snapshot(self, site: Cluster, state: _State, config: StreamConfig) -> SiteSnapshot:
         report = self._report[site.site.name]
@@ -407,7 +494,8 @@ class _SelectionModel(ClusterModel):
         # k * interval exactly, so repeated additions cannot drift.
         if self._unfinished > 0:
             self._ticks += 1
-            self._sim.schedule(self._ticks * self._interval, self._monitor, _MONITOR)
+            at = self._origin + self._ticks * self._interval
+            self._sim.schedule(at, self._monitor, _MONITOR)
 
 
 def _waits(placed: Iterable[_Placed]) -> list[float]:

@@ -37,8 +37,9 @@ class LocalJob:
 
     ``runtime_s`` is its wall time on that site (not scaled: it is described where it
     runs); ``requested_s`` the time it asked for (a real log's field 9; ``None``:
-    unknown), which only an EASY queue reads. Nobody selects or places it; models see it
-    only through the cluster.
+    unknown), which only an EASY queue reads; ``user`` its user (a log's field 12), which
+    only wait models read. Nobody selects or places it; models see it only through the
+    cluster.
     """
 
     name: str
@@ -47,6 +48,7 @@ class LocalJob:
     runtime_s: float
     processors: int
     requested_s: float | None = None
+    user: int | None = None
 
 
 class JobTimes:

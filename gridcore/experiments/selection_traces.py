@@ -1,0 +1,470 @@
+"""Site selection and VJM's co-allocation on clusters that carry real logs' load
+(issue 22 item 6): the default selection against naive and an ``sbatch -M`` peer, and
+VJM's cluster selection with each wait model against Eq. 1 alone.
+
+The rules, fixed before any run on the logs it is reported on: ``docs/experiments.md``
+(section ``gridcore/experiments/selection_traces.py``, "selection-traces: fixed before
+results").
+"""
+
+from __future__ import annotations
+
+import bisect
+import copy
+import heapq
+import random
+import statistics
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+
+from gridcore.errors import ConfigError
+from gridcore.experiments.registry import Experiment, RunOptions, text_table
+from gridcore.experiments.selection import canonical_trace
+from gridcore.model import ASSUMED_RUNTIME_S
+from gridcore.policies.selection import DEFAULT_PROTOCOL, InsufficientMode, SelectionProtocol
+from gridcore.policies.wait_prediction import (
+    DEFAULT_WAIT_MODEL,
+    WAIT_MODELS,
+    QueuedJob,
+    RunningJob,
+    WaitModel,
+)
+from gridcore.progress import progress
+from gridcore.sim.coreservation import ParallelJob, VjmCluster, VjmParams, simulate_vjm
+from gridcore.sim.log_load import LoggedRunning
+from gridcore.sim.selection import StreamConfig, View, simulate_selection
+from gridcore.sim.workload import LocalJob, SimSite
+from gridcore.stats import half_width_95
+from gridcore.workloads.swf import iter_jobs, read_header
+
+WINDOWS = 30
+WARM_UP = 0.10
+VJM_SUBMIT_S = 240.0
+VJM_PROCESSORS = (20, 28)
+VJM_RUNTIME_S = (120.0, 600.0)
+VJM_MAX_CLUSTERS = 2
+VJM_HORIZON_S = 7 * 86_400.0
+NAIVE, DEFAULT, PEER = "naive", "default", "sbatch-m"
+PROTOCOLS: Mapping[str, StreamConfig] = MappingProxyType(
+    {
+        NAIVE: StreamConfig(SelectionProtocol.NAIVE, InsufficientMode.RANDOM),
+        DEFAULT: StreamConfig(DEFAULT_PROTOCOL, wait_model=DEFAULT_WAIT_MODEL),
+        # Slowness is 1 everywhere: the earliest completion is the earliest start.
+        PEER: StreamConfig(
+            SelectionProtocol.EARLIEST_COMPLETION, wait_model="backfill", view=View.SCHEDULERS
+        ),
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedJob:
+    """One log job a cluster replays: logged times (log seconds), size, requested time
+    (an unknown one filled: docs), user."""
+
+    name: str
+    submit_s: float
+    start_s: float
+    run_s: float
+    processors: int
+    requested_s: float
+    user: int | None
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.run_s
+
+    def local(self, site: str) -> LocalJob:
+        return LocalJob(
+            self.name,
+            site,
+            self.submit_s,
+            self.run_s,
+            self.processors,
+            self.requested_s,
+            self.user,
+        )
+
+
+@dataclass
+class LoggedCluster:
+    """A cluster and its log's jobs in submit order."""
+
+    site: SimSite
+    jobs: list[LoggedJob] = field(default_factory=list)
+    left_out: int = 0
+
+    @property
+    def submits(self) -> list[float]:
+        return [job.submit_s for job in self.jobs]
+
+
+def load_grid(paths: Sequence[str]) -> list[LoggedCluster]:
+    """One cluster per log (its MaxProcs), or per partition of one multi-cluster log."""
+    if not paths:
+        raise ConfigError("--traces: give at least one workload log")
+    if len(paths) == 1 and (read_header(paths[0]).partitions or 1) > 1:
+        return _partitions(paths[0])
+    clusters: list[LoggedCluster] = []
+    for path in paths:
+        header = read_header(path)
+        if header.max_procs is None:
+            raise ConfigError(f"--traces {path}: its header gives no MaxProcs or MaxNodes")
+        name = _label(path)
+        if any(c.site.name == name for c in clusters):
+            name = f"{name}-{len(clusters)}"
+        cluster = LoggedCluster(SimSite(name, header.max_procs))
+        _fill(cluster, iter_jobs(path), lambda _: True)
+        clusters.append(cluster)
+    return clusters
+
+
+def _partitions(path: str) -> list[LoggedCluster]:
+    largest: dict[int, int] = {}
+    for job in iter_jobs(path):
+        if job.partition is not None and job.size is not None:
+            largest[job.partition] = max(largest.get(job.partition, 0), job.size)
+    clusters = []
+    for number in sorted(largest):
+        cluster = LoggedCluster(SimSite(f"{_label(path)}-p{number}", largest[number]))
+        _fill(cluster, iter_jobs(path), lambda job, n=number: job.partition == n)
+        clusters.append(cluster)
+    return clusters
+
+
+def _fill(cluster: LoggedCluster, jobs: Iterator[Any], mine: Any) -> None:
+    largest_requested: float | None = None
+    for job in jobs:
+        if not mine(job):
+            continue
+        requested = job.requested_s
+        if requested is None or requested <= 0:
+            requested = ASSUMED_RUNTIME_S if largest_requested is None else largest_requested
+        else:
+            largest_requested = max(largest_requested or 0.0, requested)
+        size, run, wait = job.size, job.run_s, job.wait_s
+        if size is None or run is None or wait is None or size > cluster.site.processors:
+            cluster.left_out += 1
+            continue
+        name = f"{cluster.site.name}#{job.number}"
+        cluster.jobs.append(
+            LoggedJob(name, job.submit_s, job.submit_s + wait, run, size, requested, job.user)
+        )
+
+
+def _label(path: str) -> str:
+    name = path.rsplit("/", 1)[-1]
+    for suffix in (".gz", ".swf"):
+        name = name.removesuffix(suffix)
+    return name
+
+
+def common_span(clusters: Sequence[LoggedCluster]) -> tuple[float, float]:
+    """From the latest first submit to the earliest last submit."""
+    if any(not c.jobs for c in clusters):
+        raise ConfigError("--traces: a log has no job to replay")
+    start = max(c.jobs[0].submit_s for c in clusters)
+    end = min(c.jobs[-1].submit_s for c in clusters)
+    if not end > start:
+        raise ConfigError("--traces: the logs share no span of time (aligned at their starts)")
+    return start, end
+
+
+def window_starts(span: tuple[float, float], windows: int, seed: int) -> list[float]:
+    """The fixed rule: uniform over the span after its first :data:`WARM_UP`."""
+    rng = random.Random(f"gridcore.experiments.selection_traces:{seed}")
+    low = span[0] + WARM_UP * (span[1] - span[0])
+    return [rng.uniform(low, span[1]) for _ in range(windows)]
+
+
+@dataclass
+class LogAt:
+    """The logs' clusters from instant ``t0`` on (an ``OtherUsersLog``): what runs
+    then, what is queued, and every later arrival."""
+
+    t0: float
+    clusters: Sequence[LoggedCluster]
+
+    @property
+    def start_s(self) -> float:
+        return self.t0
+
+    def running(self, sites: Sequence[SimSite]) -> Sequence[LoggedRunning]:
+        return [
+            LoggedRunning(job.local(c.site.name), job.start_s)
+            for c in self.clusters
+            for job in self._before(c)
+            if job.start_s <= self.t0 < job.end_s
+        ]
+
+    def jobs(self, sites: Sequence[SimSite]) -> Iterator[LocalJob]:
+        queued = sorted(
+            (job.local(c.site.name) for c in self.clusters for job in self._before(c)
+             if job.start_s > self.t0),
+            key=lambda job: job.submit_s,
+        )  # fmt: skip
+        later = [self._after(c) for c in self.clusters]
+        yield from queued
+        yield from heapq.merge(*later, key=lambda job: job.submit_s)
+
+    def _before(self, cluster: LoggedCluster) -> list[LoggedJob]:
+        cut = bisect.bisect_right(cluster.submits, self.t0)
+        return cluster.jobs[:cut]
+
+    def _after(self, cluster: LoggedCluster) -> Iterator[LocalJob]:
+        cut = bisect.bisect_right(cluster.submits, self.t0)
+        for job in cluster.jobs[cut:]:
+            yield job.local(cluster.site.name)
+
+
+class WarmModels:
+    """Every wait model of every cluster, fed the logs' starts and ends in time order up
+    to an instant; :meth:`at` gives copies as they stand then (instants in order)."""
+
+    def __init__(self, clusters: Sequence[LoggedCluster]) -> None:
+        self._models = {
+            c.site.name: {name: factory() for name, factory in WAIT_MODELS.items()}
+            for c in clusters
+        }
+        events = []
+        for c in clusters:
+            for job in c.jobs:
+                events.append((job.start_s, 1, c.site.name, job))
+                events.append((job.end_s, 0, c.site.name, job))
+        events.sort(key=lambda e: (e[0], e[1]))
+        self._events = events
+        self._next = 0
+
+    def at(self, t0: float) -> dict[str, dict[str, WaitModel]]:
+        """model name -> cluster -> a copy of the model knowing the past of ``t0``."""
+        while self._next < len(self._events) and self._events[self._next][0] < t0:
+            at, kind, site, job = self._events[self._next]
+            self._next += 1
+            for model in self._models[site].values():
+                if kind:
+                    queued = QueuedJob(job.name, job.processors, job.submit_s, job.requested_s,
+                                       job.user)  # fmt: skip
+                    model.observe_start(queued, job.submit_s, at)
+                else:
+                    running = RunningJob(job.name, job.processors, job.start_s, job.requested_s,
+                                         job.user)  # fmt: skip
+                    model.observe_end(running, job.start_s, at)
+        return {
+            name: {site: copy.deepcopy(models[name]) for site, models in self._models.items()}
+            for name in WAIT_MODELS
+        }
+
+
+def selection_traces(paths: Sequence[str], windows: int = WINDOWS, seed: int = 0) -> dict[str, Any]:
+    """Every window of the fixed rules: the three protocols and VJM with each model."""
+    if windows < 2:
+        raise ConfigError(f"--windows must be >= 2, got {windows}")
+    clusters = load_grid(paths)
+    span = common_span(clusters)
+    starts = window_starts(span, windows, seed)
+    warm = WarmModels(clusters)
+    rows: list[dict[str, Any]] = [{} for _ in starts]
+    order = sorted(range(windows), key=lambda k: starts[k])
+    for k in progress(order, "windows", unit="window"):
+        rows[k] = _window(clusters, starts[k], k, seed, warm.at(starts[k]))
+    return {
+        "default": {
+            "protocol": DEFAULT,
+            "selection": DEFAULT_PROTOCOL.value,
+            "wait_model": DEFAULT_WAIT_MODEL,
+        },
+        "windows": windows,
+        "protocols": _protocol_figures(rows),
+        "vjm": _vjm_figures(rows),
+        "done_when": {},
+        "grid": {
+            "clusters": [
+                {
+                    "name": c.site.name,
+                    "processors": c.site.processors,
+                    "jobs": len(c.jobs),
+                    "left_out": c.left_out,
+                }
+                for c in clusters
+            ],
+            "span_s": list(span),
+            "warm_up": WARM_UP,
+            "seed": seed,
+        },
+        "per_window": rows,
+    } | _done(rows)
+
+
+def _window(
+    clusters: Sequence[LoggedCluster],
+    t0: float,
+    k: int,
+    seed: int,
+    models: Mapping[str, Mapping[str, WaitModel]],
+) -> dict[str, Any]:
+    sites = [c.site for c in clusters]
+    trace = canonical_trace(seed * 1000 + k)
+    members = tuple(replace(j, arrival_s=t0 + j.arrival_s, stream=0) for j in trace.jobs)
+    row: dict[str, Any] = {"window": k, "t0_s": t0, "completion_s": {}, "coallocation_s": {}}
+    for name, config in PROTOCOLS.items():
+        run = simulate_selection(
+            sites,
+            members,
+            {0: config},
+            log=LogAt(t0, clusters),
+            wait_models={m: dict(by) for m, by in models.items() if m == config.wait_model},
+            seed=seed * 1000 + k,
+        )
+        row["completion_s"][name] = statistics.median(j.response_s for j in run.jobs)
+    rng = random.Random(f"gridcore.experiments.selection_traces:vjm:{seed}:{k}")
+    job = ParallelJob(
+        "J", t0 + VJM_SUBMIT_S, rng.randint(*VJM_PROCESSORS), rng.uniform(*VJM_RUNTIME_S)
+    )
+    for name in WAIT_MODELS:
+        params = VjmParams(max_clusters=VJM_MAX_CLUSTERS, wait_model=name)
+        vjm = simulate_vjm(
+            [VjmCluster(site) for site in sites],
+            [job],
+            params,
+            log=LogAt(t0, clusters),
+            wait_models=copy.deepcopy(dict(models[name])),
+            seed=seed,
+            horizon_s=t0 + VJM_HORIZON_S,
+        )
+        row["coallocation_s"][name] = vjm.jobs[0].coallocation_s
+    return row
+
+
+def _stats(values: Sequence[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {
+        "median": statistics.median(ordered),
+        "p90": _quantile(ordered, 0.9),
+        "mean": statistics.fmean(ordered),
+        "halfwidth_95": half_width_95(ordered) if len(ordered) > 1 else 0.0,
+    }
+
+
+def _quantile(ordered: Sequence[float], q: float) -> float:
+    """Linear interpolation between order statistics (numpy's default)."""
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def _protocol_figures(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    figures: dict[str, Any] = {}
+    for name in PROTOCOLS:
+        completion = [row["completion_s"] for row in rows]
+        figures[name] = {
+            "completion_s": _stats([c[name] for c in completion]),
+            "ratio_to_naive": _stats([c[name] / c[NAIVE] for c in completion]),
+            "ratio_to_peer": _stats([c[name] / c[PEER] for c in completion]),
+        }
+    return figures
+
+
+def _vjm_figures(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    figures: dict[str, Any] = {}
+    for name in WAIT_MODELS:
+        times = [row["coallocation_s"][name] for row in rows]
+        started = [t for t in times if t is not None]
+        figures[name] = {
+            "coallocation_s": _stats(started) if started else {},
+            "never_started": len(times) - len(started),
+        }
+    return figures
+
+
+def _done(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    protocols = _protocol_figures(rows)
+    vjm = _vjm_figures(rows)
+    default_vjm = vjm[DEFAULT_WAIT_MODEL]["coallocation_s"].get("median")
+    eq1_vjm = vjm["eq1"]["coallocation_s"].get("median")
+    return {
+        "done_when": {
+            "default_over_naive_median_le_0_7": protocols[DEFAULT]["ratio_to_naive"]["median"]
+            <= 0.7,
+            "default_over_peer_median_le_1": protocols[DEFAULT]["ratio_to_peer"]["median"] <= 1.0,
+            "vjm_default_model_median_le_eq1": default_vjm is not None
+            and eq1_vjm is not None
+            and default_vjm <= eq1_vjm,
+        }
+    }
+
+
+def selection_traces_table(result: Mapping[str, Any]) -> str:
+    protocols = text_table(
+        [("protocol", "<10"), ("/naive median", ">13.3f"), ("p90", ">7.3f"),
+         ("/peer median", ">12.3f"), ("p90", ">7.3f"), ("completion s", ">12.0f")],
+        [
+            (name, f["ratio_to_naive"]["median"], f["ratio_to_naive"]["p90"],
+             f["ratio_to_peer"]["median"], f["ratio_to_peer"]["p90"],
+             f["completion_s"]["median"])
+            for name, f in result["protocols"].items()
+        ],
+    )  # fmt: skip
+    vjm = text_table(
+        [("VJM wait model", "<20"), ("co-alloc median s", ">17.0f"), ("p90 s", ">9.0f")],
+        [
+            (name, f["coallocation_s"].get("median", float("nan")),
+             f["coallocation_s"].get("p90", float("nan")))
+            for name, f in result["vjm"].items()
+        ],
+    )  # fmt: skip
+    return f"{protocols}\n\n{vjm}"
+
+
+def plot_selection_traces(result: Mapping[str, Any], path: str) -> None:
+    """Box plots: per protocol its per-window ratios to naive and to the peer; per wait
+    model VJM's co-allocation times."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    rows = result["per_window"]
+    names = list(result["protocols"])
+    figure = Figure(figsize=(13, 4.5))
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(1, 3)
+    for ax, base, title in ((axes[0], NAIVE, "completion / naive's"),
+                            (axes[1], PEER, "completion / sbatch-m's")):  # fmt: skip
+        data = [[r["completion_s"][n] / r["completion_s"][base] for r in rows] for n in names]
+        ax.boxplot(data)
+        ax.set_xticks(range(1, len(names) + 1), names)
+        ax.axhline(1.0, color="grey", linestyle=":")
+        ax.set_title(f"median member {title} (per window)", fontsize=9)
+    models = list(result["vjm"])
+    data = [[r["coallocation_s"][m] for r in rows if r["coallocation_s"][m] is not None]
+            for m in models]  # fmt: skip
+    axes[2].boxplot(data)
+    axes[2].set_xticks(range(1, len(models) + 1), models, rotation=30, ha="right", fontsize=8)
+    axes[2].set_yscale("symlog")
+    axes[2].set_title("VJM co-allocation time (s) by wait model", fontsize=9)
+    grid = ", ".join(f"{c['name']} ({c['processors']})" for c in result["grid"]["clusters"])
+    figure.suptitle(f"selection-traces: {result['windows']} windows on {grid}", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, format="png", dpi=100)
+
+
+def _run(options: RunOptions) -> dict[str, Any]:
+    if not options.traces:
+        raise ConfigError("--traces: give the workload logs (one per cluster)")
+    windows = WINDOWS if options.windows is None else options.windows
+    return selection_traces(options.traces, windows, options.seed)
+
+
+def _ok(result: Mapping[str, Any]) -> bool:
+    return all(result["done_when"].values())
+
+
+SELECTION_TRACES = Experiment(
+    "issue 22: default vs naive vs sbatch -M, and VJM per wait model, on real logs' load",
+    _run,
+    selection_traces_table,
+    plot_selection_traces,
+    ok=_ok,
+    takes=frozenset({"traces", "windows"}),
+)

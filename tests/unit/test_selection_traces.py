@@ -1,0 +1,143 @@
+"""selection-traces (issue 22 item 6) and the wait models in the decisions (item 5)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from gridcore.cli import main
+from gridcore.experiments.selection_traces import (
+    LogAt,
+    WarmModels,
+    common_span,
+    load_grid,
+    selection_traces,
+    window_starts,
+)
+from gridcore.model import JobRequest, SiteSnapshot
+from gridcore.policies.coreservation import ClusterView, QueueStats, select_clusters
+from gridcore.policies.selection import SelectionProtocol, select_site
+from gridcore.policies.transfer import free_bandwidth
+from gridcore.policies.wait_prediction import WaitForecast
+from gridcore.sim.cluster import Cluster, Owner, Queued, QueuePolicy
+from gridcore.sim.core import Simulator
+from gridcore.sim.queue_view import queue_view
+from gridcore.sim.workload import SimSite
+
+SWF = Path(__file__).parent.parent / "data" / "swf"
+# The two shipped heads whose spans overlap (aligned at their starts): 599850-790585 s.
+HEADS = [str(SWF / "kth-sp2-head.swf.gz"), str(SWF / "sdsc-sp2-head.swf.gz")]
+
+
+def test_the_grid_is_one_cluster_per_log_of_its_max_procs_and_the_span_is_common() -> None:
+    clusters = load_grid(HEADS)
+    assert [(c.site.name, c.site.processors) for c in clusters] == [
+        ("kth-sp2-head", 100),
+        ("sdsc-sp2-head", 128),
+    ]
+    assert common_span(clusters) == (599850.0, 790585.0)
+
+
+def test_a_multi_cluster_log_gives_one_cluster_per_partition() -> None:
+    clusters = load_grid([str(SWF / "two-clusters.swf")])
+    assert len(clusters) == 2
+    assert all(c.site.name.startswith("two-clusters-p") for c in clusters)
+
+
+def test_windows_are_drawn_after_the_warm_up_and_reproduce() -> None:
+    span = (1000.0, 2000.0)
+    starts = window_starts(span, 30, seed=4)
+    assert starts == window_starts(span, 30, seed=4)
+    assert all(1100.0 <= t <= 2000.0 for t in starts)
+    assert starts != window_starts(span, 30, seed=5)
+
+
+def test_the_log_at_an_instant_shows_its_running_and_queued_jobs_then() -> None:
+    clusters = load_grid(HEADS)
+    t0 = 700_000.0
+    log = LogAt(t0, clusters)
+    sites = [c.site for c in clusters]
+    running = log.running(sites)
+    assert running and all(r.started_s <= t0 < r.started_s + r.job.runtime_s for r in running)
+    jobs = list(log.jobs(sites))
+    first_later = next(i for i, j in enumerate(jobs) if j.submit_s > t0)
+    assert all(j.submit_s <= t0 for j in jobs[:first_later])  # queued then, in order
+    later = [j.submit_s for j in jobs[first_later:]]
+    assert later == sorted(later)
+
+
+def test_warm_models_know_only_the_past_and_give_copies() -> None:
+    warm = WarmModels(load_grid(HEADS))
+    early = warm.at(650_000.0)
+    late = warm.at(750_000.0)
+    model = early["predicted_backfill"]["kth-sp2-head"]
+    assert model is not late["predicted_backfill"]["kth-sp2-head"]
+
+
+def test_the_experiment_runs_on_the_shipped_heads_with_the_fixed_keys() -> None:
+    result = selection_traces(HEADS, windows=2, seed=0)
+    assert result["windows"] == 2
+    for name in ("default", "naive", "sbatch-m"):
+        figures = result["protocols"][name]
+        assert set(figures["ratio_to_naive"]) >= {"median", "p90"}
+        assert set(figures["ratio_to_peer"]) >= {"median", "p90"}
+    assert result["protocols"]["naive"]["ratio_to_naive"]["median"] == 1.0
+    for model in ("eq1", "eq_w", "backfill", "qbets", "predicted_backfill"):
+        assert set(result["vjm"][model]["coallocation_s"]) >= {"median", "p90"}
+    assert len(result["per_window"]) == 2
+
+
+def test_traces_are_required_and_windows_at_least_two(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["experiment", "selection-traces", "--plot", ""]) == 2
+    assert "--traces" in capsys.readouterr().err
+    assert main(["experiment", "selection-traces", "--traces", *HEADS, "--windows", "1"]) == 2
+    assert "--windows" in capsys.readouterr().err
+
+
+# -- item 5: the decisions take a wait model's forecasts --------------------------------------
+
+
+def _forecast(wait: float) -> WaitForecast:
+    return WaitForecast("test", wait, None, None, "given")
+
+
+def test_selection_ranks_sites_by_the_wait_model_s_forecast_where_given() -> None:
+    snaps = [SiteSnapshot("a", 8, 0), SiteSnapshot("b", 8, 0)]
+    request = JobRequest("m", 4, 100.0)
+    rng = random.Random(0)
+    protocol = SelectionProtocol.EARLIEST_COMPLETION
+    by_eq_w = select_site(request, snaps, free_bandwidth, protocol, rng=rng)
+    waits = {"a": _forecast(5000.0), "b": _forecast(10.0)}
+    by_model = select_site(request, snaps, free_bandwidth, protocol, rng=rng, waits=waits)
+    assert by_eq_w.site == "a"  # Eq. W sees two equal sites: the first wins the tie
+    assert by_model.site == "b"
+    assert {e.site: e.queue_delay_s for e in by_model.estimates} == {"a": 5000.0, "b": 10.0}
+
+
+def test_vjm_selection_uses_the_forecasts_per_virtual_job_instead_of_eq_1() -> None:
+    stats = QueueStats(t_w=0.0, t_ffw=0.0, ql=0, dt=0.0)  # Eq. 1: 0 s everywhere
+    plain = [ClusterView("a", stats, 4), ClusterView("b", stats, 4)]
+    assert select_clusters(4, plain, 2).clusters == {"a": 4}
+    forecast = [
+        ClusterView("a", stats, 4, (100.0, 100.0, 900.0, 900.0)),
+        ClusterView("b", stats, 4, (200.0, 200.0, 200.0, 200.0)),
+    ]
+    chosen = select_clusters(4, forecast, 2)
+    assert chosen.clusters == {"a": 2, "b": 2}
+    assert [c.t_avail for c in chosen.choices] == [100.0, 100.0, 200.0, 200.0]
+
+
+def test_a_queue_view_shows_the_true_running_and_queued_work() -> None:
+    sim = Simulator()
+    cluster = Cluster(sim, SimSite("c", 4), policy=QueuePolicy.EASY)
+    cluster.enqueue(Queued("r", 3, 100.0, Owner.LOCAL, requested_s=150.0, user=7))
+    cluster.enqueue(Queued("q", 4, 50.0, Owner.LOCAL, requested_s=60.0, submitted_s=0.0))
+    view = queue_view(cluster, sim.now)
+    assert [(r.job_id, r.processors, r.requested_s, r.user) for r in view.running] == [
+        ("r", 3, 150.0, 7)
+    ]
+    assert [(q.job_id, q.processors, q.requested_s) for q in view.queued] == [("q", 4, 60.0)]
