@@ -222,6 +222,14 @@ class ObservedJob:
     # the queue-wait history of VJM Eq. 1 is built from them (gridcore.engine.queue_stats)
     submitted_at: float | None = None
     started_at: float | None = None
+    # what a wait model reads (gridcore.policies.wait_prediction, docs/wait-prediction.md):
+    # the job's owner and time limit (None: unknown, unlimited); when it ended (finished
+    # jobs the site still shows); and the site scheduler's own forecast of a PENDING
+    # job's start (Slurm's backfill plan, ``start_time`` of a pending job), None otherwise
+    user: str | None = None
+    time_limit_s: float | None = None
+    ended_at: float | None = None
+    start_estimate: float | None = None
 
 
 @dataclass(frozen=True)

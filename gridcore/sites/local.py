@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import shlex
 import signal
 import subprocess
@@ -129,6 +130,7 @@ class LocalSite:
                     local_jobs.c.key,
                     local_jobs.c.submitted_at,
                     local_jobs.c.started_at,
+                    local_jobs.c.workdir,
                 ).where(
                     and_(
                         local_jobs.c.site == self.spec.name,
@@ -136,6 +138,9 @@ class LocalSite:
                     )
                 )
             ).all()
+        # Every job here runs as this process's user; its limit is the file its watchdog
+        # reads (none: unlimited, as the wait models then cannot plan the queue).
+        user = _os_user()
         jobs = tuple(
             ObservedJob(
                 str(r.id),
@@ -144,6 +149,8 @@ class LocalSite:
                 r.key,
                 submitted_at=r.submitted_at,
                 started_at=r.started_at,
+                user=user,
+                time_limit_s=_time_limit(Path(r.workdir)),
             )
             for r in rows
         )
@@ -542,6 +549,21 @@ def _fence(directory: Path) -> bool:
     except FileExistsError:
         return False
     return True
+
+
+def _os_user() -> str:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:  # a uid with no passwd entry (containers)
+        return str(os.getuid())
+
+
+def _time_limit(workdir: Path) -> float | None:
+    try:
+        limit = _read_int(workdir / TIME_LIMIT_FILE)
+    except OSError:
+        return None
+    return float(limit) if limit else None
 
 
 def _read_int(path: Path) -> int | None:

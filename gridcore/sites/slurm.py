@@ -650,6 +650,10 @@ class SlurmSite:
             key=job.comment,
             submitted_at=job.submit_time,
             started_at=_observed_start(job, state),
+            user=job.user,
+            time_limit_s=job.time_limit_s,
+            ended_at=job.end_time if state.finished and job.nodes else None,
+            start_estimate=job.start_time if state is JobState.PENDING else None,
         )
 
     @staticmethod

@@ -240,6 +240,9 @@ class SlurmJob:
     submit_time: float | None
     start_time: float | None
     end_time: float | None
+    # minutes on the wire, seconds here; None: unset or infinite (UNLIMITED)
+    time_limit_s: float | None
+    user: str | None
     reason: str
     description: str
     restarts: int
@@ -276,6 +279,8 @@ def read_job(raw: Json) -> SlurmJob:
         submit_time=_epoch(raw.get("submit_time")),
         start_time=_epoch(raw.get("start_time")),
         end_time=_epoch(raw.get("end_time")),
+        time_limit_s=_minutes(raw.get("time_limit")),
+        user=_text(raw.get("user_name")) or None,
         reason="" if reason == "None" else reason,
         description=_text(raw.get("state_description")),
         restarts=number(raw.get("restart_cnt")) or 0,
@@ -286,6 +291,13 @@ def read_job(raw: Json) -> SlurmJob:
         stderr=_text(raw.get("stderr_expanded")) or _text(raw.get("standard_error")),
         raw=raw,
     )
+
+
+def _minutes(value: Any) -> float | None:
+    """A time limit in minutes (bare or ``{set, infinite, number}``) as seconds; unset,
+    infinite and 0 are None."""
+    found = number(value)
+    return float(found * 60) if found and found > 0 else None
 
 
 def _base_state(value: Any) -> str:
