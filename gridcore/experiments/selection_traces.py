@@ -309,12 +309,15 @@ def _window(
     members = tuple(replace(j, arrival_s=t0 + j.arrival_s, stream=0) for j in trace.jobs)
     row: dict[str, Any] = {"window": k, "t0_s": t0, "completion_s": {}, "coallocation_s": {}}
     for name, config in PROTOCOLS.items():
+        # A copy per run: the run feeds its model every start and end, which VJM's run
+        # below (and the next protocol's) must not know.
+        mine = {m: copy.deepcopy(dict(by)) for m, by in models.items() if m == config.wait_model}
         run = simulate_selection(
             sites,
             members,
             {0: config},
             log=LogAt(t0, clusters),
-            wait_models={m: dict(by) for m, by in models.items() if m == config.wait_model},
+            wait_models=mine,
             seed=seed * 1000 + k,
         )
         row["completion_s"][name] = statistics.median(j.response_s for j in run.jobs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import random
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from gridcore.cli import main
 from gridcore.experiments.selection_traces import (
     LogAt,
     WarmModels,
+    _window,
     common_span,
     load_grid,
     selection_traces,
@@ -74,6 +76,18 @@ def test_warm_models_know_only_the_past_and_give_copies() -> None:
     late = warm.at(750_000.0)
     model = early["predicted_backfill"]["kth-sp2-head"]
     assert model is not late["predicted_backfill"]["kth-sp2-head"]
+
+
+def test_a_window_leaves_the_warm_models_it_is_given_as_they_were() -> None:
+    # Every protocol and every VJM run of a window starts from the models as they stood
+    # at t0: the default selection's run must not teach VJM's copy of its model the
+    # starts and ends of another simulation, which run past VJM's submit (the future).
+    clusters = load_grid(HEADS)
+    t0 = 700_000.0
+    models = WarmModels(clusters).at(t0)
+    before = pickle.dumps(models)
+    _window(clusters, t0, 0, 0, models)
+    assert pickle.dumps(models) == before
 
 
 def test_the_experiment_runs_on_the_shipped_heads_with_the_fixed_keys() -> None:
