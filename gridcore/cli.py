@@ -4,11 +4,13 @@ tables go to stderr in that case so the output can be piped."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import logging
+import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_sites)
 
     _submit_parser(sub, common)
+
+    _replay_parser(sub, common)
 
     p = sub.add_parser("demo", help="an ensemble burst on the embedded local sites")
     common(p)
@@ -283,6 +287,81 @@ def _submit_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None]) 
     p.set_defaults(handler=_submit)
 
 
+_REPLAY_DESCRIPTION = """\
+Submit a workload log's jobs (SWF, .swf or .swf.gz) to live sites as another user's
+sleep jobs: each at its submit time less the window's START (by default the first
+job's) divided by --speedup, with its processors (a job larger than its site is capped
+to the site's largest job, or skipped: --oversize), sleeping its run time / speedup,
+with its requested time / speedup as its time limit (whole seconds; Slurm enforces
+whole minutes, rounded up). The jobs carry no gridcore key: every engine counts them as
+other users' load.
+
+It stops by itself: after --max-jobs jobs, at the window's END, or for jobs due after
+--max-duration seconds; once everything is submitted it waits for its jobs until
+--max-duration has passed since it started (--at-end wait) or not (--at-end cancel),
+then cancels what is still pending or running. Ctrl-C or SIGTERM cancels what it
+submitted and exits (130, 143). docs/workloads.md, section "gridcore replay".
+
+--json prints one object: submitted, skipped {reason: count}, capped, completed, failed,
+cancelled, lost, left_running, sites {NAME: counts}, lag_s and lag_log_s {median, p95,
+max} (achieved - intended submit time, wall and log seconds), speedup, jobs [...].
+
+Exit status: 0 when done with nothing left running; 2 for bad input (an option, the
+grid, the log's file, line and field), refused before anything is submitted; 1 when a
+job could not be confirmed ended (left_running) or a site failed before the start."""
+
+
+def _replay_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
+    from gridcore.engine.replay import AtEnd
+    from gridcore.workloads.replay import (
+        DEFAULT_MAX_DURATION_S,
+        DEFAULT_MAX_JOBS,
+        Oversize,
+    )
+
+    p = sub.add_parser(
+        "replay",
+        help="submit a workload log's jobs (SWF) to live sites as other users' load",
+        description=_REPLAY_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    common(p)
+    p.add_argument("log", metavar="LOG.swf[.gz]", help="the workload log")
+    p.add_argument(
+        "--site-map",
+        action="append",
+        default=[],
+        required=True,
+        metavar="PART=SITE[+SITE]",
+        help="partition (field 16) or * -> site(s), taken in turn; repeatable or comma-separated",
+    )
+    p.add_argument("--speedup", type=float, required=True, metavar="N", help="log time / N")
+    p.add_argument(
+        "--window",
+        default=":",
+        metavar="START:END",
+        help="log seconds (or with s, m, h, d) of the jobs to replay, each optional (default"
+        " ':': from the log's first job to its end)",
+    )
+    p.add_argument("--max-jobs", type=int, default=DEFAULT_MAX_JOBS, metavar="K")
+    p.add_argument(
+        "--max-duration",
+        type=float,
+        default=DEFAULT_MAX_DURATION_S,
+        metavar="S",
+        help=f"wall seconds the replay lasts at most (default {DEFAULT_MAX_DURATION_S:g})",
+    )
+    p.add_argument(
+        "--oversize", choices=[o.value for o in Oversize], default=Oversize.CAP.value,
+        help="a job larger than its site: capped to the site's largest job, or skipped",
+    )  # fmt: skip
+    p.add_argument(
+        "--at-end", choices=[a.value for a in AtEnd], default=AtEnd.WAIT.value,
+        help="once all is submitted: wait until --max-duration, or cancel at once",
+    )  # fmt: skip
+    p.set_defaults(handler=_replay)
+
+
 def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
     if args.json:
         print(json.dumps(data, sort_keys=True))
@@ -412,6 +491,94 @@ def _wait(
         return record, job.INTERRUPTED
     say(job.outcome(record))
     return record, job.exit_status(record)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    """Every option, the grid and the log's lines the plan reads are checked before the
+    state database is opened (exit 2); then the sites' sizes are read, the plan made,
+    each job checked by its site, and only then is anything submitted."""
+    from gridcore.engine import replay as runner
+    from gridcore.engine.runtime import GridRuntime
+    from gridcore.state.store import open_store
+    from gridcore.workloads import replay as plans
+    from gridcore.workloads.swf import iter_jobs
+
+    plans.check_settings(args.speedup, args.max_jobs, args.max_duration)
+    settings = plans.ReplaySettings(
+        args.speedup,
+        plans.parse_window(args.window),
+        args.max_jobs,
+        args.max_duration,
+        plans.Oversize(args.oversize),
+    )
+    grid = _grid(args)
+    site_map = plans.parse_site_map(args.site_map, grid.site_names)
+    # The log's lines as far as the plan reads them, checked before anything is opened.
+    upper = [plans.ReplaySite(s.name, s.processors) for s in grid.sites]
+    _replay_nonempty(args, plans.plan_replay(iter_jobs(args.log), site_map, upper, settings))
+    runtime = GridRuntime(grid, open_store(args.db, upgrade=True))
+    try:
+        sites = [runner.replay_site(runtime.adapter(name)) for name in site_map.site_names]
+        plan = plans.plan_replay(iter_jobs(args.log), site_map, sites, settings)
+        _replay_nonempty(args, plan)
+        replay = runner.ReplayRunner(plan, runtime.adapter, at_end=runner.AtEnd(args.at_end))
+        replay.check()
+        with _on_signals(replay.interrupt):
+            report = replay.run()
+    finally:
+        runtime.store.dispose()
+    _emit(args, report.as_json(), _replay_text(report.as_json()))
+    if report.interrupted:
+        return 128 + int(getattr(signal, report.interrupted, signal.SIGINT))
+    return 0 if report.ok else 1
+
+
+def _replay_nonempty(args: argparse.Namespace, plan: Any) -> None:
+    """Exit 2 when the plan submits nothing: a replay of nothing is a mistaken window
+    or site map, said with what was skipped."""
+    from gridcore.workloads.replay import ReplayError
+
+    if plan.jobs:
+        return
+    raise ReplayError(
+        f"{args.log}: no job to replay in --window {args.window} with --site-map"
+        f" {','.join(args.site_map)} at --speedup {args.speedup:g}: {plan.why_empty()}"
+    )
+
+
+@contextlib.contextmanager
+def _on_signals(call: Callable[[str], None]) -> Iterator[None]:
+    """SIGINT and SIGTERM call ``call(name)`` inside the block (the replay then cancels
+    what it submitted and stops); the previous handlers come back after it."""
+
+    def handler(signum: int, frame: object) -> None:
+        call(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _replay_text(data: dict[str, Any]) -> str:
+    lag = data["lag_s"]
+    lines = [
+        f"replay {data['run']}: {data['submitted']} submitted of {data['planned']} planned"
+        f" (speedup {data['speedup']:g}, stopped by {data['stopped_by']}),"
+        f" {data['capped']} capped, skipped {data['skipped'] or 'none'}",
+        f"  ended: {data['completed']} completed, {data['failed']} failed,"
+        f" {data['cancelled']} cancelled ({data['cancelled_by_replay']} by the replay),"
+        f" {data['lost']} lost, {len(data['left_running'])} left running",
+        f"  submit lag (achieved - intended): median {lag['median']} s, p95 {lag['p95']} s,"
+        f" max {lag['max']} s; wall {data['wall_s']} s",
+    ]
+    for site, counts in data["sites"].items():
+        lines.append(f"  {site}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    if data["interrupted"]:
+        lines.append(f"  interrupted by {data['interrupted']}: cancelled what it submitted")
+    return "\n".join(lines)
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -1,0 +1,444 @@
+"""Submit a replay plan (:mod:`gridcore.workloads.replay`) to live sites: each job at its
+time, as another user's job, followed to its end; and stop by itself.
+
+* Other users' load: a replayed job carries no submission key (its name starts with
+  ``gcreplay-``), and no hold of the capacity ledger names it, so every engine counts
+  it as others' work: pending, in a site's ``external_pending`` processors; running, in
+  the site's busy processors (``gridcore.engine.selection.store_observation``); and as
+  an external job in the queue-wait history (``gridcore.engine.queue_stats``).
+* The end: once every job is submitted the runner waits for them until the replay's
+  ``max_duration_s`` has passed since it started (``AtEnd.WAIT``, the default) or stops
+  at once (``AtEnd.CANCEL``); then it cancels whatever of its jobs is still pending or
+  running and follows them until the sites show them ended. An interrupt
+  (:meth:`ReplayRunner.interrupt`, which the command's SIGINT and SIGTERM handlers
+  call) does the same at the runner's next step (within ``poll_interval_s``, or once
+  the site call under way returns): it only sets a flag, so a submission is never cut
+  in the middle and a job a site accepted is always recorded, and cancelled too.
+* Following: one ``observe`` per site and poll (which also drives a local site's own
+  scheduling: it starts queued jobs when someone looks); a job the observation no
+  longer lists is asked for by id.
+
+What it cannot guarantee: a Slurm submission whose answer was lost (``AnswerLost``) may
+have made a job the runner never learns the id of (a replayed job has no key to look it
+up by); it is counted ``lost`` and ends at its own time limit at the latest.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import statistics
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from gridcore.errors import AnswerLost, GridError, RequestError, SiteError, UnknownJob
+from gridcore.model import JobResources, JobState, JobSubmission, SiteKind, SiteSpec
+from gridcore.sites.base import SiteAdapter
+from gridcore.workloads.replay import (
+    SLURM_LIMIT_STEP_S,
+    PlannedJob,
+    ReplayPlan,
+    ReplaySite,
+    SkipReason,
+)
+
+log = logging.getLogger(__name__)
+
+POLL_INTERVAL_S = 0.5
+"""How often the runner looks at its sites between submissions."""
+CONFIRM_TIMEOUT_S = 60.0
+"""How long the runner follows the jobs it cancelled at the end before it reports the
+ones a site still shows pending or running as ``left_running``."""
+
+
+class AtEnd(enum.StrEnum):
+    """What the runner does once every planned job is submitted."""
+
+    WAIT = "wait"  # follow them until max_duration_s, then cancel what still runs
+    CANCEL = "cancel"  # cancel what is still pending or running at once
+
+
+@dataclass
+class ReplayedJob:
+    """One planned job at its site: the runner's record (mutable, its own)."""
+
+    planned: PlannedJob
+    name: str
+    job_id: str | None = None
+    submitted_at: float | None = None  # runner clock, when the site accepted it
+    state: JobState = JobState.SELECTED
+    cancelled_by_replay: bool = False
+
+    @property
+    def live(self) -> bool:
+        return self.job_id is not None and not self.state.finished
+
+    def as_json(self, started: float) -> dict[str, object]:
+        at = None if self.submitted_at is None else round(self.submitted_at - started, 3)
+        return self.planned.as_json() | {
+            "name": self.name,
+            "job_id": self.job_id,
+            "submitted_s": at,
+            "state": self.state.value,
+        }
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    """What a replay did; :meth:`as_json` is ``gridcore replay --json``'s object."""
+
+    plan: ReplayPlan
+    run: str
+    jobs: tuple[ReplayedJob, ...]
+    skipped: Mapping[str, int]
+    refused: Mapping[str, int]
+    submit_failed: Mapping[str, int]
+    lost: int
+    left_running: tuple[tuple[str, str], ...]
+    interrupted: str | None
+    wall_s: float
+    started: float
+    at_end: AtEnd
+
+    @property
+    def ok(self) -> bool:
+        return not self.left_running
+
+    def as_json(self) -> dict[str, object]:
+        submitted = [j for j in self.jobs if j.job_id is not None]
+        states = Counter(j.state for j in submitted)
+        lags = sorted(
+            j.submitted_at - self.started - j.planned.at_s
+            for j in submitted
+            if j.submitted_at is not None
+        )
+        speedup = self.plan.settings.speedup
+        settings = self.plan.settings
+        return {
+            "run": self.run,
+            "speedup": speedup,
+            "window": self.plan.window_json,
+            "max_jobs": settings.max_jobs,
+            "max_duration_s": settings.max_duration_s,
+            "oversize": settings.oversize.value,
+            "at_end": self.at_end.value,
+            "stopped_by": self.plan.stopped_by.value,
+            "planned": len(self.plan.jobs),
+            "submitted": len(submitted),
+            "skipped": dict(self.skipped),
+            "capped": sum(1 for j in submitted if j.planned.capped),
+            "limit_from_run_time": sum(1 for j in submitted if j.planned.limit_from_run_time),
+            "expected_timeouts": sum(1 for j in submitted if j.planned.expected_timeout),
+            "completed": states[JobState.COMPLETED],
+            "failed": states[JobState.FAILED],
+            "cancelled": states[JobState.CANCELLED],
+            "cancelled_by_replay": sum(1 for j in submitted if j.cancelled_by_replay),
+            "lost": self.lost,
+            "left_running": [{"site": s, "job_id": i} for s, i in self.left_running],
+            "interrupted": self.interrupted,
+            "wall_s": round(self.wall_s, 3),
+            "lag_s": _spread(lags),
+            "lag_log_s": _spread([lag * speedup for lag in lags]),
+            "sites": {site: self._site_json(site) for site in self._site_names()},
+            "jobs": [j.as_json(self.started) for j in self.jobs if j.job_id is not None],
+        }
+
+    def _site_names(self) -> list[str]:
+        names = [*self.plan.sites, *self.refused, *self.submit_failed]
+        return list(dict.fromkeys(names))
+
+    def _site_json(self, site: str) -> dict[str, int]:
+        mine = [j for j in self.jobs if j.planned.site == site and j.job_id is not None]
+        states = Counter(j.state for j in mine)
+        return {
+            "submitted": len(mine),
+            "capped": sum(1 for j in mine if j.planned.capped),
+            "completed": states[JobState.COMPLETED],
+            "failed": states[JobState.FAILED],
+            "cancelled": states[JobState.CANCELLED],
+            "refused": self.refused.get(site, 0),
+            "submit_failed": self.submit_failed.get(site, 0),
+        }
+
+
+def replay_site(adapter: SiteAdapter) -> ReplaySite:
+    """What a plan needs of a live site: the largest job it can run (a Slurm job runs
+    on one node, so the largest node of the site's partition; a local site: its
+    processors), found with the site's own check, and the step of its time limits."""
+    spec = adapter.spec
+    resources = spec.defaults
+    low, high = 0, spec.processors
+    while low < high:  # the largest size the site's check accepts (0: none)
+        size = (low + high + 1) // 2
+        try:
+            adapter.check_request("gcreplay-size", size, resources)
+        except RequestError:
+            high = size - 1
+        else:
+            low = size
+    if low == 0:
+        raise RequestError(f"site {spec.name}: refuses even a 1-processor job")
+    step = SLURM_LIMIT_STEP_S if spec.kind is SiteKind.SLURM else 1
+    return ReplaySite(spec.name, low, step)
+
+
+class ReplayRunner:
+    """Submits ``plan`` through ``adapter(site)``: :meth:`check` first (nothing is
+    submitted when a site cannot be asked), then :meth:`run`; tests drive the steps
+    (:meth:`start`, :meth:`submit_due`, :meth:`poll`, :meth:`stop`) themselves."""
+
+    def __init__(
+        self,
+        plan: ReplayPlan,
+        adapter: Callable[[str], SiteAdapter],
+        *,
+        run: str | None = None,
+        at_end: AtEnd = AtEnd.WAIT,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        poll_interval_s: float = POLL_INTERVAL_S,
+        confirm_timeout_s: float = CONFIRM_TIMEOUT_S,
+    ) -> None:
+        self.plan = plan
+        self.adapter = adapter
+        self.run_id = run or uuid.uuid4().hex[:6]
+        self.at_end = at_end
+        self.clock = clock
+        self.sleep = sleep
+        self.poll_interval_s = poll_interval_s
+        self.confirm_timeout_s = confirm_timeout_s
+        self.jobs = [ReplayedJob(p, p.name(self.run_id)) for p in plan.jobs]
+        self.skipped: Counter[str] = Counter({r.value: n for r, n in plan.skipped.items()})
+        self.refused: Counter[str] = Counter()
+        self.submit_failed: Counter[str] = Counter()
+        self.lost = 0
+        self.started: float | None = None
+        self.interrupted: str | None = None
+        self._next = 0
+        self._polled = float("-inf")
+
+    # -- the whole replay --------------------------------------------------------------
+
+    def check(self) -> None:
+        """Ask each site whether it could ever run each planned job (its own limits:
+        partition MaxTime, node sizes); a job it refuses is dropped and counted. A site
+        that cannot be asked raises (nothing is submitted then)."""
+        seen: dict[tuple[str, int, int], str | None] = {}
+        kept: list[ReplayedJob] = []
+        for job in self.jobs:
+            planned = job.planned
+            key = (planned.site, planned.processors, planned.time_limit_s)
+            if key not in seen:
+                seen[key] = self._refusal(planned)
+            if seen[key] is None:
+                kept.append(job)
+                continue
+            log.warning("replay: log job %d not submitted: %s", planned.number, seen[key])
+            self.refused[planned.site] += 1
+            self.skipped[SkipReason.REFUSED.value] += 1
+        self.jobs = kept
+
+    def run(self) -> ReplayReport:
+        """Submit every job at its time, then end as ``at_end`` says; interrupted
+        (:meth:`interrupt`, or a KeyboardInterrupt where no handler calls it) or failed,
+        it cancels what it submitted before returning or raising."""
+        self.start()
+        try:
+            self._submit_all()
+            if self.at_end is AtEnd.WAIT:
+                self._wait_until(self._deadline(), all_submitted=True)
+        except KeyboardInterrupt:
+            self.interrupt("SIGINT")
+        finally:
+            self.stop()
+        return self.report()
+
+    def interrupt(self, signal_name: str) -> None:
+        """Stop at the next step: submit nothing more, cancel what was submitted. Safe
+        to call from a signal handler (it only sets a flag); the first call is kept."""
+        if self.interrupted is None:
+            self.interrupted = signal_name
+            log.warning("replay %s: interrupted by %s", self.run_id, signal_name)
+
+    def report(self) -> ReplayReport:
+        started = self.started if self.started is not None else self.clock()
+        return ReplayReport(
+            plan=self.plan,
+            run=self.run_id,
+            jobs=tuple(self.jobs),
+            skipped=dict(self.skipped),
+            refused=dict(self.refused),
+            submit_failed=dict(self.submit_failed),
+            lost=self.lost,
+            left_running=tuple((j.planned.site, str(j.job_id)) for j in self.jobs if j.live),
+            interrupted=self.interrupted,
+            wall_s=self.clock() - started,
+            started=started,
+            at_end=self.at_end,
+        )
+
+    # -- steps -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.started = self.clock()
+
+    def submit_due(self) -> int:
+        """Submit every job whose time has come; returns how many were submitted."""
+        assert self.started is not None, "start() first"
+        done = 0
+        while self._next < len(self.jobs) and self.interrupted is None:
+            job = self.jobs[self._next]
+            if self.started + job.planned.at_s > self.clock():
+                break
+            self._next += 1
+            done += self._submit(job)
+        return done
+
+    def poll(self) -> None:
+        """Read every site that has live jobs of this replay (one observation each)
+        and update their states; a site that cannot be read now is read next time."""
+        self._polled = self.clock()
+        by_site: dict[str, list[ReplayedJob]] = {}
+        for job in self.jobs:
+            if job.live:
+                by_site.setdefault(job.planned.site, []).append(job)
+        for site, jobs in by_site.items():
+            try:
+                self._poll_site(self.adapter(site), jobs)
+            except GridError as exc:
+                log.warning("replay: site %s not read now: %s", site, exc)
+
+    def stop(self) -> None:
+        """Submit nothing more, cancel every live job and follow them until the sites
+        show them ended (at most ``confirm_timeout_s``)."""
+        self._next = len(self.jobs)
+        self.poll()
+        for job in self.jobs:
+            if job.live:
+                self._cancel(job)
+        deadline = self.clock() + self.confirm_timeout_s
+        while any(j.live for j in self.jobs) and self.clock() < deadline:
+            self.sleep(self.poll_interval_s)
+            self.poll()
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _deadline(self) -> float:
+        assert self.started is not None
+        return self.started + self.plan.settings.max_duration_s
+
+    def _submit_all(self) -> None:
+        while self._next < len(self.jobs):
+            self.submit_due()
+            if self._next >= len(self.jobs) or self.interrupted is not None:
+                return
+            assert self.started is not None
+            self._wait_until(self.started + self.jobs[self._next].planned.at_s)
+
+    def _wait_until(self, moment: float, *, all_submitted: bool = False) -> None:
+        """Poll every ``poll_interval_s`` until ``moment`` (or, once all is submitted,
+        until no job of the replay is pending or running)."""
+        while self.interrupted is None:
+            if all_submitted and not any(j.live for j in self.jobs):
+                return
+            now = self.clock()
+            if now >= moment:
+                return
+            if now - self._polled >= self.poll_interval_s:
+                self.poll()
+                continue
+            self.sleep(max(0.0, min(moment, self._polled + self.poll_interval_s) - now))
+
+    def _submit(self, job: ReplayedJob) -> int:
+        planned = job.planned
+        submission = JobSubmission(
+            job.name,
+            planned.command,
+            planned.processors,
+            resources=JobResources(time_limit_s=planned.time_limit_s),
+        )
+        try:
+            job.job_id = self.adapter(planned.site).submit(submission)
+        except AnswerLost as exc:
+            self.lost += 1
+            log.warning("replay: log job %d: answer lost: %s", planned.number, exc)
+            return 0
+        except (SiteError, RequestError) as exc:
+            self.submit_failed[planned.site] += 1
+            self.skipped[SkipReason.SUBMIT_FAILED.value] += 1
+            log.warning("replay: log job %d not submitted: %s", planned.number, exc)
+            return 0
+        job.submitted_at = self.clock()
+        job.state = JobState.PENDING
+        log.info(
+            "replay: log job %d -> site %s job %s (%d processors, %s, limit %d s)",
+            planned.number, planned.site, job.job_id, planned.processors,
+            planned.command, planned.time_limit_s,
+        )  # fmt: skip
+        return 1
+
+    def _poll_site(self, adapter: SiteAdapter, jobs: list[ReplayedJob]) -> None:
+        observed = {j.job_id: j.state for j in adapter.observe().jobs}
+        for job in jobs:
+            assert job.job_id is not None
+            state = observed.get(job.job_id)
+            if state is None:  # no longer listed: it ended; ask for it by id
+                try:
+                    state = adapter.status(job.job_id).state
+                except UnknownJob:
+                    log.warning(
+                        "replay: site %s forgot job %s: counted failed",
+                        job.planned.site, job.job_id,
+                    )  # fmt: skip
+                    state = JobState.FAILED
+            job.state = state
+
+    def _refusal(self, planned: PlannedJob) -> str | None:
+        adapter = self.adapter(planned.site)
+        resources = JobResources(time_limit_s=planned.time_limit_s).over(adapter.spec.defaults)
+        _check_workdir(adapter.spec)
+        try:
+            adapter.check_request(planned.name(self.run_id), planned.processors, resources)
+        except RequestError as exc:
+            return str(exc)
+        return None
+
+    def _cancel(self, job: ReplayedJob) -> None:
+        assert job.job_id is not None
+        try:
+            self.adapter(job.planned.site).cancel(job.job_id)
+        except GridError as exc:
+            log.warning(
+                "replay: site %s: cancelling job %s failed: %s", job.planned.site, job.job_id, exc
+            )
+            return
+        job.cancelled_by_replay = True
+
+
+def _check_workdir(spec: SiteSpec) -> None:
+    if spec.kind is SiteKind.SLURM and not spec.storage_dir:
+        raise RequestError(
+            f"site {spec.name}: replayed jobs run in the site's storage_dir, and it has none"
+        )
+
+
+def _spread(values: list[float]) -> dict[str, float | None]:
+    """Median, 95th percentile (linear between order statistics) and maximum."""
+    if not values:
+        return {"median": None, "p95": None, "max": None}
+    p95 = (
+        values[0]
+        if len(values) == 1
+        else statistics.quantiles(values, n=20, method="inclusive")[18]
+    )
+    return {
+        "median": round(statistics.median(values), 3),
+        "p95": round(p95, 3),
+        "max": round(max(values), 3),
+    }
+
+
+__all__ = ["AtEnd", "ReplayReport", "ReplayRunner", "replay_site"]
