@@ -43,8 +43,10 @@ from gridcore.engine.phases import (
 from gridcore.engine.pilot_command import pilot_command
 from gridcore.engine.runtime import GridRuntime
 from gridcore.engine.scan import FencedScan, ScanLog, ScanReport, SiteJobs, holder_id
+from gridcore.engine.wait_models import virtual_job_waits
 from gridcore.errors import AnswerLost, GridError, RequestError, StateError, UnknownJob
 from gridcore.model import (
+    ASSUMED_RUNTIME_S,
     NO_RESOURCES,
     CoReservationRequest,
     HolderKind,
@@ -53,6 +55,7 @@ from gridcore.model import (
     JobSubmission,
     Outcome,
     SiteKind,
+    SiteSnapshot,
     SiteSpec,
 )
 from gridcore.policies.coreservation import (
@@ -71,7 +74,7 @@ from gridcore.policies.coreservation import (
 )
 from gridcore.sites.keys import pilot_key
 from gridcore.state import capacity
-from gridcore.state.schema import pilots, reservations
+from gridcore.state.schema import pilots, reservations, sites
 from gridcore.state.store import DEADLOCK_DETECTED
 from gridcore.validation import check_coreservation_request
 
@@ -268,10 +271,54 @@ class CoReservationEngine:
         names = [s for s in self._candidates(request) if s in usable or s in already]
         stats = queue_stats.queue_stats(conn, names, now)
         g = request.vj_size
-        views = [ClusterView(s, stats[s], self.grid.site(s).processors // g) for s in names]
-        if request.machine_file is not None:
+        if request.machine_file is not None:  # pinned, not selected: Eq. 1 as it is
+            views = [ClusterView(s, stats[s], self.grid.site(s).processors // g) for s in names]
             return static_selection(dict(request.machine_file), views, already)
-        return select_substitutes(missing, views, request.max_clusters, already, avoid)
+        t_avails, notes = self._t_avails(conn, request, names, missing, already, now)
+        views = [
+            ClusterView(s, stats[s], self.grid.site(s).processors // g, t_avails.get(s))
+            for s in names
+        ]
+        chosen = select_substitutes(missing, views, request.max_clusters, already, avoid)
+        return replace(chosen, reasons=(*chosen.reasons, *notes))
+
+    def _t_avails(
+        self,
+        conn: Connection,
+        request: CoReservationRequest,
+        names: Sequence[str],
+        missing: int,
+        already: Mapping[str, int],
+        now: float,
+    ) -> tuple[dict[str, tuple[float, ...]], list[str]]:
+        """The wait model's ``T_avail`` per cluster (``ClusterView.t_avails``) where it
+        has what it needs, fed from the cluster's stored observations and history
+        (:mod:`gridcore.engine.wait_models`); the others keep Eq. 1. One reason per
+        cluster says which was used and why."""
+        book = self.runtime.snapshots.waits
+        if book is None or not names:
+            return {}, []
+        rows = conn.execute(
+            select(
+                sites.c.name, sites.c.observed_at, sites.c.total_processors,
+                sites.c.claimed + sites.c.queued,
+            ).where(sites.c.name.in_(names))
+        ).all()  # fmt: skip
+        book.refresh(conn, {name: at for name, at, _, _ in rows})
+        g = request.vj_size
+        found: dict[str, tuple[float, ...]] = {}
+        notes: list[str] = []
+        for name, _, total, in_flight in rows:
+            site = self.grid.site(name)
+            command = submission.resources_at(request.resources, site).time_limit_s
+            limit = pilot_time_limit(request.lifetime_floor_s, command or ASSUMED_RUNTIME_S)
+            room = min(missing, site.processors // g - already.get(name, 0))
+            snapshot = SiteSnapshot(name, total, 0, site.slowness, in_flight)
+            waits, note = virtual_job_waits(book, snapshot, g, max(0, room), limit, now)
+            notes.append(note)
+            if waits is not None:
+                found[name] = waits
+        return found, notes
 
     def _submit_pilots(self, made: Sequence[_NewPilot]) -> None:
         """Submit to the sites in parallel (one thread per site, each site's pilots in

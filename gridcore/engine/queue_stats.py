@@ -26,6 +26,10 @@ observation):
 * ``started_at`` is set once, the first time the job is seen running or finished with a
   start time (a running job whose site gives no start time: the observation's time, an
   upper bound); it never changes afterwards;
+* ``processors``, ``owner`` and ``time_limit_s`` are what the site last said of the job;
+  ``ended_at`` is set once, the first time the job is seen finished with an end time (a
+  site that shows only live jobs, like a local site, never gives one): the wait models'
+  run-time history (:mod:`gridcore.engine.wait_models`);
 * a waiting row that an observation did not refresh is dropped: the job left the queue
   without being seen started (cancelled while pending, or started and finished between
   two observations of a site that, like a local site, shows only live jobs), and must
@@ -111,6 +115,10 @@ def _rows(obs: SiteObservation, own: set[str]) -> list[dict[str, Any]]:
                 "submitted_at": job.submitted_at,
                 "started_at": started,
                 "seen_at": obs.observed_at,
+                "processors": job.processors,
+                "owner": job.user,
+                "time_limit_s": job.time_limit_s,
+                "ended_at": job.ended_at if started is not None else None,
             }
         )
     # one lock order for every writer (PostgreSQL: concurrent upserts cannot deadlock)
@@ -152,6 +160,12 @@ def _upsert(conn: Connection) -> Insert:
                 else_=queue_waits.c.seen_at,
             ),
             "external": and_(queue_waits.c.external, new.external),
+            # the first end sticks, as the first start; a limit changed while the job
+            # waited (scontrol update) is the newest one seen
+            "ended_at": func.coalesce(queue_waits.c.ended_at, new.ended_at),
+            "processors": func.coalesce(new.processors, queue_waits.c.processors),
+            "owner": func.coalesce(new.owner, queue_waits.c.owner),
+            "time_limit_s": func.coalesce(new.time_limit_s, queue_waits.c.time_limit_s),
         },
     )
     return upsert

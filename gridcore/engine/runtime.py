@@ -445,7 +445,9 @@ class GridRuntime:
         if site is not None and site not in chosen:
             raise RequestError(f"site {site!r} is pinned, but not among {sorted(chosen)}")
         grid = replace(self.grid, sites=tuple(s for s in self.grid.sites if s.name in chosen))
-        return selection_engine.SnapshotReader(grid)
+        reader = selection_engine.SnapshotReader(grid)
+        reader.waits = self.snapshots.waits  # the sites' models, trained once per process
+        return reader
 
     def select_batch(
         self,

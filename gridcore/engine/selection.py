@@ -17,8 +17,9 @@ from __future__ import annotations
 import functools
 import json
 import random
+import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import (
@@ -36,7 +37,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import DBAPIError
 
-from gridcore.engine import health
+from gridcore.engine import health, wait_models
 from gridcore.errors import NoUsableSite, RequestError, StateError
 from gridcore.model import (
     GridSpec,
@@ -53,6 +54,7 @@ from gridcore.policies.selection import (
     select_site,
     select_sites,
 )
+from gridcore.policies.wait_prediction import DEFAULT_WAIT_MODEL
 from gridcore.state import capacity
 from gridcore.state.capacity import HolderKind, Ledger
 from gridcore.state.schema import holds, selections, sites
@@ -91,6 +93,7 @@ _SNAPSHOT_COLUMNS = select(
     sites.c.consecutive_errors,
     sites.c.last_error,
     sites.c.last_error_at,
+    sites.c.observed_at,
 )
 _INSERT_SELECTION = insert(selections)
 _SELECTION_FIELDS = (
@@ -158,13 +161,37 @@ class SnapshotReader:
 
     CACHE_MAX = 20_000
 
-    def __init__(self, grid: GridSpec) -> None:
+    def __init__(self, grid: GridSpec, wait_model: str | None = DEFAULT_WAIT_MODEL) -> None:
         self.grid = grid
         self._slowness = grid.slowness_by_site
         self._cache: dict[tuple[Any, ...], SiteSnapshot] = {}
+        self._thread = threading.local()
+        # each site's wait model, fed from its stored observations (None: Eq. W only)
+        self.waits = None if wait_model is None else wait_models.WaitBook(wait_model)
+
+    def decision_waits(
+        self, conn: Connection, observed: dict[str, float], now: float
+    ) -> wait_models.DecisionWaits | None:
+        """The wait models' forecasts for one decision or burst, their sites reloaded
+        where a newer observation is stored (in ``conn``'s transaction)."""
+        if self.waits is None:
+            return None
+        self.waits.refresh(conn, observed)
+        return wait_models.DecisionWaits(self.waits, now)
 
     def read(self, conn: Connection) -> list[SiteSnapshot]:
         """One snapshot of every grid site, read in the caller's transaction."""
+        snaps, self._thread.observed = self._read(conn)
+        return snaps
+
+    def read_observed(self, conn: Connection) -> tuple[list[SiteSnapshot], dict[str, float]]:
+        """:meth:`read`, and when each site's stored observation was made (what the
+        wait models are keyed by, :class:`gridcore.engine.wait_models.WaitBook`), as
+        that read saw it (per thread: a reader may serve several)."""
+        snaps = self.read(conn)
+        return snaps, getattr(self._thread, "observed", {})
+
+    def _read(self, conn: Connection) -> tuple[list[SiteSnapshot], dict[str, float]]:
         cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
         try:
             cursor.execute(_driver_sql(conn, _SNAPSHOT_COLUMNS))
@@ -173,7 +200,10 @@ class SnapshotReader:
             cursor.close()
         cache, slowness = self._cache, self._slowness
         snaps = []
+        observed = {}
         for row in rows:
+            if row[0] in slowness:
+                observed[row[0]] = row[13]
             snap = cache.get(row)
             if snap is None:
                 name, total, idle, claimed, queued, pending_p, pending_n, usable, wait, runtime = (
@@ -182,7 +212,7 @@ class SnapshotReader:
                 if name not in slowness:
                     continue
                 # an unusable site's decision says why (its errors: the rest of the row)
-                why = "" if usable else health.set_aside_because(*row[10:])
+                why = "" if usable else health.set_aside_because(*row[10:13])
                 snap = SiteSnapshot(
                     name, total, idle, slowness[name], claimed + queued, pending_p, pending_n,
                     bool(usable), wait, runtime, why,
@@ -191,7 +221,7 @@ class SnapshotReader:
                     cache.clear()
                 cache[row] = snap
             snaps.append(snap)
-        return snaps
+        return snaps, observed
 
 
 _compiled_sql: dict[tuple[str, int], str] = {}
@@ -236,10 +266,14 @@ def select_and_record(
     for attempt in range(1, MAX_CLAIM_ATTEMPTS + 1):
         try:
             with store.begin_decision() as conn:
-                read = snapshots.read(conn)
+                read, observed = snapshots.read_observed(conn)
+                waits = snapshots.decision_waits(conn, observed, now)
+                forecasts = None if waits is None else waits.mapping(request, read)
                 decision = select_site(
-                    request, read, snapshots.grid.bandwidth, protocol, mode, rng=rng
-                )
+                    request, read, snapshots.grid.bandwidth, protocol, mode, rng=rng,
+                    waits=forecasts,
+                )  # fmt: skip
+                decision = _with_wait_note(decision, request, waits)
                 _refuse_unplaceable([request], [decision], read)
                 row_id = _claim_and_insert(store, conn, request, decision, protocol, stream, now)
         except DBAPIError as exc:
@@ -349,10 +383,15 @@ def select_and_record_batch(
         try:
             with store.begin() as conn:
                 store.take_turn(conn, BURST_TURN)
-                read = snapshots.read(conn)
+                read, observed = snapshots.read_observed(conn)
+                waits = snapshots.decision_waits(conn, observed, now)
                 decisions = select_sites(
-                    requests, read, snapshots.grid.bandwidth, protocol, mode, rng=rng
-                )
+                    requests, read, snapshots.grid.bandwidth, protocol, mode, rng=rng,
+                    wait_for=waits,
+                )  # fmt: skip
+                decisions = [
+                    _with_wait_note(d, r, waits) for r, d in zip(requests, decisions, strict=True)
+                ]
                 _refuse_unplaceable(requests, decisions, read)
                 ids = _record_burst(store, conn, requests, decisions, protocol, stream, now)
         except _BurstLost:
@@ -366,6 +405,21 @@ def select_and_record_batch(
         f"burst of {len(requests)} (first {requests[0].name!r}): lost the claim race"
         f" {MAX_CLAIM_ATTEMPTS} times in a row"
     )
+
+
+def _with_wait_note(
+    decision: SiteSelection, request: JobRequest, waits: wait_models.DecisionWaits | None
+) -> SiteSelection:
+    """The decision with a reason saying how its site's queue delay was estimated: the
+    wait model's forecast (and Slurm's own estimate beside it) or Eq. W, and why."""
+    if waits is None or decision.site is None:
+        return decision
+    chosen = decision.estimate_for(decision.site)
+    in_flight = chosen.in_flight if chosen is not None else 0
+    note = waits.note(request, decision.site, in_flight)
+    if note is None:
+        return decision
+    return replace(decision, reasons=(*decision.reasons, note))
 
 
 def _gave_way(exc: DBAPIError) -> bool:
@@ -663,6 +717,7 @@ def store_observation(
             observed_at=obs.observed_at,
             release=obs.release,
             api_version=obs.api_version,
+            queue=wait_models.encode_queue(obs, own),
         )
     )
     if stored.rowcount != 1:

@@ -10,7 +10,7 @@ import enum
 import heapq
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from gridcore.model import (
@@ -123,11 +123,15 @@ def select_sites(
     mode: InsufficientMode = InsufficientMode.BEST,
     *,
     rng: random.Random,
+    wait_for: Callable[[JobRequest, SiteSnapshot], WaitForecast | None] | None = None,
 ) -> list[SiteSelection]:
     """A burst decided on ONE snapshot ("snapshot, then admit", as Kueue admits a cycle):
     each member in turn by :func:`select_site`, its processors then added to the chosen
     site's in-flight work, so the next member sees it exactly as it would after a
-    commit. For one request this is :func:`select_site`.
+    commit. For one request this is :func:`select_site`. ``wait_for``: a wait model's
+    forecast of a member's wait at a site as its snapshot stands (the earlier members
+    sent there in flight), used instead of Eq. W where it gives one (``select_site``'s
+    ``waits``, asked again as the burst fills a site).
 
     A member's estimates depend on its shape (all but its name) and the snapshots only,
     and a decision changes one site's: a member shaped like an earlier one re-estimates
@@ -153,12 +157,22 @@ def select_sites(
             for site in set(changed[since:]) & candidate.keys():
                 snap = current[position[site]]
                 index = candidate[site]
-                estimates[index] = estimate_site(request, snap, bandwidth, protocol)
+                wait = None if wait_for is None else wait_for(request, snap)
+                estimates[index] = estimate_site(request, snap, bandwidth, protocol, wait)
                 if heap is not None:
                     heapq.heappush(heap, (_completion_rank(estimates[index]), index))
         else:
             candidates, left_out = _candidates(request, current)
-            estimates = [estimate_site(request, snap, bandwidth, protocol) for snap in candidates]
+            estimates = [
+                estimate_site(
+                    request,
+                    snap,
+                    bandwidth,
+                    protocol,
+                    None if wait_for is None else wait_for(request, snap),
+                )
+                for snap in candidates
+            ]
             candidate = {snap.site: i for i, snap in enumerate(candidates)}
             if by_rank:
                 heap = [(_completion_rank(e), i) for i, e in enumerate(estimates)]

@@ -61,6 +61,9 @@ sites = Table(
     # sites, or not observed yet)
     Column("release", String(64), nullable=True),
     Column("api_version", String(16), nullable=True),
+    # the latest stored observation's queue as a wait model reads it (JSON; NULL: none
+    # yet): gridcore.engine.wait_models.encode_queue
+    Column("queue", Text, nullable=True),
 )
 
 # Which grid files define each site (gridcore.state.site_definitions): a site NAME is
@@ -348,7 +351,9 @@ reservation_shifts = Table(
 )
 
 # Queue-wait history per site for VJM Eq. 1 (gridcore.engine.queue_stats): every job a
-# site showed (others' and our pilots), when it was submitted and when it started.
+# site showed (others' and our pilots), when it was submitted and when it started; and
+# what the wait models learn from (gridcore.engine.wait_models): its size, user, time
+# limit and, once seen finished, its end.
 queue_waits = Table(
     "gc_queue_waits",
     metadata,
@@ -359,6 +364,10 @@ queue_waits = Table(
     Column("submitted_at", Float, nullable=False),
     Column("started_at", Float, nullable=True),  # NULL while it waits
     Column("seen_at", Float, nullable=False),  # the last observation that showed it
+    Column("processors", Integer, nullable=True),  # NULL: rows older than 0014
+    Column("owner", String(128), nullable=True),  # the job's user; NULL: unknown
+    Column("time_limit_s", Float, nullable=True),  # NULL: unknown or unlimited
+    Column("ended_at", Float, nullable=True),  # NULL: not seen finished
     UniqueConstraint("site", "site_job_id", name="uq_gc_queue_waits_site_job"),
     Index("ix_gc_queue_waits_site_started", "site", "started_at"),
 )

@@ -1,0 +1,357 @@
+"""The live engines' wait models (issue 22 item 5): each site's queue as it was last
+observed, a model of :data:`~gridcore.policies.wait_prediction.DEFAULT_WAIT_MODEL`
+trained on the site's stored history, and its forecasts for a decision.
+
+What is stored (in the transaction that stores an observation,
+:func:`gridcore.engine.selection.store_observation` and
+:func:`gridcore.engine.queue_stats.record_observation`):
+
+* ``gc_sites.queue``: the observation's live jobs (:func:`encode_queue`): per job its
+  processors, running or pending, submit and start times, time limit, user, Slurm's
+  start estimate (a pending job's ``start_time`` where the backfill scheduler set one),
+  and whether it is ours;
+* ``gc_queue_waits``: per job its submit, start, size, user, time limit and, once seen
+  finished, its end: the model's ``observe_start`` / ``observe_end`` history.
+
+What a decision reads (:class:`WaitBook`, one per engine; the caller's transaction): the
+site's ``observed_at`` comes with its snapshot (:class:`gridcore.engine.selection.SnapshotReader`);
+while it is unchanged the site's model and queue are reused, so the hot path runs no
+query and trains nothing. A newer observation rebuilds the model from the history (at
+most :data:`gridcore.engine.queue_stats.HISTORY_STARTED` started jobs, fed in time
+order, ends before starts at one instant, as the replay of docs/wait-prediction.md).
+A late, older observation's history reaches the model with the next newer one.
+
+The view a forecast sees: the observed running jobs (ours too: the report counts them);
+others' pending jobs, first come first served; then OUR work in flight (selections and
+pilots not yet seen running, ``SiteSnapshot.in_flight_processors``, as the policy counts
+it) as jobs of the request's size and run time; then the request itself. Its run time
+is the one Eq. (C) uses (:func:`gridcore.policies.selection.expected_runtime`), given
+as its requested time without a user, so the model takes it as it is.
+
+When the model cannot be used, the caller falls back to Eq. W / Eq. 1 and the reason
+says why (:attr:`SiteQueue.unusable_because`): the site was never observed, or a job of
+its queue has no time limit (unlimited, or an adapter that does not say), so no plan of
+the queue exists, or our work in flight there is more than :data:`MAX_AHEAD` jobs.
+
+Slurm's own estimate is not a wait model: it exists for jobs already pending, not for
+the request. It is reported beside the model's forecast (:meth:`SiteQueue.slurm_note`):
+the latest start Slurm's backfill plan gives the pending jobs ahead of the request.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection, select
+
+from gridcore.model import JobRequest, JobState, SiteObservation, SiteSnapshot
+from gridcore.policies.selection import expected_runtime
+from gridcore.policies.wait_prediction import (
+    DEFAULT_WAIT_MODEL,
+    WAIT_MODELS,
+    QueuedJob,
+    QueueView,
+    RunningJob,
+    WaitForecast,
+    WaitModel,
+)
+from gridcore.state.schema import queue_waits, sites
+
+QUEUE_FORMAT = 1
+"""The version of :func:`encode_queue`'s JSON; another one is read as no queue."""
+
+MAX_AHEAD = 256
+"""Our in-flight jobs a view queues at most (each a job of the request's size): a plan
+is linear in the queue per job, and the hot path must stay cheap. Beyond it: Eq. W."""
+
+REQUEST_ID = "?request"
+"""The job id a forecast's request has (the model remembers its last forecast by id)."""
+
+WaitSource = Callable[[JobRequest, SiteSnapshot], WaitForecast | None]
+"""A wait model's forecast of a request's wait at a site as its snapshot stands
+(``None``: Eq. W there): what a burst's decisions take
+(:func:`gridcore.policies.selection.select_sites`)."""
+
+
+def encode_queue(obs: SiteObservation, own: set[str]) -> str:
+    """The observation's live jobs as ``gc_sites.queue`` keeps them (module docstring):
+    ``[id, processors, "R"|"P", submitted_at, started_at, time_limit_s, user,
+    start_estimate, ours]``."""
+    jobs: list[list[Any]] = []
+    for job in obs.jobs:
+        if job.state is JobState.RUNNING:
+            state = "R"
+        elif job.state is JobState.PENDING:
+            state = "P"
+        else:
+            continue
+        ours = job.key is not None or job.job_id in own
+        jobs.append(
+            [
+                job.job_id, job.processors, state, job.submitted_at, job.started_at,
+                job.time_limit_s, job.user, job.start_estimate, ours,
+            ]
+        )  # fmt: skip
+    body = {"v": QUEUE_FORMAT, "at": obs.observed_at, "total": obs.total_processors, "jobs": jobs}
+    return json.dumps(body, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class SiteQueue:
+    """One site's stored queue, as a model's view starts from it."""
+
+    site: str
+    observed_at: float
+    running: tuple[RunningJob, ...] = ()
+    queued: tuple[QueuedJob, ...] = ()  # others' pending jobs, first come first served
+    estimates: tuple[float, ...] = ()  # Slurm's start estimates of those that have one
+    unusable_because: str = ""
+
+    def slurm_note(self, now: float) -> str:
+        """Slurm's own estimate for the pending jobs ahead, in words ("" when none)."""
+        if not self.estimates:
+            return ""
+        latest = max(self.estimates) - now
+        return (
+            f"Slurm's backfill plan starts the {len(self.estimates)} pending jobs ahead"
+            f" that it has planned by +{max(0.0, latest):.0f} s"
+        )
+
+
+def decode_queue(site: str, observed_at: float, text: str | None) -> SiteQueue:
+    """The stored queue of ``site`` (:func:`encode_queue`); one the model cannot use says
+    why in :attr:`SiteQueue.unusable_because`."""
+    if not text:
+        return SiteQueue(site, observed_at, unusable_because="no observation stored yet")
+    body = json.loads(text)
+    if body.get("v") != QUEUE_FORMAT:
+        return SiteQueue(site, observed_at, unusable_because="no observation stored yet")
+    at, total = float(body["at"]), int(body["total"])
+    running: list[RunningJob] = []
+    queued: list[tuple[float, str, QueuedJob, float | None]] = []
+    unlimited = 0
+    for job_id, processors, state, submitted, started, limit, user, estimate, ours in body["jobs"]:
+        if state != "R" and ours:
+            continue  # ours pending are in flight: the snapshot counts them
+        if limit is None:
+            unlimited += 1
+            continue
+        if state == "R":
+            start = at if started is None else float(started)
+            running.append(RunningJob(job_id, int(processors), start, float(limit), user))
+        elif int(processors) <= total:
+            # a job larger than the site never starts (Slurm holds it), delaying nobody
+            submit = at if submitted is None else float(submitted)
+            job = QueuedJob(job_id, int(processors), submit, float(limit), user)
+            queued.append((submit, str(job_id), job, estimate))
+    if unlimited:
+        why = f"{unlimited} of its jobs have no time limit (the queue cannot be planned)"
+        return SiteQueue(site, observed_at, unusable_because=why)
+    queued.sort(key=lambda q: (q[0], q[1]))
+    estimates = tuple(float(e) for _, _, _, e in queued if e is not None)
+    return SiteQueue(site, observed_at, tuple(running), tuple(q[2] for q in queued), estimates)
+
+
+@dataclass
+class _Site:
+    queue: SiteQueue
+    model: WaitModel | None
+    history: int = 0  # rows the model was trained on
+
+
+@dataclass(frozen=True)
+class SiteWait:
+    """A forecast at one site, or why there is none (then Eq. W / Eq. 1 decides)."""
+
+    site: str
+    forecast: WaitForecast | None
+    why_not: str = ""
+    slurm: str = ""
+
+    def note(self) -> str:
+        """The line a decision's reasons carry for this site."""
+        if self.forecast is None:
+            return f"queue delay at site {self.site} by Eq. W: {self.why_not}"
+        f = self.forecast
+        bound = f", bound {f.bound_s:.0f} s at {f.confidence}" if f.bound_s is not None else ""
+        slurm = f"; {self.slurm}" if self.slurm else ""
+        return (
+            f"queue delay at site {self.site}: {f.wait_s:.0f} s by wait model {f.predictor}"
+            f"{bound} ({f.reason}){slurm}"
+        )
+
+
+@dataclass
+class WaitBook:
+    """Each site's model and stored queue for one engine (module docstring); safe to
+    share between threads (one lock around the models)."""
+
+    model_name: str = DEFAULT_WAIT_MODEL
+    _sites: dict[str, _Site] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    builds: int = 0  # models trained so far (tests and benchmarks read it)
+
+    def __post_init__(self) -> None:
+        if self.model_name not in WAIT_MODELS:
+            known = ", ".join(WAIT_MODELS)
+            raise ValueError(f"unknown wait model {self.model_name!r} (known: {known})")
+
+    def refresh(self, conn: Connection, observed: Mapping[str, float]) -> None:
+        """Reload every site whose observation is newer than its model's (in ``conn``'s
+        transaction)."""
+        stale = [
+            s
+            for s, at in observed.items()
+            if s not in self._sites or self._sites[s].queue.observed_at != at
+        ]
+        if not stale:
+            return
+        rows = conn.execute(
+            select(sites.c.name, sites.c.observed_at, sites.c.queue).where(sites.c.name.in_(stale))
+        ).all()
+        for name, observed_at, text in rows:
+            queue = decode_queue(name, observed_at, text)
+            model, count = (None, 0) if queue.unusable_because else self._train(conn, name)
+            with self._lock:
+                self._sites[name] = _Site(queue, model, count)
+
+    def _train(self, conn: Connection, site: str) -> tuple[WaitModel, int]:
+        model = WAIT_MODELS[self.model_name]()
+        rows = conn.execute(
+            select(
+                queue_waits.c.site_job_id,
+                queue_waits.c.processors,
+                queue_waits.c.owner,
+                queue_waits.c.time_limit_s,
+                queue_waits.c.submitted_at,
+                queue_waits.c.started_at,
+                queue_waits.c.ended_at,
+            ).where(queue_waits.c.site == site, queue_waits.c.started_at.is_not(None))
+        ).all()
+        events: list[tuple[float, int, str, Any]] = []
+        for row in rows:
+            events.append((row.started_at, 1, row.site_job_id, row))
+            if row.ended_at is not None:
+                events.append((row.ended_at, 0, row.site_job_id, row))
+        events.sort(key=lambda e: (e[0], e[1], e[3].submitted_at, e[2]))  # ends first
+        for _, kind, job_id, row in events:
+            limit = row.time_limit_s or 0.0
+            processors = row.processors or 1
+            if kind:
+                job = QueuedJob(job_id, processors, row.submitted_at, limit, row.owner)
+                model.observe_start(job, row.submitted_at, row.started_at)
+            else:
+                ran = RunningJob(job_id, processors, row.started_at, limit, row.owner)
+                model.observe_end(ran, row.started_at, row.ended_at)
+        self.builds += 1
+        return model, len(rows)
+
+    def wait_at(self, request: JobRequest, snapshot: SiteSnapshot, now: float) -> SiteWait:
+        """The model's forecast of ``request``'s wait at the site as ``snapshot`` stands
+        (our in-flight work queued ahead), or why there is none."""
+        entry = self._sites.get(snapshot.site)
+        if entry is None:
+            return SiteWait(snapshot.site, None, "no observation stored yet")
+        queue = entry.queue
+        if entry.model is None:
+            return SiteWait(snapshot.site, None, queue.unusable_because)
+        runtime, _ = expected_runtime(request, snapshot)
+        ahead = _in_flight_jobs(snapshot.in_flight_processors, request.processors, runtime, now)
+        if ahead is None:
+            why = f"ours in flight ({snapshot.in_flight_processors} processors) > {MAX_AHEAD} jobs"
+            return SiteWait(snapshot.site, None, why)
+        view = QueueView(
+            now, max(snapshot.total_processors, request.processors), queue.running,
+            (*queue.queued, *ahead),
+        )  # fmt: skip
+        job = QueuedJob(REQUEST_ID, request.processors, now, runtime)
+        with self._lock:
+            forecast = entry.model.forecast(job, view)
+        return SiteWait(snapshot.site, forecast, slurm=queue.slurm_note(now))
+
+
+def _in_flight_jobs(
+    processors: int, size: int, runtime: float, now: float
+) -> tuple[QueuedJob, ...] | None:
+    """Our in-flight processors as queued jobs of ``size`` (the last one the rest)."""
+    if processors <= 0:
+        return ()
+    count = math.ceil(processors / size)
+    if count > MAX_AHEAD:
+        return None
+    jobs = [QueuedJob(f"?ours{i}", size, now, runtime) for i in range(processors // size)]
+    if processors % size:
+        jobs.append(QueuedJob(f"?ours{len(jobs)}", processors % size, now, runtime))
+    return tuple(jobs)
+
+
+@dataclass
+class DecisionWaits:
+    """One decision's (or burst's) forecasts: the :data:`WaitSource` a burst takes, the
+    mapping a single decision takes, and the note each decision's reasons get."""
+
+    book: WaitBook
+    now: float
+    _seen: dict[tuple[str, tuple[object, ...], int], SiteWait] = field(default_factory=dict)
+
+    def __call__(self, request: JobRequest, snapshot: SiteSnapshot) -> WaitForecast | None:
+        return self.site_wait(request, snapshot).forecast
+
+    def site_wait(self, request: JobRequest, snapshot: SiteSnapshot) -> SiteWait:
+        key = (snapshot.site, request.shape, snapshot.in_flight_processors)
+        found = self._seen.get(key)
+        if found is None:
+            found = self.book.wait_at(request, snapshot, self.now)
+            self._seen[key] = found
+        return found
+
+    def mapping(
+        self, request: JobRequest, snapshots: Sequence[SiteSnapshot]
+    ) -> dict[str, WaitForecast]:
+        """The forecast per site that has one (a single decision's ``waits``)."""
+        out = {}
+        for snap in snapshots:
+            if snap.usable and snap.total_processors >= request.processors:
+                forecast = self.site_wait(request, snap).forecast
+                if forecast is not None:
+                    out[snap.site] = forecast
+        return out
+
+    def note(self, request: JobRequest, site: str, in_flight: int) -> str | None:
+        """The chosen site's line, as its forecast was made (``in_flight``: ours there
+        when the decision was taken)."""
+        found = self._seen.get((site, request.shape, in_flight))
+        return None if found is None else found.note()
+
+
+def virtual_job_waits(
+    book: WaitBook, snapshot: SiteSnapshot, vj_size: int, count: int, limit_s: float, now: float
+) -> tuple[tuple[float, ...] | None, str]:
+    """VJM's ``T_avail`` of this selection's 1st, 2nd, ... virtual job at a cluster
+    (:attr:`gridcore.policies.coreservation.ClusterView.t_avails`): the model's forecast
+    of each, the earlier ones in flight ahead of it, never decreasing (the cluster's
+    heap order); a pilot asks ``limit_s``. ``None`` and why: Eq. 1 decides there."""
+    request = JobRequest("?virtual-job", vj_size, limit_s)
+    waits: list[float] = []
+    first: SiteWait | None = None
+    for _ in range(count):
+        found = book.wait_at(request, snapshot, now)
+        if found.forecast is None:
+            return None, f"T_avail at cluster {snapshot.site} by Eq. 1: {found.why_not}"
+        first = first or found
+        waits.append(max(found.forecast.wait_s, waits[-1] if waits else 0.0))
+        snapshot = snapshot.add_in_flight(vj_size)
+    if first is None or first.forecast is None:
+        return (), f"T_avail at cluster {snapshot.site}: room for no more virtual jobs"
+    slurm = f"; {first.slurm}" if first.slurm else ""
+    note = (
+        f"T_avail at cluster {snapshot.site}: {waits[0]:.0f} to {waits[-1]:.0f} s for"
+        f" {len(waits)} virtual jobs by wait model {first.forecast.predictor}"
+        f" ({first.forecast.reason}){slurm}"
+    )
+    return tuple(waits), note
