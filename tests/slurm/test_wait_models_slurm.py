@@ -1,0 +1,104 @@
+"""The live wait model on a real Slurm cluster (issue 22 item 5): another user's job holds
+gamma's node and another of theirs waits behind it with a time limit; once Slurm's
+backfill scheduler has planned the waiting one, a decision's reason cites the model's
+forecast (from slurmrestd's ``/jobs``: limits, users, start times) and, beside it,
+Slurm's own estimate (the pending job's ``start_time``)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from gridcore.config import load_grid
+from gridcore.engine.runtime import GridRuntime
+from gridcore.model import JobRequest, JobState
+from gridcore.sites.slurm import SlurmSite
+from gridcore.state.store import open_store
+from tests.slurmgrid import SlurmCluster, SlurmGrid
+
+pytestmark = pytest.mark.slurm
+
+SITE = "gamma"  # one 4-CPU node: a 4-CPU job fills it
+OTHER_USER = "nobody"
+
+
+def _until(condition: Callable[[], bool], timeout: float = 120.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(1.0)
+
+
+def _as_other_user(cluster: SlurmCluster, tmp: Path, name: str, minutes: int) -> str:
+    """A 4-CPU job of ``OTHER_USER`` with a time limit, by the cluster's own sbatch."""
+    argv = [
+        "runuser", "-u", OTHER_USER, "--", "sbatch", "--parsable", f"--job-name={name}",
+        f"--chdir={tmp}", "--output=/dev/null", "-n", "4", f"--time={minutes}",
+        "--wrap", "sleep 600",
+    ]  # fmt: skip
+    done = subprocess.run(
+        cluster.cli_argv(argv), capture_output=True, text=True, timeout=30, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().split(";", 1)[0]
+
+
+def test_a_decisions_reason_cites_the_models_forecast_and_slurms_estimate(
+    slurm_grid: SlurmGrid,
+    slurm_sites: dict[str, SlurmSite],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in slurm_grid.env.items():
+        monkeypatch.setenv(name, value)
+    rt = GridRuntime(
+        load_grid(slurm_grid.grid_toml), open_store(f"sqlite:///{tmp_path}/state.db", upgrade=True)
+    )
+    cluster = next(c for c in slurm_grid.clusters if c.name == SITE)
+    gamma = slurm_sites[SITE]
+    _until(lambda: not gamma.observe().jobs, what=f"{SITE}'s queue empty")
+    # the other user's jobs run here: not under tmp_path, whose parents only we may enter
+    workdir = Path(tempfile.mkdtemp(prefix="gridcore-wm-"))
+    workdir.chmod(0o777)
+    running = _as_other_user(cluster, workdir, "wm-running", 10)
+    waiting = _as_other_user(cluster, workdir, "wm-waiting", 5)
+    try:
+
+        def planned() -> bool:
+            jobs = {j.job_id: j for j in gamma.observe().jobs}
+            return (
+                jobs[running].state is JobState.RUNNING and jobs[waiting].start_estimate is not None
+            )
+
+        _until(planned, what="Slurm's backfill plan for the waiting job")
+        jobs = {j.job_id: j for j in gamma.observe().jobs}
+        assert (jobs[waiting].user, jobs[waiting].time_limit_s) == (OTHER_USER, 300.0)
+        started = jobs[running].started_at
+        estimate = jobs[waiting].start_estimate
+        assert started is not None and estimate is not None
+        rec = rt.select(JobRequest("wm-ours", 4, 60.0), among=[SITE], max_age_s=0)
+        now = rec.selected_at
+        note = rec.reasons[-1]
+        match = re.match(
+            rf"queue delay at site {SITE}: (\d+) s by wait model predicted_backfill \(.*\);"
+            rf" Slurm's backfill plan starts the 1 pending jobs ahead that it has planned"
+            rf" by \+(\d+) s$",
+            note,
+        )
+        assert match, rec.reasons
+        # no history of the other user's run times: their limits plan the queue, so ours
+        # starts when the waiting job's 5 minutes end after the running job's 10
+        assert float(match.group(1)) == pytest.approx(started + 600 + 300 - now, abs=5)
+        assert float(match.group(2)) == pytest.approx(estimate - now, abs=2)
+        rt.cancel(rec.selection_id)
+    finally:
+        for job_id in (waiting, running):
+            gamma.cancel(job_id)
+        shutil.rmtree(workdir, ignore_errors=True)
