@@ -415,8 +415,9 @@ def _with_wait_note(
     if waits is None or decision.site is None:
         return decision
     chosen = decision.estimate_for(decision.site)
-    in_flight = chosen.in_flight if chosen is not None else 0
-    note = waits.note(request, decision.site, in_flight)
+    if chosen is None:
+        return decision
+    note = waits.note(request, decision.site, chosen.in_flight, chosen.compute_s)
     if note is None:
         return decision
     return replace(decision, reasons=(*decision.reasons, note))

@@ -69,6 +69,17 @@ MAX_AHEAD = 256
 """Our in-flight jobs a view queues at most (each a job of the request's size): a plan
 is linear in the queue per job, and the hot path must stay cheap. Beyond it: Eq. W."""
 
+FORECAST_TTL_S = 1.0
+"""A site's forecast for a request's processors and run time, with the same work of ours
+in flight there, is reused for this long (its wait then up to 1 s stale; the queue it
+plans is as old as the site's observation anyway): a decision changes one site's
+in-flight count, so the next one re-plans that site alone instead of every site (100
+observed sites re-planned on every decision ran at 0.04 x Eq. W's decision rate; with
+this, 0.30 x: docs/selection.md)."""
+
+FORECASTS_KEPT = 4096
+"""Forecasts kept per site before they are all dropped (a bound; they live 1 s anyway)."""
+
 REQUEST_ID = "?request"
 """The job id a forecast's request has (the model remembers its last forecast by id)."""
 
@@ -162,6 +173,8 @@ class _Site:
     queue: SiteQueue
     model: WaitModel | None
     history: int = 0  # rows the model was trained on
+    # (processors, run time, ours in flight) -> (made at, forecast): FORECAST_TTL_S
+    forecasts: dict[tuple[int, float, int], tuple[float, SiteWait]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -251,6 +264,23 @@ class WaitBook:
         self.builds += 1
         return model, len(rows)
 
+    def has_model(self, site: str) -> bool:
+        entry = self._sites.get(site)
+        return entry is not None and entry.model is not None
+
+    def made(self, site: str, processors: int, runtime: float, in_flight: int) -> SiteWait | None:
+        """The forecast made last for that request shape and in-flight count at ``site``."""
+        entry = self._sites.get(site)
+        made = None if entry is None else entry.forecasts.get((processors, runtime, in_flight))
+        return None if made is None else made[1]
+
+    def why_no_model(self, site: str) -> str | None:
+        """Why ``site`` has no model (``None``: it has one)."""
+        entry = self._sites.get(site)
+        if entry is None:
+            return "no observation stored yet"
+        return None if entry.model is not None else entry.queue.unusable_because
+
     def wait_at(self, request: JobRequest, snapshot: SiteSnapshot, now: float) -> SiteWait:
         """The model's forecast of ``request``'s wait at the site as ``snapshot`` stands
         (our in-flight work queued ahead), or why there is none."""
@@ -261,6 +291,10 @@ class WaitBook:
         if entry.model is None:
             return SiteWait(snapshot.site, None, queue.unusable_because)
         runtime, _ = expected_runtime(request, snapshot)
+        key = (request.processors, runtime, snapshot.in_flight_processors)
+        made = entry.forecasts.get(key)
+        if made is not None and 0.0 <= now - made[0] < FORECAST_TTL_S:
+            return made[1]
         ahead = _in_flight_jobs(snapshot.in_flight_processors, request.processors, runtime, now)
         if ahead is None:
             why = f"ours in flight ({snapshot.in_flight_processors} processors) > {MAX_AHEAD} jobs"
@@ -272,7 +306,11 @@ class WaitBook:
         job = QueuedJob(REQUEST_ID, request.processors, now, runtime)
         with self._lock:
             forecast = entry.model.forecast(job, view)
-        return SiteWait(snapshot.site, forecast, slurm=queue.slurm_note(now))
+        found = SiteWait(snapshot.site, forecast, slurm=queue.slurm_note(now))
+        if len(entry.forecasts) >= FORECASTS_KEPT:
+            entry.forecasts.clear()
+        entry.forecasts[key] = (now, found)
+        return found
 
 
 def _in_flight_jobs(
@@ -297,36 +335,36 @@ class DecisionWaits:
 
     book: WaitBook
     now: float
-    _seen: dict[tuple[str, tuple[object, ...], int], SiteWait] = field(default_factory=dict)
 
     def __call__(self, request: JobRequest, snapshot: SiteSnapshot) -> WaitForecast | None:
+        if not self.book.has_model(snapshot.site):
+            return None  # the hot path on unobserved sites: nothing to build
         return self.site_wait(request, snapshot).forecast
 
     def site_wait(self, request: JobRequest, snapshot: SiteSnapshot) -> SiteWait:
-        key = (snapshot.site, request.shape, snapshot.in_flight_processors)
-        found = self._seen.get(key)
-        if found is None:
-            found = self.book.wait_at(request, snapshot, self.now)
-            self._seen[key] = found
-        return found
+        return self.book.wait_at(request, snapshot, self.now)
 
     def mapping(
         self, request: JobRequest, snapshots: Sequence[SiteSnapshot]
     ) -> dict[str, WaitForecast]:
         """The forecast per site that has one (a single decision's ``waits``)."""
         out = {}
+        has_model = self.book.has_model
         for snap in snapshots:
-            if snap.usable and snap.total_processors >= request.processors:
+            if has_model(snap.site) and snap.usable and snap.total_processors >= request.processors:
                 forecast = self.site_wait(request, snap).forecast
                 if forecast is not None:
                     out[snap.site] = forecast
         return out
 
-    def note(self, request: JobRequest, site: str, in_flight: int) -> str | None:
+    def note(self, request: JobRequest, site: str, in_flight: int, runtime: float) -> str | None:
         """The chosen site's line, as its forecast was made (``in_flight``: ours there
-        when the decision was taken)."""
-        found = self._seen.get((site, request.shape, in_flight))
-        return None if found is None else found.note()
+        when the decision was taken; ``runtime``: the request's there)."""
+        found = self.book.made(site, request.processors, runtime, in_flight)
+        if found is None:
+            why = self.book.why_no_model(site)
+            return None if why is None else SiteWait(site, None, why).note()
+        return found.note()
 
 
 def virtual_job_waits(

@@ -352,3 +352,23 @@ def test_vjm_selects_clusters_by_the_models_t_avail_and_says_so(tmp_path: Path) 
     assert notes[1] == "T_avail at cluster b by Eq. 1: no observation stored yet"
     at_a = [c.t_avail for c in chosen.choices if c.cluster == "a"]
     assert all(t == pytest.approx(50.0) for t in at_a)
+
+
+def test_a_sites_forecast_is_reused_for_a_second_then_made_again(tmp_path: Path) -> None:
+    """Decisions on unchanged sites do not re-plan them (FORECAST_TTL_S); a change of our
+    in-flight work there, or a second later, does."""
+    store = make_store(tmp_path)
+    alice_history(store)
+    book = wait_models.WaitBook()
+    with store.begin() as conn:
+        book.refresh(conn, {"a": NOW - 1})
+    request = JobRequest("m", 4, 600.0)
+    snap = SiteSnapshot("a", 8, 0)
+    first = book.wait_at(request, snap, NOW)
+    assert book.wait_at(request, snap, NOW + 0.5) is first
+    behind = book.wait_at(request, snap.add_in_flight(8), NOW + 0.5)
+    assert behind is not first and behind.forecast is not None
+    assert behind.forecast.wait_s == pytest.approx(649.5)  # +49.5 s, then ours for 600 s
+    later = book.wait_at(request, snap, NOW + wait_models.FORECAST_TTL_S)
+    assert later is not first and later.forecast is not None
+    assert later.forecast.wait_s == pytest.approx(49.0)
