@@ -496,8 +496,8 @@ def _wait(
 def _replay(args: argparse.Namespace) -> int:
     """Every option, the grid and the log's lines the plan reads are checked before the
     state database is opened (exit 2); then the sites' sizes are read, the plan made,
-    each job checked by its site, and only then is anything submitted."""
-    from gridcore.engine import replay as runner
+    each job checked by its site, and only then is anything submitted. A site that
+    fails before the start: one line, exit status 1 (as ``gridcore submit``)."""
     from gridcore.engine.runtime import GridRuntime
     from gridcore.state.store import open_store
     from gridcore.workloads import replay as plans
@@ -516,21 +516,44 @@ def _replay(args: argparse.Namespace) -> int:
     # The log's lines as far as the plan reads them, checked before anything is opened.
     upper = [plans.ReplaySite(s.name, s.processors) for s in grid.sites]
     _replay_nonempty(args, plans.plan_replay(iter_jobs(args.log), site_map, upper, settings))
-    runtime = GridRuntime(grid, open_store(args.db, upgrade=True))
+    runtime = None
     try:
-        sites = [runner.replay_site(runtime.adapter(name)) for name in site_map.site_names]
-        plan = plans.plan_replay(iter_jobs(args.log), site_map, sites, settings)
-        _replay_nonempty(args, plan)
-        replay = runner.ReplayRunner(plan, runtime.adapter, at_end=runner.AtEnd(args.at_end))
-        replay.check()
-        with _on_signals(replay.interrupt):
-            report = replay.run()
+        runtime = GridRuntime(grid, open_store(args.db, upgrade=True))
+        report = _replay_live(args, runtime, site_map, settings)
+    except (ConfigError, RequestError):
+        raise  # bad input, or a job no site could ever run: nothing was submitted
+    except GridError as exc:
+        print("gridcore: error: " + " | ".join(str(exc).splitlines()), file=sys.stderr)
+        return 1
     finally:
-        runtime.store.dispose()
+        if runtime is not None:
+            runtime.store.dispose()
     _emit(args, report.as_json(), _replay_text(report.as_json()))
     if report.interrupted:
         return 128 + int(getattr(signal, report.interrupted, signal.SIGINT))
     return 0 if report.ok else 1
+
+
+def _replay_live(
+    args: argparse.Namespace, runtime: GridRuntime, site_map: Any, settings: Any
+) -> Any:
+    """The plan on the sites' real sizes, checked by each site, then run with SIGINT and
+    SIGTERM stopping it (what it submitted is cancelled)."""
+    from gridcore.engine import replay as runner
+    from gridcore.workloads import replay as plans
+    from gridcore.workloads.swf import iter_jobs
+
+    sites = [runner.replay_site(runtime.adapter(name)) for name in site_map.site_names]
+    plan = plans.plan_replay(iter_jobs(args.log), site_map, sites, settings)
+    _replay_nonempty(args, plan)
+    replay = runner.ReplayRunner(plan, runtime.adapter, at_end=runner.AtEnd(args.at_end))
+    replay.check()
+    if not replay.jobs:
+        raise plans.ReplayError(
+            f"{args.log}: every planned job was refused by its site (the log above says why)"
+        )
+    with _on_signals(replay.interrupt):
+        return replay.run()
 
 
 def _replay_nonempty(args: argparse.Namespace, plan: Any) -> None:

@@ -69,3 +69,24 @@ def test_a_missing_log_exits_2(home: Path, capsys: pytest.CaptureFixture[str]) -
     assert main(["replay", "/nonexistent.swf", "--speedup", "1", "--site-map", "*=local-a"]) == 2
     assert "/nonexistent.swf: cannot read the log" in capsys.readouterr().err
     assert not (home / "state.db").exists()
+
+
+def test_a_site_that_cannot_be_reached_exits_1_before_anything_is_submitted(
+    home: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    grid = tmp_path / "grid.toml"
+    # port 9 on the loopback: nothing listens, the connection is refused at once
+    grid.write_text(
+        'version = 1\n\n[sites.down]\nkind = "slurm"\nprocessors = 8\n'
+        'url = "http://127.0.0.1:9"\ntoken = { env = "DOWN_TOKEN" }\n'
+        f'storage_dir = "{tmp_path}"\n'
+    )
+    monkeypatch.setenv("DOWN_TOKEN", "t")
+    argv = ["replay", str(KTH), "--grid", str(grid), "--speedup", "100", "--site-map", "*=down"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("gridcore: error: ")]
+    assert len(errors) == 1 and errors[0].startswith("gridcore: error: site down: cannot reach")
