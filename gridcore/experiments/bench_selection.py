@@ -20,6 +20,12 @@ committed in one transaction, with the operators' default protocol.
 * ``concurrent_batch_members_per_s``: 8 processes of bursts against one PostgreSQL
   database; ``batch_overcommit_events`` (as above, plus the capacity invariant) and
   ``batch_lost_rows`` for the SQLite and PostgreSQL batch runs together.
+* ``wait_models``: the single-decision and burst rates with the default wait model
+  (``gridcore.engine.wait_models``) against Eq. W alone, on the same grid with every
+  site observed (20 running, 10 pending and 60 finished jobs of other users each), both
+  in each of 5 rounds on a fresh database, and their ratio per round and its median.
+  The figures above run with the default wait model on sites never observed (Eq. W
+  decides there, after one check per site).
 * ``pgbench_tps``: the database's own limit for a decision's commit: the very statement a
   counted decision commits on PostgreSQL (conditional claim, selection row, hold), driven
   by ``pgbench`` with 8 clients (``-c 8 -j 2``, prepared) against the same server in the
@@ -35,6 +41,7 @@ import os
 import random
 import re
 import shutil
+import statistics
 import subprocess
 import tempfile
 import time
@@ -48,6 +55,7 @@ from typing import Any
 from sqlalchemy import create_engine, func, insert, select, text, update
 from sqlalchemy.engine import make_url
 
+from gridcore.engine import queue_stats
 from gridcore.engine import selection as selection_engine
 from gridcore.experiments.registry import Experiment
 from gridcore.model import (
@@ -55,11 +63,14 @@ from gridcore.model import (
     GridSpec,
     JobRequest,
     JobState,
+    ObservedJob,
     Outcome,
     SiteKind,
+    SiteObservation,
     SiteSpec,
 )
 from gridcore.policies.selection import DEFAULT_PROTOCOL, InsufficientMode, SelectionProtocol
+from gridcore.policies.wait_prediction import DEFAULT_WAIT_MODEL
 from gridcore.progress import run_stages
 from gridcore.state import capacity
 from gridcore.state.capacity import HolderKind, Ledger
@@ -146,14 +157,22 @@ def seed_state(store: Store, bench: BenchGrid, in_flight: int, seed: int) -> Non
             )
 
 
-def run_decisions(store: Store, bench: BenchGrid, count: int, seed: int, stream: str) -> float:
-    """Make ``count`` decisions; returns elapsed seconds."""
+def run_decisions(
+    store: Store,
+    bench: BenchGrid,
+    count: int,
+    seed: int,
+    stream: str,
+    wait_model: str | None = DEFAULT_WAIT_MODEL,
+) -> float:
+    """Make ``count`` decisions; returns elapsed seconds. ``wait_model``: the engine's
+    (None: Eq. W alone)."""
     rng = random.Random(seed)
     requests = [
         JobRequest(f"{stream}-{i}", rng.randint(1, 8), 600.0, rng.randint(0, 500) * 1_000_000)
         for i in range(count)
     ]
-    snapshots = selection_engine.SnapshotReader(bench.grid)
+    snapshots = selection_engine.SnapshotReader(bench.grid, wait_model)
     start = time.perf_counter()
     for req in requests:
         selection_engine.select_and_record(
@@ -175,11 +194,18 @@ def burst_members(rng: random.Random, stream: str, index: int) -> list[JobReques
     return [JobRequest(f"{stream}-{index}-{i}", processors, 600.0, inputs) for i in range(BURST)]
 
 
-def run_bursts(store: Store, bench: BenchGrid, count: int, seed: int, stream: str) -> float:
+def run_bursts(
+    store: Store,
+    bench: BenchGrid,
+    count: int,
+    seed: int,
+    stream: str,
+    wait_model: str | None = DEFAULT_WAIT_MODEL,
+) -> float:
     """Decide and commit ``count`` bursts, one transaction each; returns elapsed seconds."""
     rng = random.Random(seed)
     bursts = [burst_members(rng, stream, b) for b in range(count)]
-    snapshots = selection_engine.SnapshotReader(bench.grid)
+    snapshots = selection_engine.SnapshotReader(bench.grid, wait_model)
     start = time.perf_counter()
     for members in bursts:
         selection_engine.select_and_record_batch(
@@ -232,6 +258,118 @@ def bench_sqlite_batches(
         "lost_rows": lost,
         "ledger_problems": problems,
     }
+
+
+OBSERVED_RUNNING = 20  # per site, in the wait models' stage
+OBSERVED_PENDING = 10
+OBSERVED_FINISHED = 60
+
+
+def observe_sites(store: Store, bench: BenchGrid, seed: int, now: float) -> None:
+    """Store one observation per site as a Slurm site reports it: other users' running,
+    pending (with Slurm's estimates) and finished jobs with limits and users, so each
+    site's wait model has a queue to plan and a history to learn from."""
+    rng = random.Random(seed)
+    limits = (600.0, 1800.0, 3600.0)
+    for spec in bench.grid.sites:
+        jobs = [
+            ObservedJob(
+                f"r{i}",
+                rng.randint(1, 4),
+                JobState.RUNNING,
+                None,
+                now - 900,
+                now - rng.randint(0, 800),
+                f"u{i % 5}",
+                rng.choice(limits),
+            )
+            for i in range(OBSERVED_RUNNING)
+        ]
+        jobs += [
+            ObservedJob(
+                f"p{i}",
+                rng.randint(1, 8),
+                JobState.PENDING,
+                None,
+                now - 100 + i,
+                None,
+                f"u{i % 5}",
+                rng.choice(limits),
+                None,
+                now + 100 * i,
+            )
+            for i in range(OBSERVED_PENDING)
+        ]
+        jobs += [
+            ObservedJob(
+                f"f{i}",
+                1,
+                JobState.COMPLETED,
+                None,
+                now - 9000 + i,
+                now - 8000 + i,
+                f"u{i % 5}",
+                3600.0,
+                now - 7000 + rng.randint(0, 900),
+            )
+            for i in range(OBSERVED_FINISHED)
+        ]
+        busy = sum(j.processors for j in jobs if j.state is JobState.RUNNING)
+        idle = max(0, bench.idle[spec.name] - busy)
+        obs = SiteObservation(spec.name, spec.processors, idle, tuple(jobs), now)
+        with store.begin() as conn:
+            selection_engine.store_observation(conn, obs, own_job_ids=())
+            queue_stats.record_observation(conn, obs)
+
+
+def bench_wait_models(
+    rounds: int = 5, decisions: int = 300, bursts: int = 5, seed: int = 0
+) -> dict[str, Any]:
+    """The hot path with the default wait model against Eq. W alone, on sites that have
+    been observed (each with a queue to plan and a history): per round a fresh database
+    (the same seeded in-flight rows and observations), both engines in turn (order
+    alternating), and the ratio of their rates measured side by side."""
+    bench = make_grid(SITES, seed)
+    ratios: dict[str, list[float]] = {"decisions": [], "batch_members": []}
+    rates: dict[str, dict[str, list[float]]] = {
+        name: {"decisions": [], "batch_members": []} for name in ("eq_w", "model")
+    }
+    engines: list[tuple[str, str | None]] = [("eq_w", None), ("model", DEFAULT_WAIT_MODEL)]
+    for index in range(rounds):
+        with tempfile.TemporaryDirectory() as tmp:
+            store = open_store(f"sqlite:///{tmp}/bench.db", upgrade=True)
+            seed_state(store, bench, IN_FLIGHT, seed)
+            observe_sites(store, bench, seed, time.time())
+            got: dict[str, tuple[float, float]] = {}
+            for name, model in engines if index % 2 == 0 else engines[::-1]:
+                run_decisions(store, bench, 20, seed + 1, f"warm-{name}", model)
+                single = decisions / run_decisions(store, bench, decisions, seed + 2, name, model)
+                members = bursts * BURST / run_bursts(store, bench, bursts, seed + 3, name, model)
+                got[name] = (single, members)
+                rates[name]["decisions"].append(single)
+                rates[name]["batch_members"].append(members)
+            store.dispose()
+        ratios["decisions"].append(got["model"][0] / got["eq_w"][0])
+        ratios["batch_members"].append(got["model"][1] / got["eq_w"][1])
+    return {
+        "wait_model": DEFAULT_WAIT_MODEL,
+        "rounds": rounds,
+        "observed_jobs_per_site": {
+            "running": OBSERVED_RUNNING,
+            "pending": OBSERVED_PENDING,
+            "finished": OBSERVED_FINISHED,
+        },
+        "decisions_per_s": {name: _median(r["decisions"]) for name, r in rates.items()},
+        "batch_members_per_s": {name: _median(r["batch_members"]) for name, r in rates.items()},
+        "model_over_eq_w": {key: _median(values) for key, values in ratios.items()},
+        "model_over_eq_w_per_round": {
+            key: [round(v, 3) for v in values] for key, values in ratios.items()
+        },
+    }
+
+
+def _median(values: list[float]) -> float:
+    return round(statistics.median(values), 3)
 
 
 @contextmanager
@@ -482,6 +620,7 @@ def bench_selection(
         "PostgreSQL decisions": lambda: bench_postgres(url, per_process=per_process),
         "PostgreSQL bursts": lambda: bench_postgres_batches(url),
         "pgbench": lambda: bench_pgbench(url),
+        "SQLite wait models": bench_wait_models,
     }
     results = run_stages("bench selection", stages)
     single, batches = results["SQLite decisions"], results["SQLite bursts"]
@@ -510,6 +649,7 @@ def bench_selection(
         "sqlite_batches": batches,
         "postgres_batches": concurrent_batches,
         "pgbench": pgbench,
+        "wait_models": results["SQLite wait models"],
         "setup": {
             "sites": single["sites"],
             "in_flight_rows": single["in_flight_rows"],
