@@ -312,7 +312,11 @@ class GridcoreTrigger(BaseTrigger, Generic[H, R]):
         handle = await self._handle_once()
         said = await asyncio.wait_for(asyncio.to_thread(self._cancel, handle), _CANCEL_TIMEOUT_S)
         self.log.info(
-            "cancelled %s %s: the task instance is %s now (a user's action): %s",
+            # A task instance success or failed now was set so by a user, or by the task's
+            # own end in another Airflow process (``dags test`` beside a scheduler runs the
+            # same task twice): either may cancel; the job's state says what it did.
+            "cancel of %s %s asked: the task instance is %s now (a user's action, or the"
+            " task ended in another Airflow process): %s",
             subject,
             ident,
             state or "cleared",
