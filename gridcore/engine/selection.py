@@ -170,14 +170,18 @@ class SnapshotReader:
         self.waits = None if wait_model is None else wait_models.WaitBook(wait_model)
 
     def decision_waits(
-        self, conn: Connection, observed: dict[str, float], now: float
+        self,
+        conn: Connection,
+        observed: dict[str, float],
+        now: float,
+        protocol: SelectionProtocol = SelectionProtocol.EARLIEST_COMPLETION,
     ) -> wait_models.DecisionWaits | None:
-        """The wait models' forecasts for one decision or burst, their sites reloaded
-        where a newer observation is stored (in ``conn``'s transaction)."""
+        """The wait models' forecasts for one decision or burst by ``protocol``, their
+        sites reloaded where a newer observation is stored (in ``conn``'s transaction)."""
         if self.waits is None:
             return None
         self.waits.refresh(conn, observed)
-        return wait_models.DecisionWaits(self.waits, now)
+        return wait_models.DecisionWaits(self.waits, now, protocol.counts_in_flight)
 
     def read(self, conn: Connection) -> list[SiteSnapshot]:
         """One snapshot of every grid site, read in the caller's transaction."""
@@ -267,7 +271,7 @@ def select_and_record(
         try:
             with store.begin_decision() as conn:
                 read, observed = snapshots.read_observed(conn)
-                waits = snapshots.decision_waits(conn, observed, now)
+                waits = snapshots.decision_waits(conn, observed, now, protocol)
                 forecasts = None if waits is None else waits.mapping(request, read)
                 decision = select_site(
                     request, read, snapshots.grid.bandwidth, protocol, mode, rng=rng,
@@ -384,7 +388,7 @@ def select_and_record_batch(
             with store.begin() as conn:
                 store.take_turn(conn, BURST_TURN)
                 read, observed = snapshots.read_observed(conn)
-                waits = snapshots.decision_waits(conn, observed, now)
+                waits = snapshots.decision_waits(conn, observed, now, protocol)
                 decisions = select_sites(
                     requests, read, snapshots.grid.bandwidth, protocol, mode, rng=rng,
                     wait_for=waits,

@@ -44,7 +44,7 @@ import json
 import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import Connection, select
@@ -331,10 +331,14 @@ def _in_flight_jobs(
 @dataclass
 class DecisionWaits:
     """One decision's (or burst's) forecasts: the :data:`WaitSource` a burst takes, the
-    mapping a single decision takes, and the note each decision's reasons get."""
+    mapping a single decision takes, and the note each decision's reasons get.
+    ``counts_in_flight``: the protocol's (``SelectionProtocol.counts_in_flight``); a
+    protocol that does not discount our in-flight work (naive, random) does not see it
+    queued ahead in the model's view either."""
 
     book: WaitBook
     now: float
+    counts_in_flight: bool = True
 
     def __call__(self, request: JobRequest, snapshot: SiteSnapshot) -> WaitForecast | None:
         if not self.book.has_model(snapshot.site):
@@ -342,6 +346,8 @@ class DecisionWaits:
         return self.site_wait(request, snapshot).forecast
 
     def site_wait(self, request: JobRequest, snapshot: SiteSnapshot) -> SiteWait:
+        if not self.counts_in_flight and snapshot.in_flight_processors:
+            snapshot = replace(snapshot, in_flight_processors=0)
         return self.book.wait_at(request, snapshot, self.now)
 
     def mapping(
@@ -360,7 +366,8 @@ class DecisionWaits:
     def note(self, request: JobRequest, site: str, in_flight: int, runtime: float) -> str | None:
         """The chosen site's line, as its forecast was made (``in_flight``: ours there
         when the decision was taken; ``runtime``: the request's there)."""
-        found = self.book.made(site, request.processors, runtime, in_flight)
+        ours = in_flight if self.counts_in_flight else 0
+        found = self.book.made(site, request.processors, runtime, ours)
         if found is None:
             why = self.book.why_no_model(site)
             return None if why is None else SiteWait(site, None, why).note()

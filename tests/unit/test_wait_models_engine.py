@@ -46,6 +46,7 @@ from gridcore.policies.wait_prediction import (
     RunningJob,
 )
 from gridcore.state import capacity
+from gridcore.state.capacity import HolderKind, Ledger
 from gridcore.state.schema import queue_waits, sites
 from gridcore.state.store import Store, open_store
 
@@ -372,3 +373,28 @@ def test_a_sites_forecast_is_reused_for_a_second_then_made_again(tmp_path: Path)
     later = book.wait_at(request, snap, NOW + wait_models.FORECAST_TTL_S)
     assert later is not first and later.forecast is not None
     assert later.forecast.wait_s == pytest.approx(49.0)
+
+
+def test_a_protocol_blind_to_our_in_flight_work_has_the_model_blind_to_it_too(
+    tmp_path: Path,
+) -> None:
+    """Site a idle and observed, 8 of our processors in flight there: the stateful
+    protocol's forecast queues the 8-processor request behind them (600 s), the naive
+    protocol's does not (0 s), as neither protocol's Eq. W would."""
+    store = make_store(tmp_path)
+    observe(store, "a", NOW - 1)
+    with store.begin() as conn:
+        capacity.add(conn, HolderKind.SELECTION, "earlier", "a", 8, Ledger.CLAIMED, now=NOW)
+    reader = selection_engine.SnapshotReader(GRID)
+    delays = {}
+    for protocol in (SelectionProtocol.STATEFUL, SelectionProtocol.NAIVE):
+        recorded = selection_engine.select_and_record(
+            store, reader, JobRequest(protocol.value, 8, 600.0), protocol,
+            InsufficientMode.BEST, "t", NOW, random.Random(1),
+        )  # fmt: skip
+        a = recorded.decision.estimate_for("a")
+        assert a is not None
+        delays[protocol] = a.queue_delay_s
+        if recorded.decision.site == "a":
+            assert "by wait model" in recorded.decision.reasons[-1]
+    assert delays == {SelectionProtocol.STATEFUL: 600.0, SelectionProtocol.NAIVE: 0.0}
