@@ -19,7 +19,10 @@ while it is unchanged the site's model and queue are reused, so the hot path run
 query and trains nothing. A newer observation rebuilds the model from the history (at
 most :data:`gridcore.engine.queue_stats.HISTORY_STARTED` started jobs, fed in time
 order, ends before starts at one instant, as the replay of docs/wait-prediction.md).
-A late, older observation's history reaches the model with the next newer one.
+A late, older observation's history reaches the model with the next newer one. A
+forecast is reused for :data:`FORECAST_TTL_S` while the request's shape and our
+in-flight work at the site are unchanged, so a decision re-plans only the sites the
+previous ones changed.
 
 The view a forecast sees: the observed running jobs (ours too: the report counts them);
 others' pending jobs, first come first served; then OUR work in flight (selections and
