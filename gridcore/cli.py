@@ -593,7 +593,8 @@ def _replay_text(data: dict[str, Any]) -> str:
         f" {data['capped']} capped, skipped {data['skipped'] or 'none'}",
         f"  ended: {data['completed']} completed, {data['failed']} failed,"
         f" {data['cancelled']} cancelled ({data['cancelled_by_replay']} by the replay),"
-        f" {data['lost']} lost, {len(data['left_running'])} left running",
+        f" {data['lost']} lost, {len(data['left_running'])} left running"
+        f" ({sum(1 for j in data['left_running'] if j['cancel_error'])} could not be cancelled)",
         f"  submit lag (achieved - intended): median {lag['median']} s, p95 {lag['p95']} s,"
         f" max {lag['max']} s; wall {data['wall_s']} s",
     ]

@@ -52,6 +52,11 @@ POLL_INTERVAL_S = 0.5
 CONFIRM_TIMEOUT_S = 60.0
 """How long the runner follows the jobs it cancelled at the end before it reports the
 ones a site still shows pending or running as ``left_running``."""
+MAX_CANCEL_ATTEMPTS = 5
+"""How many times the runner asks a site to cancel one of its jobs at the end: once,
+then again after each poll that still shows it pending or running (a cancel that
+failed, or one the site has not acted on yet), so one transient site error does not
+leave a replayed job running until its time limit."""
 
 
 class AtEnd(enum.StrEnum):
@@ -71,6 +76,8 @@ class ReplayedJob:
     submitted_at: float | None = None  # runner clock, when the site accepted it
     state: JobState = JobState.SELECTED
     cancelled_by_replay: bool = False
+    cancel_attempts: int = 0
+    cancel_error: str | None = None  # the last cancel's error; None once one was accepted
 
     @property
     def live(self) -> bool:
@@ -97,7 +104,7 @@ class ReplayReport:
     refused: Mapping[str, int]
     submit_failed: Mapping[str, int]
     lost: int
-    left_running: tuple[tuple[str, str], ...]
+    left_running: tuple[ReplayedJob, ...]
     interrupted: str | None
     wall_s: float
     started: float
@@ -137,7 +144,10 @@ class ReplayReport:
             "cancelled": states[JobState.CANCELLED],
             "cancelled_by_replay": sum(1 for j in submitted if j.cancelled_by_replay),
             "lost": self.lost,
-            "left_running": [{"site": s, "job_id": i} for s, i in self.left_running],
+            "left_running": [
+                {"site": j.planned.site, "job_id": j.job_id, "cancel_error": j.cancel_error}
+                for j in self.left_running
+            ],
             "interrupted": self.interrupted,
             "wall_s": round(self.wall_s, 3),
             "lag_s": _spread(lags),
@@ -273,7 +283,7 @@ class ReplayRunner:
             refused=dict(self.refused),
             submit_failed=dict(self.submit_failed),
             lost=self.lost,
-            left_running=tuple((j.planned.site, str(j.job_id)) for j in self.jobs if j.live),
+            left_running=tuple(j for j in self.jobs if j.live),
             interrupted=self.interrupted,
             wall_s=self.clock() - started,
             started=started,
@@ -313,16 +323,16 @@ class ReplayRunner:
 
     def stop(self) -> None:
         """Submit nothing more, cancel every live job and follow them until the sites
-        show them ended (at most ``confirm_timeout_s``)."""
+        show them ended (at most ``confirm_timeout_s``), cancelling again after each
+        poll what is still live (at most ``MAX_CANCEL_ATTEMPTS`` times per job)."""
         self._next = len(self.jobs)
         self.poll()
-        for job in self.jobs:
-            if job.live:
-                self._cancel(job)
+        self._cancel_live()
         deadline = self.clock() + self.confirm_timeout_s
         while any(j.live for j in self.jobs) and self.clock() < deadline:
             self.sleep(self.poll_interval_s)
             self.poll()
+            self._cancel_live()
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -406,15 +416,24 @@ class ReplayRunner:
             return str(exc)
         return None
 
+    def _cancel_live(self) -> None:
+        for job in self.jobs:
+            if job.live and job.cancel_attempts < MAX_CANCEL_ATTEMPTS:
+                self._cancel(job)
+
     def _cancel(self, job: ReplayedJob) -> None:
         assert job.job_id is not None
+        job.cancel_attempts += 1
         try:
             self.adapter(job.planned.site).cancel(job.job_id)
         except GridError as exc:
+            job.cancel_error = str(exc)
             log.warning(
-                "replay: site %s: cancelling job %s failed: %s", job.planned.site, job.job_id, exc
-            )
+                "replay: site %s: cancelling job %s failed (attempt %d of %d): %s",
+                job.planned.site, job.job_id, job.cancel_attempts, MAX_CANCEL_ATTEMPTS, exc,
+            )  # fmt: skip
             return
+        job.cancel_error = None
         job.cancelled_by_replay = True
 
 

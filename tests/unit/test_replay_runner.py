@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from gridcore.engine.replay import AtEnd, ReplayRunner, replay_site
-from gridcore.errors import AnswerLost, RequestError, SiteRejected
+from gridcore.engine.replay import MAX_CANCEL_ATTEMPTS, AtEnd, ReplayRunner, replay_site
+from gridcore.errors import AnswerLost, RequestError, SiteRejected, SiteUnavailable
 from gridcore.model import JobResources, JobState, SiteKind, SiteSpec
 from gridcore.workloads.replay import (
     ReplaySettings,
@@ -135,6 +135,45 @@ def test_jobs_still_running_at_the_deadline_are_cancelled(grid: Grid) -> None:
     assert (data["cancelled"], data["cancelled_by_replay"], data["left_running"]) == (2, 2, [])
     assert 30.0 <= grid.clock.now - 1000.0 < 31.0
     assert sorted(grid.sites["a"].cancelled + grid.sites["b"].cancelled) == ["1", "1"]
+
+
+class CancelFails(FaultySite):
+    """Site a, whose cancel raises a site error the first ``failures`` times."""
+
+    def __init__(self, inner: FakeSite, failures: int) -> None:
+        super().__init__(inner)
+        self.failures = failures
+        self.cancel_calls = 0
+
+    def cancel(self, job_id: str) -> None:
+        self.cancel_calls += 1
+        if self.cancel_calls <= self.failures:
+            raise SiteUnavailable("a", "slurmrestd: connection reset")
+        self.inner.cancel(job_id)
+
+
+def test_a_cancel_that_failed_once_is_asked_again_after_the_next_poll(grid: Grid) -> None:
+    grid.runs_jobs = False
+    flaky = CancelFails(grid.sites["a"], failures=1)
+    runner = _runner(grid, [_job(1, 0)], site_map="*=a", at_end=AtEnd.CANCEL)
+    runner.adapter = {"a": flaky}.__getitem__
+    data = runner.run().as_json()
+    assert (data["cancelled_by_replay"], data["left_running"]) == (1, [])
+    assert flaky.cancel_calls == 2 and grid.sites["a"].cancelled == ["1"]
+
+
+def test_a_job_the_site_never_cancels_is_asked_a_bounded_number_of_times_and_reported(
+    grid: Grid,
+) -> None:
+    grid.runs_jobs = False
+    broken = CancelFails(grid.sites["a"], failures=1000)
+    runner = _runner(grid, [_job(1, 0)], site_map="*=a", at_end=AtEnd.CANCEL)
+    runner.adapter = {"a": broken}.__getitem__
+    report = runner.run()
+    assert not report.ok and broken.cancel_calls == MAX_CANCEL_ATTEMPTS
+    assert report.as_json()["left_running"] == [
+        {"site": "a", "job_id": "1", "cancel_error": "site a: slurmrestd: connection reset"}
+    ]
 
 
 def test_at_end_cancel_stops_once_the_last_job_is_submitted(grid: Grid) -> None:
