@@ -22,7 +22,6 @@ from typing import Any
 from gridcore.errors import ConfigError
 from gridcore.experiments.registry import Experiment, RunOptions, text_table
 from gridcore.experiments.selection import canonical_trace
-from gridcore.model import ASSUMED_RUNTIME_S
 from gridcore.policies.selection import DEFAULT_PROTOCOL, InsufficientMode, SelectionProtocol
 from gridcore.policies.wait_prediction import (
     DEFAULT_WAIT_MODEL,
@@ -37,6 +36,7 @@ from gridcore.sim.log_load import LoggedRunning
 from gridcore.sim.selection import StreamConfig, View, simulate_selection
 from gridcore.sim.workload import LocalJob, SimSite
 from gridcore.stats import half_width_95
+from gridcore.workloads.requested import RequestedTimes
 from gridcore.workloads.swf import iter_jobs, read_header
 
 WINDOWS = 30
@@ -135,19 +135,15 @@ def _partitions(path: str) -> list[LoggedCluster]:
 
 
 def _fill(cluster: LoggedCluster, jobs: Iterator[Any], mine: Any) -> None:
-    largest_requested: float | None = None
+    requested_times = RequestedTimes()  # fed the kept jobs only (docs/workloads.md)
     for job in jobs:
         if not mine(job):
             continue
-        requested = job.requested_s
-        if requested is None or requested <= 0:
-            requested = ASSUMED_RUNTIME_S if largest_requested is None else largest_requested
-        else:
-            largest_requested = max(largest_requested or 0.0, requested)
         size, run, wait = job.size, job.run_s, job.wait_s
         if size is None or run is None or wait is None or size > cluster.site.processors:
             cluster.left_out += 1
             continue
+        requested = requested_times.fill(job.requested_s)
         name = f"{cluster.site.name}#{job.number}"
         cluster.jobs.append(
             LoggedJob(name, job.submit_s, job.submit_s + wait, run, size, requested, job.user)

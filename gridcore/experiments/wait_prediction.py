@@ -19,7 +19,6 @@ import numpy as np
 
 from gridcore.errors import ConfigError
 from gridcore.experiments.registry import Experiment, RunOptions, text_table
-from gridcore.model import ASSUMED_RUNTIME_S
 from gridcore.policies.wait_prediction import (
     DEFAULT_WAIT_MODEL,
     WAIT_MODELS,
@@ -30,6 +29,7 @@ from gridcore.policies.wait_prediction import (
     WaitModel,
 )
 from gridcore.progress import progress
+from gridcore.workloads.requested import RequestedTimes
 from gridcore.workloads.swf import SwfJob, iter_jobs, read_header
 
 WAITED_S = 60.0
@@ -106,18 +106,12 @@ def load_workload(path: str, cluster: int | None = None) -> Workload:
 
 
 def _replay_jobs(logged: Sequence[SwfJob]) -> tuple[list[ReplayJob], int]:
-    """The jobs with their requested times, an unknown one (or not above 0) replaced by
-    the largest given before it, else :data:`~gridcore.model.ASSUMED_RUNTIME_S`."""
+    """The kept jobs with their requested times, an unknown one filled in by the
+    workloads' rule (:class:`~gridcore.workloads.requested.RequestedTimes`)."""
     jobs: list[ReplayJob] = []
-    largest: float | None = None
-    filled = 0
+    requested_times = RequestedTimes()
     for order, job in enumerate(logged):
-        requested = job.requested_s
-        if requested is None or requested <= 0:
-            requested = ASSUMED_RUNTIME_S if largest is None else largest
-            filled += 1
-        else:
-            largest = requested if largest is None else max(largest, requested)
+        requested = requested_times.fill(job.requested_s)
         start = job.submit_s + (job.wait_s or 0.0)
         user = job.user
         jobs.append(
@@ -132,7 +126,7 @@ def _replay_jobs(logged: Sequence[SwfJob]) -> tuple[list[ReplayJob], int]:
                 user,
             )
         )
-    return jobs, filled
+    return jobs, requested_times.filled
 
 
 @dataclass

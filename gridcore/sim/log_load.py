@@ -15,7 +15,6 @@ from __future__ import annotations
 import heapq
 import math
 import os
-import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -26,10 +25,9 @@ from gridcore.errors import ConfigError
 from gridcore.sim.cluster import Cluster, Owner, Queued, QueuePolicy
 from gridcore.sim.core import Simulator
 from gridcore.sim.workload import LocalJob, SimSite
+from gridcore.workloads.durations import DURATION_HINT, log_seconds
+from gridcore.workloads.requested import RequestedTimes
 from gridcore.workloads.swf import SwfJob, iter_jobs, read_header
-
-_UNITS = {"": 1.0, "s": 1.0, "h": 3600.0, "d": 86_400.0}
-_DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([shd]?)\s*")
 
 
 @dataclass(frozen=True)
@@ -170,6 +168,8 @@ def _log_jobs(
     index: int, load: LogLoad, sites: Sequence[SimSite], counts: LogCounts
 ) -> Iterator[LocalJob]:
     capacity = {site.name: site.processors for site in sites}
+    # one queue's de-facto limit per cluster, fed the jobs it replays (docs/workloads.md)
+    requested_times = {site.name: RequestedTimes() for site in sites}
     partitions = read_header(load.path).partitions or 1
     for logged in iter_jobs(load.path):
         if logged.submit_s < load.start_s:
@@ -191,7 +191,8 @@ def _log_jobs(
             counts.replayed += 1
             name = f"{index}:{load.label}#{logged.number}"
             at = load.sim_time(logged.submit_s)
-            yield LocalJob(name, site, at, run, size, logged.requested_s, logged.user)
+            requested = requested_times[site].fill(logged.requested_s)
+            yield LocalJob(name, site, at, run, size, requested, logged.user)
 
 
 def _site_of(
@@ -301,7 +302,7 @@ def parse_log_loads(
 ) -> tuple[LogLoad, ...]:
     """``--background LOG.swf[@SITE]`` (each), ``--background-window START:END``,
     ``--background-offset S``, ``--background-scale X``: times in seconds of the log,
-    or with a suffix ``s``, ``h`` (hours) or ``d`` (days); either end of the window may
+    or with a unit ``s``, ``m``, ``h`` or ``d``; either end of the window may
     be left out. Each file's header is read now (a missing or malformed file is refused
     before anything runs). Errors name the option."""
     if not specs:
@@ -323,13 +324,11 @@ def parse_log_loads(
 
 
 def parse_duration(text: str, option: str) -> float:
-    """``text`` in seconds: a number >= 0 with an optional unit ``s``, ``h`` or ``d``."""
-    match = _DURATION.fullmatch(text)
-    if match is None:
-        raise ConfigError(
-            f"{option}: {text!r} is not a time (seconds, or a number with s, h or d: 36h)"
-        )
-    return float(match.group(1)) * _UNITS[match.group(2)]
+    """``text`` in seconds (:func:`gridcore.workloads.durations.log_seconds`)."""
+    seconds = log_seconds(text)
+    if seconds is None:
+        raise ConfigError(f"{option}: {text!r} is not a time ({DURATION_HINT})")
+    return seconds
 
 
 def _window(window: str | None) -> tuple[float, float | None]:

@@ -32,13 +32,13 @@ from __future__ import annotations
 
 import enum
 import math
-import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from gridcore.errors import ConfigError
+from gridcore.workloads.durations import DURATION_HINT, log_seconds
 from gridcore.workloads.swf import SwfJob, SwfStatus
 
 DEFAULT_MAX_JOBS = 100
@@ -57,8 +57,6 @@ SLURM_LIMIT_STEP_S = 60
 _PARTIAL_LINES = frozenset(
     {SwfStatus.PARTIAL, SwfStatus.LAST_PARTIAL_COMPLETED, SwfStatus.LAST_PARTIAL_FAILED}
 )
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd]?)")
-_UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 class ReplayError(ConfigError):
@@ -384,13 +382,12 @@ def check_settings(speedup: float, max_jobs: int, max_duration_s: float) -> None
 
 
 def _log_seconds(text: str, part: str, whole: str) -> float:
-    match = _DURATION.fullmatch(text.strip())
-    if match is None:
+    seconds = log_seconds(text)
+    if seconds is None:
         raise ReplayError(
-            f"--window {whole!r}: {part} {text.strip()!r} is not a duration (seconds, or a"
-            " number with s, m, h or d)"
+            f"--window {whole!r}: {part} {text.strip()!r} is not a duration ({DURATION_HINT})"
         )
-    return float(match.group(1)) * _UNIT_S[match.group(2)]
+    return seconds
 
 
 def _seconds_text(seconds: float) -> str:

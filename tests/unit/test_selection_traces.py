@@ -48,6 +48,23 @@ def test_a_multi_cluster_log_gives_one_cluster_per_partition() -> None:
     assert all(c.site.name.startswith("two-clusters-p") for c in clusters)
 
 
+def test_an_unknown_requested_time_is_filled_from_the_kept_jobs_before_it(
+    tmp_path: Path,
+) -> None:
+    # job 1 is larger than the machine: left out, it lends no requested time to job 2
+    log = tmp_path / "four.swf"
+    log.write_text(
+        "; MaxProcs: 4\n"
+        "1 0 0 10 8 -1 -1 8 5000 -1 1 1 -1 -1 -1 -1 -1 -1\n"
+        "2 1 0 10 2 -1 -1 2   -1 -1 1 1 -1 -1 -1 -1 -1 -1\n"
+        "3 2 0 10 2 -1 -1 2  100 -1 1 1 -1 -1 -1 -1 -1 -1\n"
+        "4 3 0 10 2 -1 -1 2    0 -1 1 1 -1 -1 -1 -1 -1 -1\n"
+    )
+    (cluster,) = load_grid([str(log)])
+    assert cluster.left_out == 1
+    assert [j.requested_s for j in cluster.jobs] == [600.0, 100.0, 100.0]
+
+
 def test_windows_are_drawn_after_the_warm_up_and_reproduce() -> None:
     span = (1000.0, 2000.0)
     starts = window_starts(span, 30, seed=4)

@@ -72,8 +72,28 @@ def test_easy_backfills_only_what_keeps_the_head_s_reservation(six_jobs: str) ->
         "J5": 70.0,  # J3 ended; asks 20 s: ends by 90; overtakes J4 (which asks 200 s)
         "J2": 100.0,  # J1's requested end
         "J4": 150.0,
-        "J6": 150.0,  # no requested time: never backfilled
+        "J6": 150.0,  # no requested time: 200 s filled in (the largest before it)
     }
+
+
+def test_a_logged_requested_time_of_0_is_filled_in_not_taken_as_ending_now(
+    tmp_path: Path,
+) -> None:
+    # J3 asks for "0 s" and runs 500 s: taken literally it would end now, backfill at 20 s
+    # past the blocked J2 and hold J2 until 520. Filled in (100 s, the largest before
+    # it) it would overrun J2's reservation at 100 and needs a processor J2 needs.
+    path = tmp_path / "zero.swf"
+    path.write_text(
+        "; MaxProcs: 4\n"
+        "1  0  0 100 3 -1 -1 3 100 -1 1 1 -1 -1 -1 -1 -1 -1\n"
+        "2 10 90  50 4 -1 -1 4  60 -1 1 2 -1 -1 -1 -1 -1 -1\n"
+        "3 20 130 500 1 -1 -1 1   0 -1 1 3 -1 -1 -1 -1 -1 -1\n"
+    )
+    (load,) = parse_log_loads([f"{path}@m"])
+    assert [j.requested_s for j in LogReplay((load,)).jobs([SimSite("m", 4)])] == [
+        100.0, 60.0, 100.0,
+    ]  # fmt: skip
+    assert _starts(str(path), QueuePolicy.EASY) == {"J1": 0.0, "J2": 100.0, "J3": 150.0}
 
 
 def test_fifo_starts_nothing_past_the_head(six_jobs: str) -> None:
@@ -123,6 +143,11 @@ def test_window_offset_and_scale_map_log_time_to_simulated_time(six_jobs: str) -
     assert [(j.name[-1], j.submit_s) for j in jobs] == [("3", -5.0), ("4", 0.0), ("5", 5.0)]
     assert LogReplay((load,)).start_s == -5.0  # the window starts before the offset: warm-up
     assert [j.requested_s for j in jobs] == [60.0, 200.0, 20.0]
+
+
+def test_background_times_take_minutes_as_replay_s_window_does(six_jobs: str) -> None:
+    (load,) = parse_log_loads([six_jobs + "@m"], "0.25m:1.5m", "0.5m")
+    assert (load.start_s, load.end_s, load.offset_s) == (15.0, 90.0, 30.0)
 
 
 def test_partitions_go_to_the_sites_in_order_and_a_single_partition_log_to_the_first() -> None:
@@ -196,6 +221,7 @@ def test_a_long_log_replays_in_bounded_memory(tmp_path: Path) -> None:
         (["--background", "{log}", "--background-window", "5h"], "--background-window"),
         (["--background", "{log}", "--background-window", "10h:5h"], "--background-window"),
         (["--background", "{log}", "--background-offset", "soon"], "--background-offset"),
+        (["--background", "{log}", "--background-offset", "1w"], "--background-offset"),
         (["--background", "{log}", "--background-scale", "0"], "--background-scale"),
         (["--background-window", "0:5h"], "--background-window"),
         (["--background", "{bad}"], "bad.swf:2"),
