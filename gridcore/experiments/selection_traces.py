@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import copy
 import heapq
+import math
 import random
 import statistics
 from collections.abc import Iterator, Mapping, Sequence
@@ -347,10 +348,15 @@ def _stats(values: Sequence[float]) -> dict[str, float]:
 
 
 def _quantile(ordered: Sequence[float], q: float) -> float:
-    """Linear interpolation between order statistics (numpy's default)."""
+    """Linear interpolation between order statistics (numpy's default); infinite when
+    it reaches an infinite one (a job that never started)."""
     position = q * (len(ordered) - 1)
     low = int(position)
     high = min(low + 1, len(ordered) - 1)
+    if position == low:
+        return ordered[low]
+    if math.isinf(ordered[high]):
+        return math.inf
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
@@ -367,30 +373,44 @@ def _protocol_figures(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def _vjm_figures(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Per wait model, VJM's co-allocation times over every window, a job that never
+    started counted as infinite (so the hard windows are not dropped); an infinite
+    figure is ``None`` (JSON null), and so are the mean and its interval when any job
+    never started."""
     figures: dict[str, Any] = {}
     for name in WAIT_MODELS:
         times = [row["coallocation_s"][name] for row in rows]
-        started = [t for t in times if t is not None]
+        never = sum(1 for t in times if t is None)
         figures[name] = {
-            "coallocation_s": _stats(started) if started else {},
-            "never_started": len(times) - len(started),
+            "coallocation_s": _stats(times) if not never else _with_infinite(times),
+            "never_started": never,
         }
     return figures
+
+
+def _with_infinite(times: Sequence[float | None]) -> dict[str, float | None]:
+    ordered = sorted(math.inf if t is None else t for t in times)
+    median, p90 = statistics.median(ordered), _quantile(ordered, 0.9)
+    return {
+        "median": None if math.isinf(median) else median,
+        "p90": None if math.isinf(p90) else p90,
+        "mean": None,
+        "halfwidth_95": None,
+    }
 
 
 def _done(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     protocols = _protocol_figures(rows)
     vjm = _vjm_figures(rows)
-    default_vjm = vjm[DEFAULT_WAIT_MODEL]["coallocation_s"].get("median")
-    eq1_vjm = vjm["eq1"]["coallocation_s"].get("median")
+    default_vjm = vjm[DEFAULT_WAIT_MODEL]["coallocation_s"]["median"]  # None: infinite
+    eq1_vjm = vjm["eq1"]["coallocation_s"]["median"]
     return {
         "done_when": {
             "default_over_naive_median_le_0_7": protocols[DEFAULT]["ratio_to_naive"]["median"]
             <= 0.7,
             "default_over_peer_median_le_1": protocols[DEFAULT]["ratio_to_peer"]["median"] <= 1.0,
             "vjm_default_model_median_le_eq1": default_vjm is not None
-            and eq1_vjm is not None
-            and default_vjm <= eq1_vjm,
+            and (eq1_vjm is None or default_vjm <= eq1_vjm),
         }
     }
 
@@ -407,14 +427,19 @@ def selection_traces_table(result: Mapping[str, Any]) -> str:
         ],
     )  # fmt: skip
     vjm = text_table(
-        [("VJM wait model", "<20"), ("co-alloc median s", ">17.0f"), ("p90 s", ">9.0f")],
+        [("VJM wait model", "<20"), ("co-alloc median s", ">17.0f"), ("p90 s", ">9.0f"),
+         ("never started", ">13d")],
         [
-            (name, f["coallocation_s"].get("median", float("nan")),
-             f["coallocation_s"].get("p90", float("nan")))
+            (name, _or_inf(f["coallocation_s"]["median"]), _or_inf(f["coallocation_s"]["p90"]),
+             f["never_started"])
             for name, f in result["vjm"].items()
         ],
     )  # fmt: skip
     return f"{protocols}\n\n{vjm}"
+
+
+def _or_inf(figure: float | None) -> float:
+    return math.inf if figure is None else figure
 
 
 def plot_selection_traces(result: Mapping[str, Any], path: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 import random
 from pathlib import Path
@@ -12,6 +13,8 @@ from gridcore.cli import main
 from gridcore.experiments.selection_traces import (
     LogAt,
     WarmModels,
+    _done,
+    _vjm_figures,
     _window,
     common_span,
     load_grid,
@@ -118,6 +121,34 @@ def test_the_experiment_runs_on_the_shipped_heads_with_the_fixed_keys() -> None:
     for model in ("eq1", "eq_w", "backfill", "qbets", "predicted_backfill"):
         assert set(result["vjm"][model]["coallocation_s"]) >= {"median", "p90"}
     assert len(result["per_window"]) == 2
+
+
+def test_a_vjm_job_that_never_started_counts_as_infinite_not_as_absent() -> None:
+    # five windows; eq1's job started in two: over started jobs only its median would be
+    # 150 s and it would beat every model that started in the hard windows
+    times = {
+        "eq1": [100.0, 200.0, None, None, None],
+        "eq_w": [100.0, 200.0, 300.0, 400.0, None],
+        "backfill": [100.0, 200.0, 300.0, 400.0, 500.0],
+        "qbets": [None] * 5,
+        "predicted_backfill": [150.0, 250.0, 350.0, 450.0, 550.0],
+    }
+    rows = [{"coallocation_s": {m: t[k] for m, t in times.items()}} for k in range(5)]
+    vjm = _vjm_figures(rows)
+    assert vjm["eq1"] == {
+        "coallocation_s": {"median": None, "p90": None, "mean": None, "halfwidth_95": None},
+        "never_started": 3,
+    }
+    assert (vjm["eq_w"]["coallocation_s"]["median"], vjm["eq_w"]["never_started"]) == (300.0, 1)
+    assert vjm["eq_w"]["coallocation_s"]["p90"] is None  # between 400 s and never: never
+    assert vjm["backfill"]["coallocation_s"]["p90"] == pytest.approx(460.0)
+    assert vjm["qbets"]["never_started"] == 5
+    json.dumps(vjm, allow_nan=False)  # no Infinity in the JSON
+    protocol = {"completion_s": {"naive": 2.0, "default": 1.0, "sbatch-m": 1.0}}
+    # the default model (350 s) beats eq1 (never, in most windows)
+    assert _done([{**row, **protocol} for row in rows])["done_when"][
+        "vjm_default_model_median_le_eq1"
+    ]
 
 
 def test_traces_are_required_and_windows_at_least_two(
