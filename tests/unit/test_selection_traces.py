@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import pickle
 import random
+from collections import deque
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gridcore.cli import main
 from gridcore.experiments.selection_traces import (
     LogAt,
+    LoggedCluster,
     WarmModels,
     _done,
     _vjm_figures,
@@ -23,6 +26,7 @@ from gridcore.experiments.selection_traces import (
 )
 from gridcore.model import JobRequest, SiteSnapshot
 from gridcore.policies.coreservation import ClusterView, QueueStats, select_clusters
+from gridcore.policies.queue_stats import WINDOW, QueueRecord
 from gridcore.policies.selection import SelectionProtocol, select_site
 from gridcore.policies.transfer import free_bandwidth
 from gridcore.policies.wait_prediction import WaitForecast
@@ -91,11 +95,42 @@ def test_the_log_at_an_instant_shows_its_running_and_queued_jobs_then() -> None:
 
 
 def test_warm_models_know_only_the_past_and_give_copies() -> None:
-    warm = WarmModels(load_grid(HEADS))
+    clusters = load_grid(HEADS)
+    warm = WarmModels(clusters)
     early = warm.at(650_000.0)
     late = warm.at(750_000.0)
     model = early["predicted_backfill"]["kth-sp2-head"]
     assert model is not late["predicted_backfill"]["kth-sp2-head"]
+    learned = 0
+    for t0, models in ((650_000.0, early), (750_000.0, late)):
+        learned = sum(
+            _assert_learned_exactly_the_log_before(cluster, t0, models, cluster.site.name)
+            for cluster in clusters
+        )
+    assert warm._next == learned  # every start and end before 750,000 s, once, no more
+
+
+def _assert_learned_exactly_the_log_before(
+    cluster: LoggedCluster, t0: float, models: dict[str, dict[str, Any]], site: str
+) -> int:
+    """Eq. 1 holds the last WINDOW logged starts before t0 (the newest start before t0
+    last), Eq. W the waits of the jobs started and not ended before t0, and Tsafrir's
+    history each user's last two run times of the jobs that ended before t0: nothing at
+    or after t0. Returns how many starts and ends that is."""
+    started = sorted((j for j in cluster.jobs if j.start_s < t0), key=lambda j: j.start_s)
+    ended = sorted((j for j in cluster.jobs if j.end_s < t0), key=lambda j: j.end_s)
+    assert started and ended and any(j.start_s >= t0 for j in cluster.jobs)
+    eq1 = models["eq1"][site]
+    assert list(eq1._started) == [QueueRecord(j.submit_s, j.start_s) for j in started[-WINDOW:]]
+    assert eq1._started[-1].started_at < t0
+    running = {j.name for j in started if not j.end_s < t0}
+    assert set(models["eq_w"][site]._waits) == running and running
+    recent: dict[int, deque[float]] = {}
+    for job in ended:
+        if job.user is not None:
+            recent.setdefault(job.user, deque(maxlen=2)).append(job.end_s - job.start_s)
+    assert models["predicted_backfill"][site].runtimes._recent == recent
+    return len(started) + len(ended)
 
 
 def test_a_window_leaves_the_warm_models_it_is_given_as_they_were() -> None:
