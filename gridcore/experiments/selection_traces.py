@@ -91,15 +91,17 @@ class LoggedJob:
 
 @dataclass
 class LoggedCluster:
-    """A cluster and its log's jobs in submit order."""
+    """A cluster and its log's jobs in submit order (:meth:`add`), with their submit
+    times beside, kept once for every window's cut (:class:`LogAt`)."""
 
     site: SimSite
     jobs: list[LoggedJob] = field(default_factory=list)
+    submits: list[float] = field(default_factory=list)
     left_out: int = 0
 
-    @property
-    def submits(self) -> list[float]:
-        return [job.submit_s for job in self.jobs]
+    def add(self, job: LoggedJob) -> None:
+        self.jobs.append(job)
+        self.submits.append(job.submit_s)
 
 
 def load_grid(paths: Sequence[str]) -> list[LoggedCluster]:
@@ -146,7 +148,7 @@ def _fill(cluster: LoggedCluster, jobs: Iterator[Any], mine: Any) -> None:
             continue
         requested = requested_times.fill(job.requested_s)
         name = f"{cluster.site.name}#{job.number}"
-        cluster.jobs.append(
+        cluster.add(
             LoggedJob(name, job.submit_s, job.submit_s + wait, run, size, requested, job.user)
         )
 

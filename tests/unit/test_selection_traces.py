@@ -49,6 +49,12 @@ def test_the_grid_is_one_cluster_per_log_of_its_max_procs_and_the_span_is_common
     assert common_span(clusters) == (599850.0, 790585.0)
 
 
+def test_the_submit_times_windows_cut_at_are_kept_once_not_rebuilt_per_window() -> None:
+    for cluster in load_grid(HEADS):
+        assert cluster.submits is cluster.submits
+        assert cluster.submits == [job.submit_s for job in cluster.jobs]
+
+
 def test_a_multi_cluster_log_gives_one_cluster_per_partition() -> None:
     clusters = load_grid([str(SWF / "two-clusters.swf")])
     assert len(clusters) == 2
