@@ -21,6 +21,7 @@ from gridcore.experiments.wait_prediction import (
 )
 from gridcore.policies.wait_prediction import (
     DEFAULT_WAIT_MODEL,
+    ORDER_STATISTIC_CACHE,
     WAIT_MODELS,
     PredictedBackfillModel,
     QbetsModel,
@@ -170,6 +171,12 @@ def test_binomial_order_statistic_equals_the_direct_sum() -> None:
 def test_a_long_history_does_not_underflow() -> None:
     k = order_statistic(50_000)
     assert k is not None and 0.95 * 50_000 < k < 0.955 * 50_000
+
+
+def test_the_order_statistic_cache_is_bounded() -> None:
+    for i in range(ORDER_STATISTIC_CACHE + 100):  # more distinct questions than it keeps
+        assert order_statistic(20, 0.5 + i * 1e-7, 0.9) == 14
+    assert order_statistic.cache_info().currsize <= ORDER_STATISTIC_CACHE
 
 
 def test_change_point_run_is_the_least_run_below_one_percent() -> None:
