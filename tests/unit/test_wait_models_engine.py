@@ -202,6 +202,25 @@ def test_a_job_without_a_time_limit_makes_the_queue_unplannable() -> None:
     assert never.unusable_because == "no observation stored yet"
 
 
+def test_a_queue_too_long_to_plan_on_every_decision_falls_back_and_says_why() -> None:
+    # a plan costs about the square of the queue (2.3 s for 10,000 jobs), inside the
+    # decision's transaction: beyond MAX_QUEUED the site decides by Eq. W
+    many = wait_models.MAX_QUEUED
+    jobs = [job("r", 1, R, started=NOW - 10)] + [
+        job(str(i), 1, P, submitted=NOW - 5) for i in range(many)
+    ]
+    queue = wait_models.decode_queue("a", NOW, wait_models.encode_queue(
+        SiteObservation("a", 8, 0, tuple(jobs), NOW), set()
+    ))  # fmt: skip
+    assert queue.unusable_because == (
+        f"1 running and {many} queued jobs > {many} (too long a queue to plan on every decision)"
+    )
+    fits = wait_models.decode_queue("a", NOW, wait_models.encode_queue(
+        SiteObservation("a", 8, 0, tuple(jobs[:-1]), NOW), set()
+    ))  # fmt: skip
+    assert fits.unusable_because == ""
+
+
 # -- the model: trained on the history, reused until a newer observation ---------------------
 
 
