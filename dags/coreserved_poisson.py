@@ -1,8 +1,10 @@
 """Co-reserved 2-D Poisson: one Jacobi solve whose ranks start together inside pilots
 (VJM virtual jobs) that co-reserved processors on several clusters.
 
-``processors / vj_size`` pilots go to the clusters with the smallest expected wait (VJM
-Eq. 1, from each site's queue history; at most ``max_clusters`` clusters); each pilot
+``processors / vj_size`` pilots go to the clusters with the smallest expected wait (the
+default wait model over each site's observed queue and history, VJM Eq. 1 where a site
+has not given what it needs: docs/coreservation.md; at most ``max_clusters`` clusters);
+each pilot
 queues like an ordinary job, registers with the VJ center when its site starts it, and
 holds its processors; when every pilot holds, the solver is dispatched to all of them at
 once, one strip per pilot (``gridcore.apps.poisson``: the strips exchange boundary
@@ -10,9 +12,8 @@ columns over TCP every sweep, so all ranks must run together).
 
 Params: ``n``, ``iterations``, ``processors``, ``vj_size`` (processors per pilot = per
 strip), ``max_clusters`` (M), ``sites`` (candidate clusters; empty: all). On the
-embedded local sites a cold grid spreads the pilots (Eq. 1's ``dt * VJ_seq`` grows with
-each pilot a cluster gets); on the Slurm grid the selection follows the clusters'
-observed waits.
+embedded local sites the default 6 processors fit idle ``local-a`` (8) whole, where the
+wait model forecasts every pilot starting at once; more than 8 span clusters.
 
 The ``check`` task reassembles the strips and compares them with the single-process
 solve (bit-identical by construction) and fails above ``MAX_ABS_DIFF``.
