@@ -63,7 +63,11 @@ def test_a_decisions_reason_cites_the_models_forecast_and_slurms_estimate(
     )
     cluster = next(c for c in slurm_grid.clusters if c.name == SITE)
     gamma = slurm_sites[SITE]
-    _until(lambda: not gamma.observe().jobs, what=f"{SITE}'s queue empty")
+    # no live job (earlier tests' finished jobs stay listed for Slurm's MinJobAge)
+    _until(
+        lambda: not [j for j in gamma.observe().jobs if not j.state.finished],
+        what=f"{SITE}'s queue empty",
+    )
     # the other user's jobs run here: not under tmp_path, whose parents only we may enter
     workdir = Path(tempfile.mkdtemp(prefix="gridcore-wm-"))
     workdir.chmod(0o777)
