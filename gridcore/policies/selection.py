@@ -88,7 +88,7 @@ def _choose_among(
     if not estimates:
         return SiteSelection(None, Outcome.NO_FIT, protocol.value, mode.value, tuple(reasons))
     if protocol is SelectionProtocol.RANDOM:
-        chosen = rng.choice(estimates)
+        chosen = _draw(estimates, rng)
         reasons.append(f"random protocol picked {chosen.site}")
         return _decision(chosen, estimates, protocol, mode, reasons)
     if protocol is SelectionProtocol.EARLIEST_COMPLETION:
@@ -317,12 +317,19 @@ def _insufficient(
     rng: random.Random,
 ) -> SiteEstimate:
     if mode is InsufficientMode.RANDOM:
-        return rng.choice(list(estimates))
+        return _draw(estimates, rng)
     if mode is InsufficientMode.BEST:
         # "the resource with the largest number of idle CPUs, even if that number is
         # negative because multiple jobs have been dispatched to it" (Sec. 4).
         return min(estimates, key=lambda e: (-e.effective_idle, e.completion_s, e.site))
     return min(estimates, key=lambda e: (e.completion_s, -e.effective_idle, e.site))
+
+
+def _draw(estimates: Sequence[SiteEstimate], rng: random.Random) -> SiteEstimate:
+    """A uniform draw among ``estimates`` in site-name order, so that the same ``rng``
+    picks the same site whatever order the sites are listed in (the other choices break
+    ties by name too): a grid listed in another order decides the same."""
+    return rng.choice(sorted(estimates, key=lambda e: e.site))
 
 
 def _decision(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import Counter
 from dataclasses import replace
@@ -208,6 +209,23 @@ def test_insufficient_random_draws_from_the_injected_rng_only() -> None:
         for s in range(40)
     ]
     assert runs == again
+
+
+def test_a_random_choice_picks_the_same_site_whatever_order_the_sites_are_listed_in() -> None:
+    # The same seed drew a different site when the grid was listed in another order
+    # (rng.choice over the listed order): selection-traces' naive figures changed with
+    # the order of --traces.
+    full = [SiteSnapshot(n, 4, 0) for n in "abcd"]
+    for protocol, mode in (
+        (SelectionProtocol.NAIVE, InsufficientMode.RANDOM),
+        (SelectionProtocol.RANDOM, InsufficientMode.BEST),
+    ):
+        for seed in range(20):
+            picks = {
+                pick(JobRequest("j", 4), list(order), protocol, mode, seed).site
+                for order in itertools.permutations(full)
+            }
+            assert len(picks) == 1, (protocol, seed, picks)
 
 
 def test_random_protocol_ignores_room() -> None:
