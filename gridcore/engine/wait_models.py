@@ -58,11 +58,14 @@ from gridcore.policies.selection import expected_runtime
 from gridcore.policies.wait_prediction import (
     DEFAULT_WAIT_MODEL,
     WAIT_MODELS,
+    PastJob,
     QueuedJob,
     QueueView,
     RunningJob,
     WaitForecast,
     WaitModel,
+    history_events,
+    learn_event,
 )
 from gridcore.state.schema import queue_waits, sites
 
@@ -263,21 +266,13 @@ class WaitBook:
                 queue_waits.c.ended_at,
             ).where(queue_waits.c.site == site, queue_waits.c.started_at.is_not(None))
         ).all()
-        events: list[tuple[float, int, str, Any]] = []
-        for row in rows:
-            events.append((row.started_at, 1, row.site_job_id, row))
-            if row.ended_at is not None:
-                events.append((row.ended_at, 0, row.site_job_id, row))
-        events.sort(key=lambda e: (e[0], e[1], e[3].submitted_at, e[2]))  # ends first
-        for _, kind, job_id, row in events:
-            limit = row.time_limit_s or 0.0
-            processors = row.processors or 1
-            if kind:
-                job = QueuedJob(job_id, processors, row.submitted_at, limit, row.owner)
-                model.observe_start(job, row.submitted_at, row.started_at)
-            else:
-                ran = RunningJob(job_id, processors, row.started_at, limit, row.owner)
-                model.observe_end(ran, row.started_at, row.ended_at)
+        jobs = (
+            PastJob(row.site_job_id, row.processors or 1, row.submitted_at, row.started_at,
+                    row.time_limit_s or 0.0, row.owner, row.ended_at)
+            for row in rows
+        )  # fmt: skip
+        for _, is_start, job in history_events(jobs):
+            learn_event((model,), is_start, job)
         self.builds += 1
         return model, len(rows)
 

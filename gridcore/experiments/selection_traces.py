@@ -27,9 +27,10 @@ from gridcore.policies.selection import DEFAULT_PROTOCOL, InsufficientMode, Sele
 from gridcore.policies.wait_prediction import (
     DEFAULT_WAIT_MODEL,
     WAIT_MODELS,
-    QueuedJob,
-    RunningJob,
+    PastJob,
     WaitModel,
+    history_events,
+    learn_event,
 )
 from gridcore.progress import progress
 from gridcore.sim.coreservation import ParallelJob, VjmCluster, VjmParams, simulate_vjm
@@ -227,29 +228,30 @@ class WarmModels:
             c.site.name: {name: factory() for name, factory in WAIT_MODELS.items()}
             for c in clusters
         }
-        events = []
-        for c in clusters:
-            for job in c.jobs:
-                events.append((job.start_s, 1, c.site.name, job))
-                events.append((job.end_s, 0, c.site.name, job))
-        events.sort(key=lambda e: (e[0], e[1]))
-        self._events = events
-        self._next = 0
+        self._events = {
+            c.site.name: history_events(
+                PastJob(job.name, job.processors, job.submit_s, job.start_s, job.requested_s,
+                        job.user, job.end_s)
+                for job in c.jobs
+            )
+            for c in clusters
+        }  # fmt: skip
+        self._next = dict.fromkeys(self._events, 0)
+
+    @property
+    def fed(self) -> int:
+        """Events told to the models so far (each cluster's starts and ends before the
+        latest instant asked)."""
+        return sum(self._next.values())
 
     def at(self, t0: float) -> dict[str, dict[str, WaitModel]]:
         """model name -> cluster -> a copy of the model knowing the past of ``t0``."""
-        while self._next < len(self._events) and self._events[self._next][0] < t0:
-            at, kind, site, job = self._events[self._next]
-            self._next += 1
-            for model in self._models[site].values():
-                if kind:
-                    queued = QueuedJob(job.name, job.processors, job.submit_s, job.requested_s,
-                                       job.user)  # fmt: skip
-                    model.observe_start(queued, job.submit_s, at)
-                else:
-                    running = RunningJob(job.name, job.processors, job.start_s, job.requested_s,
-                                         job.user)  # fmt: skip
-                    model.observe_end(running, job.start_s, at)
+        for site, events in self._events.items():
+            models = self._models[site].values()
+            while self._next[site] < len(events) and events[self._next[site]][0] < t0:
+                _, is_start, job = events[self._next[site]]
+                self._next[site] += 1
+                learn_event(models, is_start, job)
         return {
             name: {site: copy.deepcopy(models[name]) for site, models in self._models.items()}
             for name in WAIT_MODELS

@@ -153,6 +153,45 @@ class WaitModel(Protocol):
     def observe_end(self, job: RunningJob, started_at: float, ended_at: float) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class PastJob:
+    """A job a cluster's history shows: started (and, unless ``ended_at`` is ``None``,
+    ended); what :func:`learn_history` feeds a model."""
+
+    job_id: Hashable
+    processors: int
+    submitted_at: float
+    started_at: float
+    requested_s: float
+    user: int | str | None = None
+    ended_at: float | None = None
+
+
+def history_events(jobs: Iterable[PastJob]) -> list[tuple[float, bool, PastJob]]:
+    """Each job's start and end as ``(at, is_start, job)`` in the order a model must hear
+    them: by time; at one instant ends before starts (the processors are free first),
+    then by submission and id."""
+    events: list[tuple[float, bool, PastJob]] = []
+    for job in jobs:
+        events.append((job.started_at, True, job))
+        if job.ended_at is not None:
+            events.append((job.ended_at, False, job))
+    events.sort(key=lambda e: (e[0], e[1], e[2].submitted_at, str(e[2].job_id)))
+    return events
+
+
+def learn_event(models: Iterable[WaitModel], is_start: bool, job: PastJob) -> None:
+    """Tell ``models`` of one :func:`history_events` event."""
+    if is_start:
+        queued = QueuedJob(job.job_id, job.processors, job.submitted_at, job.requested_s, job.user)
+        for model in models:
+            model.observe_start(queued, job.submitted_at, job.started_at)
+    else:
+        running = RunningJob(job.job_id, job.processors, job.started_at, job.requested_s, job.user)
+        for model in models:
+            model.observe_end(running, job.started_at, job.ended_at or job.started_at)
+
+
 # -- conservative backfill planning ---------------------------------------------------------
 
 

@@ -113,7 +113,7 @@ def test_warm_models_know_only_the_past_and_give_copies() -> None:
             _assert_learned_exactly_the_log_before(cluster, t0, models, cluster.site.name)
             for cluster in clusters
         )
-    assert warm._next == learned  # every start and end before 750,000 s, once, no more
+    assert warm.fed == learned  # every start and end before 750,000 s, once, no more
 
 
 def _assert_learned_exactly_the_log_before(
