@@ -80,21 +80,22 @@ class Workload:
 def load_workload(path: str, cluster: int | None = None) -> Workload:
     """Read ``path`` (partition ``cluster`` only, if given) into a :class:`Workload`."""
     header = read_header(path)
-    logged = list(iter_jobs(path, partition=cluster))
-    skipped = {"unknown_wait": 0, "unknown_run_time": 0, "unknown_size": 0}
+    return _workload(list(iter_jobs(path, partition=cluster)), header.max_procs, cluster)
+
+
+def _workload(logged: Sequence[SwfJob], max_procs: int | None, cluster: int | None) -> Workload:
+    """The :class:`Workload` of ``logged`` (the log's jobs, or partition ``cluster``'s, in
+    file order) under the skip rules of docs/wait-prediction.md."""
+    skipped = dict.fromkeys(("unknown_wait", "unknown_run_time", "unknown_size"), 0)
     kept: list[SwfJob] = []
     for job in logged:
-        size = job.size
-        if job.wait_s is None:
-            skipped["unknown_wait"] += 1
-        elif job.run_s is None:
-            skipped["unknown_run_time"] += 1
-        elif size is None or size <= 0:
-            skipped["unknown_size"] += 1
-        else:
+        reason = _skip_reason(job)
+        if reason is None:
             kept.append(job)
-    if cluster is None and header.max_procs is not None:
-        processors, source = header.max_procs, "MaxProcs"
+        else:
+            skipped[reason] += 1
+    if cluster is None and max_procs is not None:
+        processors, source = max_procs, "MaxProcs"
     else:
         processors = max((job.size or 0 for job in kept), default=0)
         source = "largest job" + ("" if cluster is None else f" of partition {cluster}")
@@ -103,6 +104,27 @@ def load_workload(path: str, cluster: int | None = None) -> Workload:
     fitting.sort(key=lambda job: (job.submit_s, job.number))
     jobs, filled = _replay_jobs(fitting)
     return Workload(tuple(jobs), processors, source, skipped, filled)
+
+
+def _skip_reason(job: SwfJob) -> str | None:
+    """Why the replay skips ``job`` for an unknown field (its ``skipped`` key), or
+    ``None`` when it keeps it (docs/wait-prediction.md, "The replay")."""
+    if job.wait_s is None:
+        return "unknown_wait"
+    if job.run_s is None:
+        return "unknown_run_time"
+    size = job.size
+    if size is None or size <= 0:
+        return "unknown_size"
+    return None
+
+
+def kept_partitions(logged: Sequence[SwfJob]) -> list[int]:
+    """The partition numbers (field 16) of the jobs the skip rules keep, in order: more
+    than one is a multi-cluster log, replayed one partition at a time."""
+    return sorted(
+        {job.partition for job in logged if job.partition is not None and _skip_reason(job) is None}
+    )
 
 
 def _replay_jobs(logged: Sequence[SwfJob]) -> tuple[list[ReplayJob], int]:
@@ -193,33 +215,24 @@ def _run_replay(
 
 
 def wait_prediction_experiment(path: str, cluster: int | None = None) -> dict[str, Any]:
-    """The figures of ``gridcore experiment wait-prediction`` (module docstring)."""
-    workload = load_workload(path, cluster)
+    """The figures of ``gridcore experiment wait-prediction`` (module docstring). Without
+    ``cluster``, a log whose kept jobs carry several partition numbers is replayed one
+    partition at a time and pooled (:func:`_partitions_experiment`)."""
+    header = read_header(path)
+    logged = list(iter_jobs(path, partition=cluster))
+    if cluster is None:
+        numbers = kept_partitions(logged)
+        if len(numbers) > 1:
+            return _partitions_experiment(path, logged, header.max_procs)
+    workload = _workload(logged, header.max_procs, cluster)
     if not workload.jobs:
         raise ConfigError(f"{path}: no job to replay (skipped: {dict(workload.skipped)})")
-    models = {name: factory() for name, factory in WAIT_MODELS.items()}
-    forecasts, cpu_s = replay(workload, models)
+    forecasts, cpu_s = _replay_fresh(workload)
     actual = np.array([job.wait_s for job in workload.jobs])
     waited = actual > WAITED_S
-    predictors: dict[str, Any] = {}
-    count = len(workload.jobs)
-    for name, answers in forecasts.items():
-        point = np.array([a.wait_s for a in answers])
-        bound = np.array([math.inf if a.bound_s is None else a.bound_s for a in answers])
-        has_bound = any(a.confidence is not None for a in answers)
-        s_per_1000 = cpu_s[name] / count * 1000.0
-        predictors[name] = {
-            "all": metrics(point, actual, bound if has_bound else None),
-            "waited": metrics(point[waited], actual[waited], bound[waited] if has_bound else None),
-            "s_per_1000": s_per_1000,
-        }
-    reference = predictors[REFERENCE]["s_per_1000"]
-    for figures in predictors.values():
-        figures[f"s_per_1000_over_{REFERENCE}"] = (
-            figures["s_per_1000"] / reference if reference > 0 else None
-        )
+    predictors = _predictor_figures(forecasts, actual, cpu_s)
     return {
-        "jobs": count,
+        "jobs": len(workload.jobs),
         "default": DEFAULT_WAIT_MODEL,
         "skipped": dict(workload.skipped),
         "predictors": predictors,
@@ -231,6 +244,100 @@ def wait_prediction_experiment(path: str, cluster: int | None = None) -> dict[st
             "requested_time_filled": workload.requested_time_filled,
             "waited": int(waited.sum()),
         },
+        "done_when": done_when(predictors),
+    }
+
+
+def _replay_fresh(
+    workload: Workload,
+) -> tuple[dict[str, list[WaitForecast]], dict[str, float]]:
+    """:func:`replay` with a fresh model of every :data:`WAIT_MODELS` entry."""
+    return replay(workload, {name: factory() for name, factory in WAIT_MODELS.items()})
+
+
+def _predictor_figures(
+    forecasts: Mapping[str, Sequence[WaitForecast]],
+    actual: np.ndarray,
+    cpu_s: Mapping[str, float] | None,
+) -> dict[str, Any]:
+    """Per model, :func:`metrics` of all and of the waited jobs; with ``cpu_s``, its CPU
+    seconds per 1,000 forecasts and their ratio to :data:`REFERENCE`'s."""
+    waited = actual > WAITED_S
+    predictors: dict[str, Any] = {}
+    for name, answers in forecasts.items():
+        point = np.array([a.wait_s for a in answers])
+        bound = np.array([math.inf if a.bound_s is None else a.bound_s for a in answers])
+        has_bound = any(a.confidence is not None for a in answers)
+        predictors[name] = {
+            "all": metrics(point, actual, bound if has_bound else None),
+            "waited": metrics(point[waited], actual[waited], bound[waited] if has_bound else None),
+        }
+        if cpu_s is not None:
+            predictors[name]["s_per_1000"] = cpu_s[name] / actual.size * 1000.0
+    if cpu_s is not None:
+        reference = predictors[REFERENCE]["s_per_1000"]
+        for figures in predictors.values():
+            figures[f"s_per_1000_over_{REFERENCE}"] = (
+                figures["s_per_1000"] / reference if reference > 0 else None
+            )
+    return predictors
+
+
+def _partitions_experiment(
+    path: str, logged: Sequence[SwfJob], max_procs: int | None
+) -> dict[str, Any]:
+    """A multi-cluster log without ``--cluster``: each partition replayed on its own, as
+    ``--cluster N`` does (its own machine and queue, fresh models), the figures pooled
+    over all partitions' jobs and given per partition under ``partitions``; jobs with no
+    partition are skipped (docs/wait-prediction.md, "Running it")."""
+    skipped: dict[str, int] = {}
+    forecasts: dict[str, list[WaitForecast]] = {name: [] for name in WAIT_MODELS}
+    cpu_s = dict.fromkeys(WAIT_MODELS, 0.0)
+    actual: list[np.ndarray] = []
+    partitions: dict[str, Any] = {}
+    processors = filled = 0
+    numbers = sorted({job.partition for job in logged if job.partition is not None})
+    for number in numbers:
+        workload = _workload([job for job in logged if job.partition == number], max_procs, number)
+        for reason, count in workload.skipped.items():
+            skipped[reason] = skipped.get(reason, 0) + count
+        if not workload.jobs:  # every job of it skipped: counted, nothing to replay
+            continue
+        own, own_cpu_s = _replay_fresh(workload)
+        waits = np.array([job.wait_s for job in workload.jobs])
+        for name, answers in own.items():
+            forecasts[name].extend(answers)
+            cpu_s[name] += own_cpu_s[name]
+        actual.append(waits)
+        processors += workload.processors
+        filled += workload.requested_time_filled
+        partitions[str(number)] = {
+            "jobs": len(workload.jobs),
+            "waited": int((waits > WAITED_S).sum()),
+            "processors": workload.processors,
+            "processors_from": workload.processors_from,
+            "skipped": dict(workload.skipped),
+            "requested_time_filled": workload.requested_time_filled,
+            "predictors": _predictor_figures(own, waits, None),
+        }
+    skipped["no_partition"] = sum(1 for job in logged if job.partition is None)
+    pooled = np.concatenate(actual)
+    predictors = _predictor_figures(forecasts, pooled, cpu_s)
+    return {
+        "jobs": int(pooled.size),
+        "default": DEFAULT_WAIT_MODEL,
+        "skipped": skipped,
+        "predictors": predictors,
+        "trace": {
+            "path": path,
+            "cluster": None,
+            "processors": processors,
+            "processors_from": "sum over partitions (each its largest job)",
+            "requested_time_filled": filled,
+            "waited": int((pooled > WAITED_S).sum()),
+            "partitions_replayed": [int(number) for number in partitions],
+        },
+        "partitions": partitions,
         "done_when": done_when(predictors),
     }
 
@@ -314,7 +421,15 @@ def wait_prediction_table(result: Mapping[str, Any]) -> str:
                 figures["s_per_1000"],
             ]
         )
-    return text_table(columns, rows)
+    table = text_table(columns, rows)
+    replayed = result["trace"].get("partitions_replayed")
+    if replayed is None:
+        return table
+    return (
+        f"{table}\n{len(replayed)} partitions replayed separately (each its own machine and"
+        f" queue: {', '.join(map(str, replayed))}), figures pooled over their"
+        f" {result['jobs']} jobs; per partition: JSON key partitions"
+    )
 
 
 def _optional(value: float | None, spec: str) -> str:
@@ -345,7 +460,9 @@ def plot_wait_prediction(result: Mapping[str, Any], path: str) -> None:
     for ax in (left, right):
         ax.set_xticks(positions, names, rotation=30, ha="right", fontsize=8)
         ax.set_ylim(0, 1)
-    figure.suptitle(f"{result['trace']['path']}: {result['jobs']} jobs", fontsize=10)
+    replayed = result["trace"].get("partitions_replayed")
+    pooled = "" if replayed is None else f" of {len(replayed)} partitions replayed separately"
+    figure.suptitle(f"{result['trace']['path']}: {result['jobs']} jobs{pooled}", fontsize=10)
     figure.tight_layout()
     figure.savefig(path, format="png", dpi=100)
 

@@ -117,3 +117,18 @@ def test_a_cut_gzip_log_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Pa
 def test_a_missing_log_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, _, err = run(capsys, str(tmp_path / "none.swf"))
     assert code == 2 and "none.swf: cannot read the log: No such file or directory" in err
+
+
+def test_wait_prediction_replays_each_partition_of_a_multi_cluster_log(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["experiment", "wait-prediction", "--trace", str(TWO_CLUSTERS), "--plot", ""]
+    assert main([*argv, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["trace"]["partitions_replayed"] == [1, 2]
+    assert {number: own["jobs"] for number, own in result["partitions"].items()} == {
+        "1": 4,
+        "2": 1,
+    }
+    assert main(argv) == 0
+    assert "2 partitions replayed separately" in capsys.readouterr().out
