@@ -100,6 +100,49 @@ def test_the_log_at_an_instant_shows_its_running_and_queued_jobs_then() -> None:
     assert later == sorted(later)
 
 
+def _overcommitted_log(tmp_path: Path) -> Path:
+    """A 40-processor machine whose log shows 20 + 20 + 30 processors in use from 100 to
+    10,000 s (logs do: CTC SP2's cleaned log shows up to 592 of its 338 at once), then
+    small jobs every 50 s to give the experiment a span to draw windows from."""
+    lines = ["; MaxProcs: 40"]
+    for number, (submit, processors) in enumerate([(0, 20), (10, 20), (20, 30)], start=1):
+        wait = 100 - submit
+        lines.append(f"{number} {submit} {wait} 9900 {processors} -1 -1 {processors} 9999"
+                     " -1 1 1 -1 -1 -1 -1 -1 -1")  # fmt: skip
+    for number in range(4, 60):
+        lines.append(f"{number} {number * 50} 0 30 1 -1 -1 1 60 -1 1 2 -1 -1 -1 -1 -1 -1")
+    path = tmp_path / "overcommitted.swf"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_jobs_a_log_shows_running_beyond_the_machine_are_queued_not_run(
+    tmp_path: Path,
+) -> None:
+    (cluster,) = load_grid([str(_overcommitted_log(tmp_path))])
+    log = LogAt(540.0, [cluster])  # no small job runs then (each runs 30 s of 50)
+    running = log.running([cluster.site])
+    # in start order while they fit: the 20 + 20 run, the 30-processor job (started at the
+    # same instant, submitted last) is queued at the window's start, its whole run ahead
+    assert [(r.job.name, r.job.processors) for r in running] == [
+        ("overcommitted#1", 20),
+        ("overcommitted#2", 20),
+    ]
+    assert sum(r.job.processors for r in running) <= cluster.site.processors
+    queued = [j for j in log.jobs([cluster.site]) if j.submit_s <= 540.0]
+    assert (queued[0].name, queued[0].runtime_s) == ("overcommitted#3", 9900.0)
+    assert log.over_capacity == 1
+
+
+def test_the_experiment_runs_on_a_log_that_overcommits_its_machine(tmp_path: Path) -> None:
+    log = str(_overcommitted_log(tmp_path))
+    result = selection_traces([log, log], windows=2, seed=0)
+    # every window falls while the log overcommits: at least the 30-processor job is
+    # queued on each cluster (a small job running then too)
+    assert all(row["logged_running_queued"] >= 2 for row in result["per_window"])
+    assert set(result["protocols"]) == {"naive", "default", "sbatch-m"}
+
+
 def test_warm_models_know_only_the_past_and_give_copies() -> None:
     clusters = load_grid(HEADS)
     warm = WarmModels(clusters)
