@@ -22,6 +22,7 @@ from gridcore.experiments.wait_prediction import (
 from gridcore.policies.wait_prediction import (
     DEFAULT_WAIT_MODEL,
     ORDER_STATISTIC_CACHE,
+    PLAN_DEPTH,
     WAIT_MODELS,
     PredictedBackfillModel,
     QbetsModel,
@@ -34,6 +35,7 @@ from gridcore.policies.wait_prediction import (
     forecast_bin,
     order_statistic,
     plan_starts,
+    planned_start,
     size_bin,
     tsafrir_runtime,
 )
@@ -117,6 +119,43 @@ def test_plan_matches_a_brute_force_planner_on_random_queues() -> None:
         assert plan_starts(0.0, total, running, jobs) == pytest.approx(
             _brute_force(0.0, total, running, jobs)
         )
+
+
+def test_plan_with_repeated_sizes_matches_the_brute_force_planner() -> None:
+    """The placement starts a size's scan where that size last found room: a shorter job
+    of the same size must still find an earlier hole a longer one could not use."""
+    rng = random.Random(11)
+    for _ in range(150):
+        total = rng.randint(4, 16)
+        sizes = [rng.randint(1, total) for _ in range(2)]
+        running = [(rng.uniform(-50, 400), rng.randint(1, total // 2)) for _ in range(4)]
+        jobs = [(rng.choice(sizes), float(rng.choice([0, 5, 10, 60, 200, 900]))) for _ in range(25)]
+        assert plan_starts(0.0, total, running, jobs) == pytest.approx(
+            _brute_force(0.0, total, running, jobs)
+        )
+
+
+def test_a_short_job_of_a_size_fills_a_hole_the_last_of_that_size_skipped() -> None:
+    # 4 processors: 2 busy until 100, all 4 from 100; a 4-wide job takes 100-200 and
+    # leaves 2 free in 0-100: a 2-wide 1000 s job cannot use it (starts 200), a 2-wide
+    # 50 s job can (starts 0)
+    assert plan_starts(0.0, 4, [(100.0, 2)], [(4, 100.0), (2, 1000.0), (2, 50.0)]) == [
+        100.0,
+        200.0,
+        0.0,
+    ]
+
+
+def test_a_queue_deeper_than_the_plan_depth_counts_the_rest_as_work() -> None:
+    # 10 processors, 1-processor 100 s jobs: the first PLAN_DEPTH are planned (10 a
+    # round), the 30 beyond them add 30 * 100 / 10 = 300 s to the job's start
+    ahead = [(1, 100.0)] * (PLAN_DEPTH + 30)
+    start, note = planned_start(0.0, 10, [], ahead, (1, 100.0))
+    assert start == PLAN_DEPTH // 10 * 100.0 + 300.0
+    assert "30 queued beyond the first 500" in note
+    exact, _ = planned_start(0.0, 10, [], ahead[:PLAN_DEPTH], (1, 100.0))
+    assert exact == plan_starts(0.0, 10, [], [*ahead[:PLAN_DEPTH], (1, 100.0)])[-1]
+    assert planned_start(0.0, 10, [], ahead[:PLAN_DEPTH], (1, 100.0))[1] == ""
 
 
 def _brute_force(
