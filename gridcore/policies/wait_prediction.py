@@ -89,10 +89,10 @@ oldest are forgotten beyond it (a job cancelled while queued never starts)."""
 PLAN_DEPTH = 500
 """Queued jobs a backfill plan places one by one ahead of the job asked about (Slurm's
 backfill scheduler likewise tests at most ``bf_max_job_test`` jobs a cycle, 500 by
-default in current releases; the live engine plans no queue longer than this either,
-``gridcore.engine.wait_models.MAX_QUEUED``). The jobs queued beyond them count as their
-work only (:func:`planned_start`). A plan costs about the queue times a placement's
-span, so this bounds a forecast's cost on the deepest queues of a log."""
+default in recent releases, 100 in older ones; the live engine plans no queue longer
+than this either, ``gridcore.engine.wait_models.MAX_QUEUED``). The jobs queued beyond
+them count as their work only (:func:`planned_start`). A plan costs about the queue
+times a placement's span, so this bounds a forecast's cost on the deepest queues."""
 
 EWMA_WEIGHT = 0.3
 """Eq. W's observed means, as the live engine folds them
