@@ -106,32 +106,44 @@ class LoggedCluster:
 
 
 def load_grid(paths: Sequence[str]) -> list[LoggedCluster]:
-    """One cluster per log (its MaxProcs), or per partition of one multi-cluster log."""
+    """One cluster per log (its MaxProcs, else MaxNodes, else its largest job), or per
+    partition of one multi-cluster log (its jobs carry more than one partition number
+    in field 16, whatever its header says)."""
     if not paths:
         raise ConfigError("--traces: give at least one workload log")
-    if len(paths) == 1 and (read_header(paths[0]).partitions or 1) > 1:
-        return _partitions(paths[0])
+    if len(paths) == 1:
+        largest = _largest_by_partition(paths[0])
+        if len([n for n in largest if n is not None]) > 1:
+            return _partitions(paths[0], largest)
     clusters: list[LoggedCluster] = []
     for path in paths:
-        header = read_header(path)
-        if header.max_procs is None:
-            raise ConfigError(f"--traces {path}: its header gives no MaxProcs or MaxNodes")
+        processors = read_header(path).max_procs
+        if processors is None:
+            # as wait-prediction does (docs/wait-prediction.md, "The replay")
+            processors = max(_largest_by_partition(path).values(), default=0)
+        if processors <= 0:
+            raise ConfigError(f"--traces {path}: no MaxProcs or MaxNodes and no job size")
         name = _label(path)
         if any(c.site.name == name for c in clusters):
             name = f"{name}-{len(clusters)}"
-        cluster = LoggedCluster(SimSite(name, header.max_procs))
+        cluster = LoggedCluster(SimSite(name, processors))
         _fill(cluster, iter_jobs(path), lambda _: True)
         clusters.append(cluster)
     return clusters
 
 
-def _partitions(path: str) -> list[LoggedCluster]:
-    largest: dict[int, int] = {}
+def _largest_by_partition(path: str) -> dict[int | None, int]:
+    """The largest job size per partition number (``None``: no partition given)."""
+    largest: dict[int | None, int] = {}
     for job in iter_jobs(path):
-        if job.partition is not None and job.size is not None:
+        if job.size is not None:
             largest[job.partition] = max(largest.get(job.partition, 0), job.size)
+    return largest
+
+
+def _partitions(path: str, largest: Mapping[int | None, int]) -> list[LoggedCluster]:
     clusters = []
-    for number in sorted(largest):
+    for number in sorted(n for n in largest if n is not None):
         cluster = LoggedCluster(SimSite(f"{_label(path)}-p{number}", largest[number]))
         _fill(cluster, iter_jobs(path), lambda job, n=number: job.partition == n)
         clusters.append(cluster)

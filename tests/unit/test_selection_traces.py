@@ -61,6 +61,32 @@ def test_a_multi_cluster_log_gives_one_cluster_per_partition() -> None:
     assert all(c.site.name.startswith("two-clusters-p") for c in clusters)
 
 
+def test_partitions_are_told_by_the_jobs_and_a_log_without_max_procs_by_its_largest_job(
+    tmp_path: Path,
+) -> None:
+    # no MaxPartitions, no MaxProcs: two partition numbers make two clusters, each of
+    # its largest job; the -1 (no partition) job belongs to neither
+    log = tmp_path / "headless.swf"
+    log.write_text(
+        "1 0 0 10 8 -1 -1 8 100 -1 1 1 -1 -1 -1 1 -1 -1\n"
+        "2 1 0 10 6 -1 -1 6 100 -1 1 1 -1 -1 -1 2 -1 -1\n"
+        "3 2 0 10 3 -1 -1 3 100 -1 1 1 -1 -1 -1 1 -1 -1\n"
+        "4 3 0 10 9 -1 -1 9 100 -1 1 1 -1 -1 -1 -1 -1 -1\n"
+    )
+    clusters = load_grid([str(log)])
+    assert [(c.site.name, c.site.processors, len(c.jobs)) for c in clusters] == [
+        ("headless-p1", 8, 2),
+        ("headless-p2", 6, 1),
+    ]
+    one = tmp_path / "one.swf"
+    one.write_text(
+        "1 0 0 10 8 -1 -1 8 100 -1 1 1 -1 -1 -1 1 -1 -1\n"
+        "2 1 0 10 5 -1 -1 5 100 -1 1 1 -1 -1 -1 -1 -1 -1\n"
+    )
+    ((cluster,),) = [load_grid([str(one)])]
+    assert (cluster.site.name, cluster.site.processors, len(cluster.jobs)) == ("one", 8, 2)
+
+
 def test_an_unknown_requested_time_is_filled_from_the_kept_jobs_before_it(
     tmp_path: Path,
 ) -> None:
