@@ -8,6 +8,7 @@ import contextlib
 import functools
 import json
 import logging
+import shlex
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -78,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     _submit_parser(sub, common)
 
     _replay_parser(sub, common)
+    _replay_cancel_parser(sub, common)
 
     p = sub.add_parser("demo", help="an ensemble burst on the embedded local sites")
     common(p)
@@ -300,11 +302,14 @@ It stops by itself: after --max-jobs jobs, at the window's END, or for jobs due 
 --max-duration seconds; once everything is submitted it waits for its jobs until
 --max-duration has passed since it started (--at-end wait) or not (--at-end cancel),
 then cancels what is still pending or running. Ctrl-C or SIGTERM cancels what it
-submitted and exits (130, 143). docs/workloads.md, section "gridcore replay".
+submitted and exits (130, 143). It prints its run id on stderr at its start: killed
+outright (SIGKILL), it cancels nothing, and `gridcore replay-cancel RUN` does.
+docs/workloads.md, section "gridcore replay".
 
---json prints one object: submitted, skipped {reason: count}, capped, completed, failed,
-cancelled, lost, left_running, sites {NAME: counts}, lag_s and lag_log_s {median, p95,
-max} (achieved - intended submit time, wall and log seconds), speedup, jobs [...].
+--json prints one object: run, submitted, skipped {reason: count}, capped, completed,
+failed, cancelled, lost, lost_found, left_running, sites {NAME: counts}, lag_s and
+lag_log_s {median, p95, max} (achieved - intended submit time, wall and log seconds),
+speedup, jobs [...].
 
 Exit status: 0 when done with nothing left running; 2 for bad input (an option, the
 grid, the log's file, line and field), refused before anything is submitted; 1 when a
@@ -360,6 +365,42 @@ def _replay_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None]) 
         help="once all is submitted: wait until --max-duration, or cancel at once",
     )  # fmt: skip
     p.set_defaults(handler=_replay)
+
+
+_REPLAY_CANCEL_DESCRIPTION = """\
+Cancel what a replay killed outright (SIGKILL, a lost machine) left behind: every job of
+its run (named gcreplay-RUN-..., with no gridcore key) still pending or running at the
+sites --site-map names (the replay's own --site-map; default: every site of the grid),
+asked again after each look while one is still shown (at most 5 times each) and followed
+until the sites show them ended (at most 60 s). No other job is touched. RUN is what the
+replay printed at its start ("replay RUN: ...") and in its summary's run.
+
+--json prints one object: run, prefix, sites, found, cancelled, ended_by_themselves,
+left_running [{site, job_id, name, state, cancel_error}], unread_sites {SITE: error},
+wall_s, jobs [...].
+
+Exit status: 0 when no job of the run is left pending or running; 2 for bad input (RUN,
+--site-map, the grid); 1 when a job is still shown pending or running or a site could
+not be listed. docs/workloads.md, section "gridcore replay"."""
+
+
+def _replay_cancel_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
+    p = sub.add_parser(
+        "replay-cancel",
+        help="cancel the jobs a killed `gridcore replay` left pending or running",
+        description=_REPLAY_CANCEL_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    common(p)
+    p.add_argument("run", metavar="RUN", help="the replay's run id (it prints it at its start)")
+    p.add_argument(
+        "--site-map",
+        action="append",
+        default=[],
+        metavar="PART=SITE[+SITE]",
+        help="the replay's --site-map: the sites to look at (default: every site of the grid)",
+    )
+    p.set_defaults(handler=_replay_cancel)
 
 
 def _emit(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
@@ -552,8 +593,58 @@ def _replay_live(
         raise plans.ReplayError(
             f"{args.log}: every planned job was refused by its site (the log above says why)"
         )
+    # Killed outright it cancels nothing: its run id is what finds its jobs then.
+    again = ["gridcore", "replay-cancel", replay.run_id, "--site-map", ",".join(args.site_map)]
+    again += ["--grid", args.grid] if args.grid else []
+    print(
+        f"replay {replay.run_id}: submitting {len(replay.jobs)} jobs; if this process is"
+        f" killed: {shlex.join(again)}",
+        file=sys.stderr,
+        flush=True,
+    )
     with _on_signals(replay.interrupt):
         return replay.run()
+
+
+def _replay_cancel(args: argparse.Namespace) -> int:
+    """RUN, --site-map and the grid are checked before the state database is opened
+    (exit 2); a site that cannot be listed is reported, and exits 1 as a job left."""
+    from gridcore.engine import replay as runner
+    from gridcore.engine.runtime import GridRuntime
+    from gridcore.state.store import open_store
+    from gridcore.workloads import replay as plans
+
+    run = plans.check_run(args.run)
+    grid = _grid(args)
+    sites = (
+        plans.parse_site_map(args.site_map, grid.site_names).site_names
+        if args.site_map
+        else list(grid.site_names)
+    )
+    runtime = GridRuntime(grid, open_store(args.db, upgrade=True))
+    try:
+        report = runner.cancel_run(run, sites, runtime.adapter)
+    finally:
+        runtime.store.dispose()
+    data = report.as_json()
+    _emit(args, data, _replay_cancel_text(data))
+    return 0 if report.ok else 1
+
+
+def _replay_cancel_text(data: dict[str, Any]) -> str:
+    lines = [
+        f"replay-cancel {data['run']}: {data['found']} pending or running at"
+        f" {', '.join(data['sites'])}; {data['cancelled']} cancelled,"
+        f" {data['ended_by_themselves']} ended by themselves,"
+        f" {len(data['left_running'])} left running"
+    ]
+    lines += [
+        f"  left running: site {j['site']} job {j['job_id']} ({j['name']}, {j['state']})"
+        + (f": {j['cancel_error']}" if j["cancel_error"] else "")
+        for j in data["left_running"]
+    ]
+    lines += [f"  site {site} not listed: {why}" for site, why in data["unread_sites"].items()]
+    return "\n".join(lines)
 
 
 def _replay_nonempty(args: argparse.Namespace, plan: Any) -> None:
@@ -593,7 +684,8 @@ def _replay_text(data: dict[str, Any]) -> str:
         f" {data['capped']} capped, skipped {data['skipped'] or 'none'}",
         f"  ended: {data['completed']} completed, {data['failed']} failed,"
         f" {data['cancelled']} cancelled ({data['cancelled_by_replay']} by the replay),"
-        f" {data['lost']} lost, {len(data['left_running'])} left running"
+        f" {data['lost']} lost ({data['lost_found']} lost answers found by name),"
+        f" {len(data['left_running'])} left running"
         f" ({sum(1 for j in data['left_running'] if j['cancel_error'])} could not be cancelled)",
         f"  submit lag (achieved - intended): median {lag['median']} s, p95 {lag['p95']} s,"
         f" max {lag['max']} s; wall {data['wall_s']} s",

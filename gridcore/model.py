@@ -230,6 +230,9 @@ class ObservedJob:
     time_limit_s: float | None = None
     ended_at: float | None = None
     start_estimate: float | None = None
+    # the job's name as submitted (None: not reported); what finds a keyless job, as a
+    # replayed one (``gcreplay-<run>-<n>``, gridcore.engine.replay), by its site id
+    name: str | None = None
 
 
 @dataclass(frozen=True)

@@ -106,7 +106,13 @@ class FakeSite:
         busy = sum(j.submission.processors for j in self.jobs.values() if not j.state.finished)
         listed = tuple(
             ObservedJob(
-                j.job_id, j.submission.processors, j.state, j.key, j.submitted_at, j.started_at
+                j.job_id,
+                j.submission.processors,
+                j.state,
+                j.key,
+                j.submitted_at,
+                j.started_at,
+                name=j.submission.name,
             )
             for j in self.jobs.values()
             if not j.state.finished

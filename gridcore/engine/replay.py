@@ -17,10 +17,16 @@ time, as another user's job, followed to its end; and stop by itself.
 * Following: one ``observe`` per site and poll (which also drives a local site's own
   scheduling: it starts queued jobs when someone looks); a job the observation no
   longer lists is asked for by id.
-
-What it cannot guarantee: a Slurm submission whose answer was lost (``AnswerLost``) may
-have made a job the runner never learns the id of (a replayed job has no key to look it
-up by); it is counted ``lost`` and ends at its own time limit at the latest.
+* A lost answer: a submission whose answer was lost (``AnswerLost``, a Slurm call that
+  timed out) may still have made a job. Its name is unique (``gcreplay-<run>-<n>``), so
+  each later poll of its site (the stop's included) looks for a keyless job of exactly
+  that name in the observation (``ObservedJob.name``); found, its id is adopted and it
+  is followed and cancelled as any other (``lost_found``); never listed, it stays
+  ``lost`` and ends at its own time limit at the latest.
+* A replay killed outright (SIGKILL, a lost machine) cancels nothing; it prints its run
+  id at its start, and :func:`cancel_run` (``gridcore replay-cancel RUN``) lists each
+  site's pending and running keyless jobs named ``gcreplay-<run>-``, cancels them and
+  follows them until ended, as :meth:`ReplayRunner.stop` does.
 """
 
 from __future__ import annotations
@@ -31,11 +37,18 @@ import statistics
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gridcore.errors import AnswerLost, GridError, RequestError, SiteError, UnknownJob
-from gridcore.model import JobResources, JobState, JobSubmission, SiteKind, SiteSpec
+from gridcore.model import (
+    JobResources,
+    JobState,
+    JobSubmission,
+    ObservedJob,
+    SiteKind,
+    SiteSpec,
+)
 from gridcore.sites.base import SiteAdapter
 from gridcore.workloads.replay import (
     SLURM_LIMIT_STEP_S,
@@ -43,6 +56,8 @@ from gridcore.workloads.replay import (
     ReplayPlan,
     ReplaySite,
     SkipReason,
+    check_run,
+    run_prefix,
 )
 
 log = logging.getLogger(__name__)
@@ -78,10 +93,16 @@ class ReplayedJob:
     cancelled_by_replay: bool = False
     cancel_attempts: int = 0
     cancel_error: str | None = None  # the last cancel's error; None once one was accepted
+    lost: bool = False  # its submission's answer was lost: looked up by name at each poll
 
     @property
     def live(self) -> bool:
         return self.job_id is not None and not self.state.finished
+
+    @property
+    def missing(self) -> bool:
+        """Its answer was lost and no poll has found it by name yet."""
+        return self.lost and self.job_id is None
 
     def as_json(self, started: float) -> dict[str, object]:
         at = None if self.submitted_at is None else round(self.submitted_at - started, 3)
@@ -104,6 +125,7 @@ class ReplayReport:
     refused: Mapping[str, int]
     submit_failed: Mapping[str, int]
     lost: int
+    lost_found: int
     left_running: tuple[ReplayedJob, ...]
     interrupted: str | None
     wall_s: float
@@ -144,6 +166,7 @@ class ReplayReport:
             "cancelled": states[JobState.CANCELLED],
             "cancelled_by_replay": sum(1 for j in submitted if j.cancelled_by_replay),
             "lost": self.lost,
+            "lost_found": self.lost_found,
             "left_running": [
                 {"site": j.planned.site, "job_id": j.job_id, "cancel_error": j.cancel_error}
                 for j in self.left_running
@@ -224,7 +247,6 @@ class ReplayRunner:
         self.skipped: Counter[str] = Counter({r.value: n for r, n in plan.skipped.items()})
         self.refused: Counter[str] = Counter()
         self.submit_failed: Counter[str] = Counter()
-        self.lost = 0
         self.started: float | None = None
         self.interrupted: str | None = None
         self._next = 0
@@ -282,7 +304,8 @@ class ReplayRunner:
             skipped=dict(self.skipped),
             refused=dict(self.refused),
             submit_failed=dict(self.submit_failed),
-            lost=self.lost,
+            lost=sum(1 for j in self.jobs if j.missing),
+            lost_found=sum(1 for j in self.jobs if j.lost and j.job_id is not None),
             left_running=tuple(j for j in self.jobs if j.live),
             interrupted=self.interrupted,
             wall_s=self.clock() - started,
@@ -308,12 +331,13 @@ class ReplayRunner:
         return done
 
     def poll(self) -> None:
-        """Read every site that has live jobs of this replay (one observation each)
-        and update their states; a site that cannot be read now is read next time."""
+        """Read every site that has live (or lost) jobs of this replay (one observation
+        each) and update their states, adopting a lost one listed by its name; a site
+        that cannot be read now is read next time."""
         self._polled = self.clock()
         by_site: dict[str, list[ReplayedJob]] = {}
         for job in self.jobs:
-            if job.live:
+            if job.live or job.missing:
                 by_site.setdefault(job.planned.site, []).append(job)
         for site, jobs in by_site.items():
             try:
@@ -373,8 +397,11 @@ class ReplayRunner:
         try:
             job.job_id = self.adapter(planned.site).submit(submission)
         except AnswerLost as exc:
-            self.lost += 1
-            log.warning("replay: log job %d: answer lost: %s", planned.number, exc)
+            job.lost, job.submitted_at = True, self.clock()  # about when, if it was made
+            log.warning(
+                "replay: log job %d: answer lost (looked for as %s at the next polls): %s",
+                planned.number, job.name, exc,
+            )  # fmt: skip
             return 0
         except (SiteError, RequestError) as exc:
             self.submit_failed[planned.site] += 1
@@ -391,20 +418,20 @@ class ReplayRunner:
         return 1
 
     def _poll_site(self, adapter: SiteAdapter, jobs: list[ReplayedJob]) -> None:
-        observed = {j.job_id: j.state for j in adapter.observe().jobs}
+        listed = adapter.observe().jobs
+        by_name = {j.name: j for j in listed if j.key is None and j.name is not None}
         for job in jobs:
-            assert job.job_id is not None
-            state = observed.get(job.job_id)
-            if state is None:  # no longer listed: it ended; ask for it by id
-                try:
-                    state = adapter.status(job.job_id).state
-                except UnknownJob:
-                    log.warning(
-                        "replay: site %s forgot job %s: counted failed",
-                        job.planned.site, job.job_id,
-                    )  # fmt: skip
-                    state = JobState.FAILED
-            job.state = state
+            found = by_name.get(job.name) if job.missing else None
+            if found is not None:
+                job.job_id, job.state = found.job_id, found.state
+                log.warning(
+                    "replay: log job %d (answer lost) found at site %s as job %s",
+                    job.planned.number, job.planned.site, found.job_id,
+                )  # fmt: skip
+        followed = [j for j in jobs if j.job_id is not None]
+        states = _states(adapter, listed, [j.job_id for j in followed if j.job_id])
+        for job in followed:
+            job.state = states[str(job.job_id)]
 
     def _refusal(self, planned: PlannedJob) -> str | None:
         adapter = self.adapter(planned.site)
@@ -424,17 +451,172 @@ class ReplayRunner:
     def _cancel(self, job: ReplayedJob) -> None:
         assert job.job_id is not None
         job.cancel_attempts += 1
+        job.cancel_error = _ask_cancel(
+            self.adapter(job.planned.site), job.job_id, job.cancel_attempts
+        )
+        job.cancelled_by_replay = job.cancelled_by_replay or job.cancel_error is None
+
+
+# -- after a replay killed outright: its jobs found by name, cancelled -------------------
+
+
+@dataclass
+class FoundJob:
+    """One pending or running job of a replay's run that :func:`cancel_run` found at a
+    site (mutable, its own record)."""
+
+    site: str
+    job_id: str
+    name: str
+    state: JobState
+    cancel_attempts: int = 0
+    cancel_error: str | None = None  # the last cancel's error; None once one was accepted
+    cancel_accepted: bool = False
+
+    @property
+    def live(self) -> bool:
+        return not self.state.finished
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "site": self.site,
+            "job_id": self.job_id,
+            "name": self.name,
+            "state": self.state.value,
+            "cancel_error": self.cancel_error,
+        }
+
+
+@dataclass(frozen=True)
+class CancelRunReport:
+    """What :func:`cancel_run` did; :meth:`as_json` is ``gridcore replay-cancel
+    --json``'s object."""
+
+    run: str
+    sites: tuple[str, ...]
+    jobs: tuple[FoundJob, ...]
+    unread: Mapping[str, str]  # site -> why it could not be listed (its jobs unknown)
+    wall_s: float
+
+    @property
+    def left_running(self) -> tuple[FoundJob, ...]:
+        return tuple(j for j in self.jobs if j.live)
+
+    @property
+    def ok(self) -> bool:
+        """Nothing of the run is left: every site listed, every job found ended."""
+        return not self.left_running and not self.unread
+
+    def as_json(self) -> dict[str, object]:
+        ended = [j for j in self.jobs if not j.live]
+        return {
+            "run": self.run,
+            "prefix": run_prefix(self.run),
+            "sites": list(self.sites),
+            "found": len(self.jobs),
+            "cancelled": sum(1 for j in ended if j.cancel_accepted),
+            "ended_by_themselves": sum(1 for j in ended if not j.cancel_accepted),
+            "left_running": [j.as_json() for j in self.left_running],
+            "unread_sites": dict(self.unread),
+            "wall_s": round(self.wall_s, 3),
+            "jobs": [j.as_json() for j in self.jobs],
+        }
+
+
+def cancel_run(
+    run: str,
+    sites: Sequence[str],
+    adapter: Callable[[str], SiteAdapter],
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    poll_interval_s: float = POLL_INTERVAL_S,
+    confirm_timeout_s: float = CONFIRM_TIMEOUT_S,
+) -> CancelRunReport:
+    """Cancel what a replay that could not stop itself left: each site's pending and
+    running jobs with no key whose name starts ``gcreplay-<run>-`` (one ``observe``
+    each), asked as :meth:`ReplayRunner.stop` asks (again after each poll that still
+    shows one, at most ``MAX_CANCEL_ATTEMPTS`` times) and followed until the sites show
+    them ended (at most ``confirm_timeout_s``). Jobs of another run, and keyed or
+    differently named jobs, are never touched. A site that cannot be listed is
+    reported in ``unread`` (its jobs are unknown: run it again)."""
+    prefix = run_prefix(check_run(run))
+    started = clock()
+    found: list[FoundJob] = []
+    unread: dict[str, str] = {}
+    for site in dict.fromkeys(sites):
         try:
-            self.adapter(job.planned.site).cancel(job.job_id)
+            listed = adapter(site).observe().jobs
         except GridError as exc:
-            job.cancel_error = str(exc)
-            log.warning(
-                "replay: site %s: cancelling job %s failed (attempt %d of %d): %s",
-                job.planned.site, job.job_id, job.cancel_attempts, MAX_CANCEL_ATTEMPTS, exc,
-            )  # fmt: skip
-            return
-        job.cancel_error = None
-        job.cancelled_by_replay = True
+            unread[site] = str(exc)
+            log.warning("replay-cancel: site %s not listed: %s", site, exc)
+            continue
+        found += [
+            FoundJob(site, j.job_id, j.name, j.state)
+            for j in listed
+            if j.key is None and j.name is not None and j.name.startswith(prefix)
+            and not j.state.finished
+        ]  # fmt: skip
+    log.info("replay-cancel %s: %d job(s) pending or running", run, len(found))
+    deadline = clock() + confirm_timeout_s
+    while True:
+        for job in found:
+            if job.live and job.cancel_attempts < MAX_CANCEL_ATTEMPTS:
+                job.cancel_attempts += 1
+                job.cancel_error = _ask_cancel(adapter(job.site), job.job_id, job.cancel_attempts)
+                job.cancel_accepted = job.cancel_accepted or job.cancel_error is None
+        if not any(j.live for j in found) or clock() >= deadline:
+            break
+        sleep(poll_interval_s)
+        for site in dict.fromkeys(j.site for j in found if j.live):
+            mine = [j for j in found if j.site == site and j.live]
+            try:
+                site_adapter = adapter(site)
+                states = _states(
+                    site_adapter, site_adapter.observe().jobs, [j.job_id for j in mine]
+                )
+            except GridError as exc:
+                log.warning("replay-cancel: site %s not read now: %s", site, exc)
+                continue
+            for job in mine:
+                job.state = states[job.job_id]
+    return CancelRunReport(
+        run, tuple(dict.fromkeys(sites)), tuple(found), unread, clock() - started
+    )
+
+
+def _states(
+    adapter: SiteAdapter, listed: Sequence[ObservedJob], job_ids: Sequence[str]
+) -> dict[str, JobState]:
+    """Each job's state: as ``listed`` (the site's observation) shows it, else asked for
+    by id (no longer listed: it ended); a job the site has forgotten counts failed."""
+    observed = {j.job_id: j.state for j in listed}
+    states: dict[str, JobState] = {}
+    for job_id in job_ids:
+        state = observed.get(job_id)
+        if state is None:
+            try:
+                state = adapter.status(job_id).state
+            except UnknownJob:
+                log.warning(
+                    "replay: site %s forgot job %s: counted failed", adapter.spec.name, job_id
+                )
+                state = JobState.FAILED
+        states[job_id] = state
+    return states
+
+
+def _ask_cancel(adapter: SiteAdapter, job_id: str, attempt: int) -> str | None:
+    """Ask the site to cancel ``job_id``: None once it accepted, else its error."""
+    try:
+        adapter.cancel(job_id)
+    except GridError as exc:
+        log.warning(
+            "replay: site %s: cancelling job %s failed (attempt %d of %d): %s",
+            adapter.spec.name, job_id, attempt, MAX_CANCEL_ATTEMPTS, exc,
+        )  # fmt: skip
+        return str(exc)
+    return None
 
 
 def _check_workdir(spec: SiteSpec) -> None:
@@ -460,4 +642,12 @@ def _spread(values: list[float]) -> dict[str, float | None]:
     }
 
 
-__all__ = ["AtEnd", "ReplayReport", "ReplayRunner", "replay_site"]
+__all__ = [
+    "AtEnd",
+    "CancelRunReport",
+    "FoundJob",
+    "ReplayReport",
+    "ReplayRunner",
+    "cancel_run",
+    "replay_site",
+]

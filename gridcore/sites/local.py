@@ -125,6 +125,7 @@ class LocalSite:
             rows = conn.execute(
                 select(
                     local_jobs.c.id,
+                    local_jobs.c.name,
                     local_jobs.c.processors,
                     local_jobs.c.state,
                     local_jobs.c.key,
@@ -151,6 +152,7 @@ class LocalSite:
                 started_at=r.started_at,
                 user=user,
                 time_limit_s=_time_limit(Path(r.workdir)),
+                name=r.name,
             )
             for r in rows
         )

@@ -654,6 +654,7 @@ class SlurmSite:
             time_limit_s=job.time_limit_s,
             ended_at=job.end_time if state.finished and job.nodes else None,
             start_estimate=job.start_time if state is JobState.PENDING else None,
+            name=job.name or None,
         )
 
     @staticmethod

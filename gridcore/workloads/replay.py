@@ -168,7 +168,7 @@ class PlannedJob:
         return f"sleep {_seconds_text(self.sleep_s)}"
 
     def name(self, run: str) -> str:
-        return f"{JOB_NAME_PREFIX}{run}-{self.number}"
+        return f"{run_prefix(run)}{self.number}"
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -355,6 +355,23 @@ def parse_site_map(entries: Sequence[str], grid_sites: Iterable[str]) -> SiteMap
                 )
         routes[key] = names
     return SiteMap(MappingProxyType(routes))
+
+
+def run_prefix(run: str) -> str:
+    """What every job name of replay ``run`` starts with, and no other run's: a run id
+    has no ``-``, so ``gcreplay-ab-`` never starts ``gcreplay-abc-...``."""
+    return f"{JOB_NAME_PREFIX}{run}-"
+
+
+def check_run(run: str) -> str:
+    """A run id as ``gridcore replay-cancel RUN`` takes it: letters and digits only (a
+    replay's own are 6 hex digits), so its prefix names that run's jobs and no other's."""
+    if not run.isascii() or not run.isalnum():
+        raise ReplayError(
+            f"RUN {run!r}: not a replay's run id (letters and digits, e.g. 3f9a1c: the"
+            " replay prints it at its start and in its summary's run)"
+        )
+    return run
 
 
 def parse_window(text: str) -> Window:

@@ -2,13 +2,16 @@
 tests/data/swf) replayed at speedup 150 as others' sleep jobs, every job checked at its
 site (its sleep, its time limit, completed) and nothing of it left running; and the
 engines counting replayed jobs as other users' load (a selection's snapshot and
-reasons, the queue-wait history)."""
+reasons, the queue-wait history); and a replay killed with SIGKILL, whose jobs
+``gridcore replay-cancel RUN`` then cancels (and no other job)."""
 
 from __future__ import annotations
 
 import json
 import os
 import random
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -21,7 +24,7 @@ from sqlalchemy import select
 from gridcore.config import default_grid
 from gridcore.engine.replay import ReplayRunner, replay_site
 from gridcore.engine.runtime import GridRuntime
-from gridcore.model import JobRequest, JobState
+from gridcore.model import JobRequest, JobState, JobSubmission
 from gridcore.policies.selection import DEFAULT_PROTOCOL, select_site
 from gridcore.sites.local import TIME_LIMIT_FILE, LocalSite
 from gridcore.state.schema import queue_waits
@@ -184,3 +187,77 @@ def test_replayed_jobs_are_other_users_load_to_the_engines(home: Path) -> None:
     finally:
         runtime.store.dispose()
     assert _none_left_under(home / "sites") == []
+
+
+def _live_of_run(home: Path, run: str) -> dict[str, list[str]]:
+    """Each local site's pending or running jobs named ``gcreplay-<run>-...``."""
+    runtime = _runtime(home)
+    try:
+        return {
+            spec.name: [
+                j.job_id
+                for j in runtime.adapter(spec.name).observe().jobs
+                if (j.name or "").startswith(f"gcreplay-{run}-") and not j.state.finished
+            ]
+            for spec in runtime.grid.sites
+        }
+    finally:
+        runtime.store.dispose()
+
+
+def test_a_replay_killed_outright_is_cleaned_up_by_its_run_id(home: Path) -> None:
+    sites = "*=local-a+local-b+local-c"
+    # KTH 15, 16, 17 at speedup 100: due at 0, 1.7 and 6.3 s, sleeping 35, 25, 2153 s
+    argv = [
+        sys.executable, "-m", "gridcore.cli", "replay", str(KTH), "--site-map", sites,
+        "--speedup", "100", "--window", "599850:600500", "--max-jobs", "3", "--json",
+    ]  # fmt: skip
+    runtime = _runtime(home)
+    try:  # someone else's job, beside the replay's
+        other = runtime.adapter("local-a")
+        other_id = other.submit(JobSubmission("someone", "sleep 60", 1))
+    finally:
+        runtime.store.dispose()
+    stderr = home.parent / "replay.stderr"
+    with stderr.open("w") as err:
+        replay = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        deadline = time.monotonic() + 30.0
+        run = None
+        while time.monotonic() < deadline and replay.poll() is None:
+            found = re.search(r"^replay ([0-9a-f]{6}): submitting 3 jobs", stderr.read_text(), re.M)
+            if found and sum(map(len, _live_of_run(home, run := found.group(1)).values())) == 3:
+                break
+            time.sleep(0.2)
+        assert run is not None, stderr.read_text()[-3000:]
+        replay.send_signal(signal.SIGKILL)  # no handler: it cancels nothing
+        replay.wait(timeout=10)
+    finally:
+        if replay.poll() is None:
+            replay.kill()
+            replay.wait(timeout=10)
+    assert f"gridcore replay-cancel {run} --site-map '{sites}'" in stderr.read_text()
+    left = _live_of_run(home, run)
+    assert sum(map(len, left.values())) == 3, left  # they outlive the replay
+
+    cancel = [sys.executable, "-m", "gridcore.cli", "replay-cancel", run, "--site-map", sites]
+    done = subprocess.run([*cancel, "--json"], capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads(done.stdout)
+    assert (data["run"], data["found"], data["cancelled"], data["left_running"]) == (
+        run, 3, 3, [],
+    )  # fmt: skip
+    assert {(j["site"], j["job_id"]) for j in data["jobs"]} == {
+        (site, job_id) for site, ids in left.items() for job_id in ids
+    }
+    assert _live_of_run(home, run) == {"local-a": [], "local-b": [], "local-c": []}
+    runtime = _runtime(home)
+    try:
+        for job in data["jobs"]:
+            site = runtime.adapter(job["site"])
+            assert isinstance(site, LocalSite)
+            assert site.status(job["job_id"]).state is JobState.CANCELLED
+            assert _none_left_under(site.workdir(job["job_id"])) == []
+        assert runtime.adapter("local-a").status(other_id).state is JobState.RUNNING
+    finally:
+        runtime.store.dispose()

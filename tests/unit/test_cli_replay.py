@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,31 @@ def test_a_site_that_cannot_be_reached_exits_1_before_anything_is_submitted(
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("gridcore: error: ")]
     assert len(errors) == 1 and errors[0].startswith("gridcore: error: site down: cannot reach")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["k1-2"], "RUN 'k1-2': not a replay's run id"),
+        (["k 1"], "RUN 'k 1': not a replay's run id"),
+        (["k1", "--site-map", "*=gamma"], "unknown site 'gamma' (the grid has: local-a"),
+        (["k1", "--site-map", "x"], "--site-map 'x': not PARTITION=SITE"),
+    ],
+)
+def test_replay_cancel_refuses_bad_input_in_one_line_before_anything_is_written(
+    home: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    assert main(["replay-cancel", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gridcore: error: ") and message in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert not (home / "state.db").exists()
+
+
+def test_replay_cancel_with_nothing_of_the_run_left_exits_0(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["replay-cancel", "3f9a1c", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["run"], data["found"], data["left_running"]) == ("3f9a1c", 0, [])
+    assert data["sites"] == ["local-a", "local-b", "local-c"]

@@ -2,7 +2,8 @@
 and a hand-moved clock: jobs at their times as others' jobs (no key), the end (wait,
 then cancel at the deadline; or cancel at once), an interrupt that cancels what was
 submitted (also one arriving while a site accepts a job), refusals and failures
-counted, and the summary's figures."""
+counted, a lost answer found by the job's name, the summary's figures; and the clean-up
+after a replay killed outright (``cancel_run``: its run's jobs only)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,17 @@ from typing import Any
 
 import pytest
 
-from gridcore.engine.replay import MAX_CANCEL_ATTEMPTS, AtEnd, ReplayRunner, replay_site
+from gridcore.engine.replay import (
+    MAX_CANCEL_ATTEMPTS,
+    AtEnd,
+    ReplayRunner,
+    cancel_run,
+    replay_site,
+)
 from gridcore.errors import AnswerLost, RequestError, SiteRejected, SiteUnavailable
-from gridcore.model import JobResources, JobState, SiteKind, SiteSpec
+from gridcore.model import JobResources, JobState, JobSubmission, SiteKind, SiteSpec
 from gridcore.workloads.replay import (
+    ReplayError,
     ReplaySettings,
     ReplaySite,
     SkipReason,
@@ -76,9 +84,8 @@ def _runner(grid: Grid, jobs: list[SwfJob], **options: Any) -> ReplayRunner:
         [ReplaySite("a", 8), ReplaySite("b", 4)],
         ReplaySettings(**settings),
     )
-    grid.runner = ReplayRunner(
-        plan, grid.adapter, run="t1", clock=grid.clock, sleep=grid.sleep, **options
-    )
+    options.setdefault("run", "t1")
+    grid.runner = ReplayRunner(plan, grid.adapter, clock=grid.clock, sleep=grid.sleep, **options)
     return grid.runner
 
 
@@ -280,3 +287,116 @@ def test_the_summary_names_its_settings() -> None:
     assert data["stopped_by"] == "end_of_log" and data["oversize"] == "cap"
     assert replace(runner.plan.jobs[0], sleep_s=0.5).command == "sleep 0.5"
     assert data["jobs"][0]["state"] == JobState.COMPLETED.value
+
+
+class AnswerLostAfterAccepting(FaultySite):
+    """Site a, which makes the job and then loses its answer (a Slurm call that timed
+    out after slurmctld accepted it)."""
+
+    def submit(self, job: Any) -> str:
+        self.inner.submit(job)
+        raise AnswerLost("a", "no answer within 10 s")
+
+
+def test_a_lost_answer_is_found_by_the_jobs_name_and_followed_and_cancelled(
+    grid: Grid,
+) -> None:
+    grid.runs_jobs = False
+    lossy = AnswerLostAfterAccepting(grid.sites["a"])
+    # another run's job of the same log job number is not it
+    grid.sites["a"].submit(JobSubmission("gcreplay-t0-1", "sleep 9", 1))
+    runner = _runner(grid, [_job(1, 0), _job(2, 10)], site_map="*=a", at_end=AtEnd.CANCEL)
+    runner.adapter = {"a": lossy}.__getitem__
+    runner.start()
+    assert runner.submit_due() == 0  # job 1's answer was lost
+    runner.poll()
+    first = runner.jobs[0]
+    assert (first.job_id, first.state) == ("2", JobState.PENDING)  # adopted by its name
+    report = runner.run()
+    data = report.as_json()
+    assert (data["lost"], data["lost_found"], data["submitted"]) == (0, 2, 2)
+    assert (data["cancelled_by_replay"], data["left_running"]) == (2, [])
+    assert sorted(grid.sites["a"].cancelled) == ["2", "3"]
+    assert grid.sites["a"].jobs["1"].state is JobState.PENDING  # gcreplay-t0-1: not ours
+
+
+def test_a_lost_answer_that_made_no_job_stays_lost(grid: Grid) -> None:
+    lossy = FaultySite(grid.sites["a"], submit_error=AnswerLost("a", "no answer"))
+    grid.sites["a"].submit(JobSubmission("gcreplay-t1-1", "sleep 9", 1, key="gc-x-s1"))
+    runner = _runner(grid, [_job(1, 0)], site_map="*=a", at_end=AtEnd.CANCEL)
+    runner.adapter = {"a": lossy}.__getitem__
+    data = runner.run().as_json()
+    # the keyed job of that name is some engine's, not the replay's
+    assert (data["lost"], data["lost_found"], data["submitted"]) == (1, 0, 0)
+    assert grid.sites["a"].cancelled == []
+
+
+def _killed_replay(grid: Grid, run: str, jobs: list[SwfJob]) -> ReplayRunner:
+    """A replay whose process was killed outright: it submitted its due jobs, then its
+    runner was abandoned (no stop(), no cancel)."""
+    runner = _runner(grid, jobs, run=run)
+    runner.start()
+    runner.submit_due()
+    return runner
+
+
+def test_the_jobs_of_a_killed_replay_are_cancelled_by_its_run_id_and_no_other(
+    grid: Grid,
+) -> None:
+    grid.runs_jobs = False
+    killed = _killed_replay(grid, "k1", [_job(1, 0), _job(2, 0), _job(3, 0)])
+    other = _killed_replay(grid, "k12", [_job(4, 0)])  # a run whose id starts with k1
+    grid.sites["a"].submit(JobSubmission("mine", "sleep 9", 1, key="gc-0123456789ab-s1"))
+    grid.sites["b"].submit(JobSubmission("gcreplay-k1-keyed", "sleep 9", 1, key="gc-x-s2"))
+    grid.sites["b"].submit(JobSubmission("someone", "sleep 9", 1))
+    grid.sites["a"].finish("1")  # k1's job 1 ended by itself before the clean-up
+    ours = {(j.planned.site, j.job_id) for j in killed.jobs}
+    assert len(ours) == 3 and all(j.live for j in killed.jobs)
+
+    report = cancel_run("k1", ["a", "b"], grid.adapter, clock=grid.clock, sleep=grid.sleep)
+    data = report.as_json()
+    assert report.ok and (data["found"], data["cancelled"], data["left_running"]) == (2, 2, [])
+    assert {(j["site"], j["job_id"]) for j in data["jobs"]} == ours - {("a", "1")}
+    assert data["prefix"] == "gcreplay-k1-" and data["unread_sites"] == {}
+    cancelled = {(s, i) for s, site in grid.sites.items() for i in site.cancelled}
+    assert cancelled == ours - {("a", "1")}
+    untouched = [j for site in grid.sites.values() for j in site.jobs.values() if j.state
+                 is JobState.PENDING]  # fmt: skip
+    assert sorted(j.submission.name for j in untouched) == [
+        "gcreplay-k1-keyed", "gcreplay-k12-4", "mine", "someone",
+    ]  # fmt: skip
+    assert other.jobs[0].live
+    again = cancel_run("k1", ["a", "b"], grid.adapter, clock=grid.clock, sleep=grid.sleep)
+    assert again.ok and again.as_json()["found"] == 0
+
+
+def test_the_clean_up_asks_again_and_reports_what_it_could_not_cancel(grid: Grid) -> None:
+    grid.runs_jobs = False
+    _killed_replay(grid, "k2", [_job(1, 0), _job(2, 0)])  # one job at a, one at b
+    flaky = CancelFails(grid.sites["a"], failures=1)
+    sites: dict[str, Any] = {"a": flaky, "b": grid.sites["b"]}
+    report = cancel_run("k2", ["a", "b"], sites.__getitem__, clock=grid.clock, sleep=grid.sleep)
+    assert report.ok and flaky.cancel_calls == 2 and report.as_json()["cancelled"] == 2
+
+    _killed_replay(grid, "k3", [_job(1, 0), _job(2, 0)])
+    broken = CancelFails(grid.sites["a"], failures=1000)
+    sites["a"] = broken
+    report = cancel_run("k3", ["a", "b"], sites.__getitem__, clock=grid.clock, sleep=grid.sleep)
+    assert not report.ok and broken.cancel_calls == MAX_CANCEL_ATTEMPTS
+    assert [(j["site"], j["cancel_error"]) for j in report.as_json()["left_running"]] == [
+        ("a", "site a: slurmrestd: connection reset")
+    ]
+
+
+def test_a_site_the_clean_up_cannot_list_is_reported_and_not_ok(grid: Grid) -> None:
+    class Unreadable(FaultySite):
+        def observe(self) -> Any:
+            raise SiteUnavailable("b", "connection refused")
+
+    _killed_replay(grid, "k4", [_job(1, 0)])
+    sites: dict[str, Any] = {"a": grid.sites["a"], "b": Unreadable(grid.sites["b"])}
+    report = cancel_run("k4", ["a", "b"], sites.__getitem__, clock=grid.clock, sleep=grid.sleep)
+    assert not report.ok and report.as_json()["found"] == 1
+    assert report.as_json()["unread_sites"] == {"b": "site b: connection refused"}
+    with pytest.raises(ReplayError, match="RUN 'k4-1': not a replay's run id"):
+        cancel_run("k4-1", ["a"], grid.adapter)

@@ -61,3 +61,23 @@ def test_observed_jobs_carry_their_keys(session: requests.Session) -> None:
         ("1002", KEY, JobState.RUNNING),
         ("1004", None, JobState.RUNNING),
     ]
+
+
+def test_observed_jobs_carry_their_names_what_finds_a_keyless_job(
+    session: requests.Session,
+) -> None:
+    # a replayed job has no key: its name is what finds it (gridcore.engine.replay)
+    jobs = body(
+        jobs=[
+            {"job_id": 1001, "name": "gcreplay-3f9a1c-7", "job_state": "PENDING", "cpus": 2},
+            {"job_id": 1002, "name": "", "job_state": "RUNNING", "cpus": 1},
+            {"job_id": 1003, "job_state": "RUNNING", "cpus": 1},
+        ]
+    )
+    nodes = body(nodes=[{"name": "n1", "cpus": 16, "idle_cpus": 8, "partitions": ["debug"]}])
+    site, _ = make_site(session, {("GET", "/jobs"): (200, jobs), ("GET", "/nodes"): (200, nodes)})
+    assert [(j.job_id, j.name) for j in site.observe().jobs] == [
+        ("1001", "gcreplay-3f9a1c-7"),
+        ("1002", None),
+        ("1003", None),
+    ]
