@@ -6,6 +6,7 @@ Design, equations and the choices where a paper is ambiguous: ``docs/coallocatio
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import itertools
 import math
@@ -19,6 +20,7 @@ from types import MappingProxyType
 
 from gridcore.errors import ConfigError
 from gridcore.model import (
+    ASSUMED_RUNTIME_S,
     CoAllocationRequest,
     Component,
     Outcome,
@@ -27,7 +29,14 @@ from gridcore.model import (
     SiteSnapshot,
 )
 from gridcore.policies.claiming import QueuedJob, scan_placement_queue
+from gridcore.policies.idle_soon import IdleSoon, defer_for_fewer_clusters, idle_at
 from gridcore.policies.placement import PlacementPolicy, place
+from gridcore.policies.wait_prediction import (
+    WAIT_MODELS,
+    PredictedBackfillModel,
+    RunningJob,
+    WaitModel,
+)
 from gridcore.sim.cluster import (
     Admission,
     ClusterModel,
@@ -39,6 +48,7 @@ from gridcore.sim.cluster import (
 )
 from gridcore.sim.core import SimulationError
 from gridcore.sim.log_load import OtherUsersLog, local_work, start_log
+from gridcore.sim.queue_view import queue_view, watch_models
 from gridcore.sim.workload import (
     BackgroundLoad,
     JobTimes,
@@ -52,6 +62,10 @@ from gridcore.sim.workload import (
 
 SCAN_INTERVAL_S = 4.0
 """Interval between successive scans of the placement queue in the paper (Sec. 5)."""
+
+GRID_USER = "koala"
+"""The user the idle-soon wait models see the grid's own jobs under (docs/coallocation.md,
+"Idle soon from a wait model"): their run times are predicted from the grid's last two."""
 
 ExecutionTime = Callable[[int, int], float]
 """``(job size in processors, clusters combined) -> execution time in seconds``."""
@@ -155,7 +169,8 @@ class GridJob:
 
 class EventKind(enum.StrEnum):
     ARRIVE = "arrive"  # a grid job is submitted (processors: its size)
-    QUEUE = "queue"  # its arrival try failed: it joins the placement queue
+    QUEUE = "queue"  # its arrival try failed (or it deferred): it joins the placement queue
+    DEFER = "defer"  # it fits now, but the idle-soon view fits it on fewer clusters
     START = "start"  # a grid job takes processors on a site (one event per site)
     END = "end"  # ... and releases them
     LOCAL_START = "local_start"
@@ -188,6 +203,7 @@ class CoallocRun:
     policy: PlacementPolicy
     jobs: tuple[CoallocRecord, ...]
     events: tuple[TraceEvent, ...]
+    deferrals: int = 0  # placement tries the idle-soon view deferred (0 without it)
 
     @property
     def mean_response_s(self) -> float:
@@ -231,6 +247,7 @@ def simulate_coallocation(
     scan_interval_s: float = SCAN_INTERVAL_S,
     log: OtherUsersLog | None = None,
     seed: int = 0,
+    idle_soon: IdleSoon | None = None,
 ) -> CoallocRun:
     """Run ``jobs`` with ``policy`` on ``clusters`` until every grid job has completed.
 
@@ -239,11 +256,15 @@ def simulate_coallocation(
     ``background`` adds the generated, band-controlled local load (seeded by ``seed``).
     ``log``: other users' jobs from a real log besides them, queued at their clusters
     (not band-controlled) while grid jobs are unfinished; the queues then backfill as EASY
-    and the run starts at ``log.start_s``.
+    and the run starts at ``log.start_s``. ``idle_soon``: a job that fits now on two or
+    more clusters defers while a wait model's idle-soon view fits it on fewer
+    (docs/coallocation.md, "Idle soon from a wait model"); ``None``: never.
     """
     _validate(clusters, jobs, local_jobs, scan_interval_s)
     _check_placeable(clusters, jobs, policy)
-    model = _CoallocModel(clusters, policy, execution_time, background, scan_interval_s, seed, log)
+    model = _CoallocModel(
+        clusters, policy, execution_time, background, scan_interval_s, seed, log, idle_soon
+    )
     return model.run(jobs, local_jobs)
 
 
@@ -299,6 +320,7 @@ class _Pending:
     placement: Placement | None = None
     start_s: float | None = None
     end_s: float | None = None
+    deferred_since: float | None = None  # its first idle-soon deferral
 
     def record(self) -> CoallocRecord:
         if self.placement is None or self.start_s is None or self.end_s is None:
@@ -325,6 +347,7 @@ class _CoallocModel(ClusterModel):
         scan_interval_s: float,
         seed: int,
         log: OtherUsersLog | None = None,
+        idle_soon: IdleSoon | None = None,
     ) -> None:
         if log is None:
             super().__init__(clusters, _END)
@@ -339,6 +362,12 @@ class _CoallocModel(ClusterModel):
         self._scan_scheduled = False
         self._unfinished = 0
         self._background = background
+        self._soon = idle_soon
+        self._deferrals = 0
+        self._models: dict[str, WaitModel] = {}
+        if idle_soon is not None:
+            self._models = {name: WAIT_MODELS[idle_soon.model]() for name in self._clusters}
+            watch_models(self._clusters, {idle_soon.model: self._models})
         self._users = OtherUsers(
             self._sim,
             tuple(self._clusters.values()),
@@ -373,7 +402,7 @@ class _CoallocModel(ClusterModel):
             self._sim.schedule(item.job.arrival_s, partial(self._arrive, item), _ARRIVE)
         if self._users_log is None:
             self._sim.run()
-            return CoallocRun(self._policy, tuple(p.record() for p in pending), tuple(self._events))
+            return self._outcome(pending)
         start_log(
             self._sim,
             self._users_log,
@@ -385,7 +414,11 @@ class _CoallocModel(ClusterModel):
         # Logged jobs still queued or running when the grid's are done are not followed.
         while self._unfinished > 0 and self._sim.pending:
             self._sim.step()
-        return CoallocRun(self._policy, tuple(p.record() for p in pending), tuple(self._events))
+        return self._outcome(pending)
+
+    def _outcome(self, pending: Sequence[_Pending]) -> CoallocRun:
+        records = tuple(p.record() for p in pending)
+        return CoallocRun(self._policy, records, tuple(self._events), self._deferrals)
 
     def _logged_arrives(self, job: LocalJob) -> None:
         self._clusters[job.site].enqueue(local_work(job))
@@ -408,6 +441,8 @@ class _CoallocModel(ClusterModel):
     def _place(self, items: Sequence[_Pending]) -> list[_Pending]:
         """One placement try for each of ``items``, head to tail, on the idle processors
         now (KOALA's queue scan, Sec. 3.2); starts the placed ones, returns the others."""
+        if self._soon is not None:
+            return self._place_or_defer(items, self._soon)
         snapshot = [SiteSnapshot(c.name, c.processors, c.idle) for c in self._clusters.values()]
         by_name = {item.job.name: item for item in items}
         result = scan_placement_queue([item.queued for item in items], snapshot, self._policy)
@@ -419,6 +454,61 @@ class _CoallocModel(ClusterModel):
             by_name[queued.name].queued = queued
             waiting.append(by_name[queued.name])
         return waiting
+
+    def _place_or_defer(self, items: Sequence[_Pending], soon: IdleSoon) -> list[_Pending]:
+        """:meth:`_place` with the idle-soon view (docs/coallocation.md, "Idle soon from
+        a wait model"): the same tries head to tail on one snapshot updated as jobs are
+        placed, but a job that fits now on two or more clusters defers (for at most
+        ``soon.horizon_s`` from its first deferral) while the view fits it on fewer."""
+        now = self._sim.now
+        snapshot = [SiteSnapshot(c.name, c.processors, c.idle) for c in self._clusters.values()]
+        position = {c.site: i for i, c in enumerate(snapshot)}
+        view: list[SiteSnapshot] | None = None  # built at the first job that may defer
+        waiting = []
+        for item in items:
+            queued = item.queued
+            item.queued = QueuedJob(queued.request, queued.replicas, queued.placement_tries + 1)
+            decision = place(item.queued.request, snapshot, self._policy)
+            if decision.outcome is not Outcome.FIT:
+                waiting.append(item)
+                continue
+            since = now if item.deferred_since is None else item.deferred_since
+            if decision.clusters_combined >= 2 and now - since < soon.horizon_s:
+                if view is None:
+                    view = self._soon_view(now + soon.horizon_s)
+                choice = defer_for_fewer_clusters(item.queued.request, decision, view, self._policy)
+                if choice.defer:
+                    item.deferred_since = since
+                    self._deferrals += 1
+                    self._log(EventKind.DEFER, item.job.name, processors=item.job.size)
+                    waiting.append(item)
+                    continue
+            for component in decision.components:
+                at = position[component.site]
+                snapshot[at] = snapshot[at].take(component.size)
+                if view is not None:
+                    view[at] = view[at].take(min(component.size, view[at].idle_processors))
+            self._start(item, decision)
+        return waiting
+
+    def _soon_view(self, at: float) -> list[SiteSnapshot]:
+        """Each cluster's idle processors at ``at`` in its wait model's plan."""
+        now = self._sim.now
+        view = []
+        for cluster in self._clusters.values():
+            model = self._models[cluster.name]
+            runtimes = model.runtimes if isinstance(model, PredictedBackfillModel) else None
+            seen = queue_view(cluster, now)
+            grid = {h.holder for h in cluster.holdings() if h.kind is Owner.GRID}
+            running = tuple(
+                RunningJob(r.job_id, r.processors, r.started_at, r.requested_s, GRID_USER)
+                if r.job_id in grid
+                else r
+                for r in seen.running
+            )
+            idle = idle_at(dataclasses.replace(seen, running=running), at, runtimes)
+            view.append(SiteSnapshot(cluster.name, cluster.processors, idle))
+        return view
 
     def _start(self, item: _Pending, decision: Placement) -> None:
         per_site: dict[str, int] = defaultdict(int)
@@ -441,6 +531,12 @@ class _CoallocModel(ClusterModel):
         for site, processors in per_site.items():
             self._clusters[site].release(item.job.name, Owner.GRID)
             self._log(EventKind.END, item.job.name, site, processors)
+            model = self._models.get(site)
+            if model is not None and item.start_s is not None:
+                ran = RunningJob(
+                    item.job.name, processors, item.start_s, ASSUMED_RUNTIME_S, GRID_USER
+                )
+                model.observe_end(ran, item.start_s, item.end_s)
         self._unfinished -= 1
         self._users.top_up()
 
