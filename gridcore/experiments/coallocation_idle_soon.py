@@ -8,6 +8,7 @@ table), run once without the view and once with it.
 Run (no CLI entry; see the doc)::
 
     python -m gridcore.experiments.coallocation_idle_soon [--background LOG.swf@SITE]
+        [--background-window START:END]
 """
 
 from __future__ import annotations
@@ -128,9 +129,10 @@ def _brief(figure: Mapping[str, Any]) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--background", action="append", default=[])
+    parser.add_argument("--background-window", default=None)
     parser.add_argument("--seeds", type=int, default=SEEDS)
     args = parser.parse_args(argv)
-    loads = parse_log_loads(args.background, None, None, None)
+    loads = parse_log_loads(args.background, args.background_window, None, None)
     result = idle_soon_experiment(args.seeds, log=LogReplay(loads) if loads else None)
     print(json.dumps(result, indent=1))
 
