@@ -70,6 +70,7 @@ from gridcore.policies.coreservation import (
     reservation_lifetime,
     select_clusters,
     select_substitutes,
+    settle_lifetime,
     static_selection,
 )
 from gridcore.sites.keys import pilot_key
@@ -225,8 +226,36 @@ class CoReservationEngine:
         now: float,
     ) -> list[_NewPilot] | None:
         """Select clusters for ``missing`` virtual jobs (Sec. 3.2), write their pilots
-        and holds, and set the job's lifetime (Eq. 2); None when nothing can hold them."""
-        selection = self._select(conn, request, missing, already, avoid, now)
+        and holds, and set the job's lifetime (Eq. 2); None when nothing can hold them.
+        With a wait model the forecasts are for pilots as long as the ones then sent
+        (:func:`~gridcore.policies.coreservation.settle_lifetime`)."""
+        floor = request.lifetime_floor_s
+        if self.runtime.snapshots.waits is None:
+            selection = self._select(conn, request, missing, already, avoid, now, floor)
+        else:
+            held = [
+                t
+                for t in conn.execute(
+                    select(pilots.c.t_avail).where(
+                        and_(pilots.c.job_id == job_id, pilots.c.state.in_(WAITING_PILOT))
+                    )
+                ).scalars()
+                if t is not None
+            ]
+
+            def lifetime_of(chosen: ClusterSelection) -> float:
+                if chosen.outcome is not Outcome.FIT:
+                    return 0.0  # nothing to send: no longer lifetime to ask for
+                waits = [*held, *(c.t_avail for c in chosen.choices)]
+                return reservation_lifetime(waits, floor, self.params.lifetime_ceiling_s)
+
+            selection = settle_lifetime(
+                lambda lifetime: self._select(
+                    conn, request, missing, already, avoid, now, lifetime
+                ),
+                lifetime_of,
+                floor,
+            )
         if selection.outcome is not Outcome.FIT:
             _set_selection(conn, job_id, selection, None, now)
             return None
@@ -266,7 +295,10 @@ class CoReservationEngine:
         already: Mapping[str, int],
         avoid: Sequence[str],
         now: float,
+        lifetime_s: float,
     ) -> ClusterSelection:
+        """Sec. 3.2's selection; a wait model's forecasts are for pilots asking the time
+        limit of a reservation of ``lifetime_s`` (Eq. 2)."""
         usable = {h.site for h in health.read_health(conn).values() if h.usable}
         names = [s for s in self._candidates(request) if s in usable or s in already]
         stats = queue_stats.queue_stats(conn, names, now)
@@ -274,7 +306,7 @@ class CoReservationEngine:
         if request.machine_file is not None:  # pinned, not selected: Eq. 1 as it is
             views = [ClusterView(s, stats[s], self.grid.site(s).processors // g) for s in names]
             return static_selection(dict(request.machine_file), views, already)
-        t_avails, notes = self._t_avails(conn, request, names, missing, already, now)
+        t_avails, notes = self._t_avails(conn, request, names, missing, already, now, lifetime_s)
         views = [
             ClusterView(s, stats[s], self.grid.site(s).processors // g, t_avails.get(s))
             for s in names
@@ -290,11 +322,13 @@ class CoReservationEngine:
         missing: int,
         already: Mapping[str, int],
         now: float,
+        lifetime_s: float,
     ) -> tuple[dict[str, tuple[float, ...]], list[str]]:
         """The wait model's ``T_avail`` per cluster (``ClusterView.t_avails``) where it
         has what it needs, fed from the cluster's stored observations and history
-        (:mod:`gridcore.engine.wait_models`); the others keep Eq. 1. One reason per
-        cluster says which was used and why."""
+        (:mod:`gridcore.engine.wait_models`), for pilots of a reservation of
+        ``lifetime_s``; the others keep Eq. 1. One reason per cluster says which was
+        used and why."""
         book = self.runtime.snapshots.waits
         if book is None or not names:
             return {}, []
@@ -311,7 +345,7 @@ class CoReservationEngine:
         for name, _, total, in_flight in rows:
             site = self.grid.site(name)
             command = submission.resources_at(request.resources, site).time_limit_s
-            limit = pilot_time_limit(request.lifetime_floor_s, command or ASSUMED_RUNTIME_S)
+            limit = pilot_time_limit(lifetime_s, command or ASSUMED_RUNTIME_S)
             room = min(missing, site.processors // g - already.get(name, 0))
             snapshot = SiteSnapshot(name, total, 0, site.slowness, in_flight)
             waits, note = virtual_job_waits(book, snapshot, g, max(0, room), limit, now)

@@ -31,6 +31,7 @@ from gridcore.policies.coreservation import (
     reservation_lifetime,
     round_robin_order,
     select_substitutes,
+    settle_lifetime,
 )
 from gridcore.policies.queue_stats import WINDOW, QueueRecord, estimate_queue_stats
 from gridcore.policies.wait_prediction import WAIT_MODELS, QueuedJob, WaitModel
@@ -436,7 +437,32 @@ class _VjmModel:
         job: _Job | None = None,
     ) -> tuple[list[str], list[float]] | None:
         """The cluster of each virtual job in issue order, and their waits (Eq. 1, or
-        the wait model's forecasts)."""
+        the wait model's forecasts, for pilots as long as the ones then sent:
+        :func:`~gridcore.policies.coreservation.settle_lifetime`)."""
+        params = self._params
+        if job is None or not self._wait_models or not params.reorganize:
+            # without reorganization the lifetime stays the floor's (_pilot_limit)
+            return self._select_for(count, kept, avoid, job, None)
+        return settle_lifetime(
+            lambda lifetime: self._select_for(count, kept, avoid, job, lifetime),
+            lambda chosen: (
+                0.0
+                if chosen is None
+                else reservation_lifetime(
+                    chosen[1], params.lifetime_floor_s, params.lifetime_ceiling_s
+                )
+            ),
+            max(job.lifetime_s, params.lifetime_floor_s),
+        )
+
+    def _select_for(
+        self,
+        count: int,
+        kept: Mapping[str, int],
+        avoid: Sequence[str],
+        job: _Job | None,
+        lifetime: float | None,
+    ) -> tuple[list[str], list[float]] | None:
         now = self._sim.now
         g = self._params.vj_processors
         views = [
@@ -444,7 +470,7 @@ class _VjmModel:
                 name,
                 estimate_queue_stats(self._history[name].values(), now),
                 cluster.processors // g,
-                self._t_avails(name, count, kept.get(name, 0), job),
+                self._t_avails(name, count, kept.get(name, 0), job, lifetime),
             )
             for name, cluster in self._clusters.items()
         ]
@@ -454,10 +480,11 @@ class _VjmModel:
         return [c.cluster for c in selection.choices], [c.t_avail for c in selection.choices]
 
     def _t_avails(
-        self, cluster: str, count: int, kept: int, job: _Job | None
+        self, cluster: str, count: int, kept: int, job: _Job | None, lifetime: float | None
     ) -> tuple[float, ...] | None:
         """The wait model's forecast for this selection's 1st, 2nd, ... virtual job on
-        ``cluster``, each with the earlier ones queued ahead (``None``: Eq. 1)."""
+        ``cluster``, each with the earlier ones queued ahead (``None``: Eq. 1), each
+        asking the pilot's time limit for ``lifetime`` (``None``: the job's own)."""
         model = self._wait_models.get(cluster)
         if model is None:
             return None
@@ -466,7 +493,12 @@ class _VjmModel:
         room = min(count, site.processors // g - kept)
         now = self._sim.now
         # each virtual job asks for its pilot's time limit
-        limit = self._pilot_limit(job) if job is not None else float(PILOT_TIME_MARGIN_S)
+        if job is None:
+            limit = float(PILOT_TIME_MARGIN_S)
+        elif lifetime is None:
+            limit = self._pilot_limit(job)
+        else:
+            limit = float(pilot_time_limit(lifetime, job.spec.runtime_s or 1.0))
         ahead: list[QueuedJob] = []
         waits: list[float] = []
         for index in range(max(0, room)):

@@ -35,6 +35,7 @@ from gridcore.policies.coreservation import (
     round_robin_order,
     select_clusters,
     select_substitutes,
+    settle_lifetime,
 )
 from gridcore.policies.queue_stats import (
     COLD_INTERVAL_S,
@@ -745,3 +746,42 @@ def test_round_robin_deals_virtual_jobs_over_the_machine_file(
 def test_round_robin_refuses_more_virtual_jobs_than_the_machine_file_holds() -> None:
     with pytest.raises(ConfigError, match="4 virtual jobs exceed"):
         round_robin_order(4, {"a": 1, "b": 2})
+
+
+# -- the lifetime the forecasts are asked for -----------------------------------------------
+
+
+def test_selections_repeat_with_the_lifetime_they_give_until_it_stops_growing() -> None:
+    # T_avail = lifetime / 3 and Eq. 2 = max(300, 2 * T_avail): from 300 the first
+    # selection gives 300 again, which settles
+    asked: list[float] = []
+
+    def select(lifetime: float) -> float:
+        asked.append(lifetime)
+        return lifetime / 3 if lifetime < 900 else 300.0
+
+    chosen = settle_lifetime(select, lambda t: max(300.0, 2 * t), 300.0)
+    # 300 -> T 100 -> Eq. 2 300 <= 300: the first selection already settled
+    assert (chosen, asked) == (100.0, [300.0])
+    asked.clear()
+    growing = settle_lifetime(lambda life: (asked.append(life), life * 0.75)[1],
+                              lambda t: 2 * t, 300.0)  # fmt: skip
+    # 300 -> 225 -> 450 -> 337.5 -> 675 -> 506.25 -> 1012.5: four selections at most
+    assert asked == [300.0, 450.0, 675.0, 1012.5]
+    assert growing == 759.375
+
+
+def test_a_selection_that_sends_nothing_ends_the_rounds() -> None:
+    asked: list[float] = []
+
+    def select(lifetime: float) -> float | None:
+        asked.append(lifetime)
+        return 1000.0 if lifetime == 300.0 else None
+
+    def lifetime_of(chosen: float | None) -> float:
+        return 0.0 if chosen is None else 2 * chosen
+
+    assert settle_lifetime(select, lifetime_of, 300.0) is None
+    assert asked == [300.0, 2000.0]
+    with pytest.raises(ConfigError, match="rounds"):
+        settle_lifetime(select, lifetime_of, 300.0, rounds=0)

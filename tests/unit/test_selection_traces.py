@@ -25,13 +25,20 @@ from gridcore.experiments.selection_traces import (
     window_starts,
 )
 from gridcore.model import JobRequest, SiteSnapshot
-from gridcore.policies.coreservation import ClusterView, QueueStats, select_clusters
+from gridcore.policies.coreservation import (
+    LIFETIME_CEILING_S,
+    ClusterView,
+    QueueStats,
+    pilot_time_limit,
+    select_clusters,
+)
 from gridcore.policies.queue_stats import WINDOW, QueueRecord
 from gridcore.policies.selection import SelectionProtocol, select_site
 from gridcore.policies.transfer import free_bandwidth
-from gridcore.policies.wait_prediction import WaitForecast
+from gridcore.policies.wait_prediction import BackfillModel, QueuedJob, QueueView, WaitForecast
 from gridcore.sim.cluster import Cluster, Owner, Queued, QueuePolicy
 from gridcore.sim.core import Simulator
+from gridcore.sim.coreservation import ParallelJob, VjmCluster, VjmParams, simulate_vjm
 from gridcore.sim.queue_view import queue_view
 from gridcore.sim.workload import SimSite
 
@@ -325,3 +332,45 @@ def test_a_queue_view_shows_the_true_running_and_queued_work() -> None:
         ("r", 3, 150.0, 7)
     ]
     assert [(q.job_id, q.processors, q.requested_s) for q in view.queued] == [("q", 4, 60.0)]
+
+
+class _Recording(BackfillModel):
+    """The backfill wait model, remembering each virtual job's time limit it was asked."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[float, float]] = []
+
+    def forecast(self, job: QueuedJob, view: QueueView) -> WaitForecast:
+        if str(job.job_id).startswith("?vj"):
+            self.asked.append((view.now, job.requested_s))
+        return super().forecast(job, view)
+
+
+def test_vjm_asks_its_forecasts_for_pilots_as_long_as_the_ones_it_sends(
+    tmp_path: Path,
+) -> None:
+    # both 40-processor clusters are full until 6,000 s by their logs' requested times:
+    # every forecast is about 5,800 s, Eq. 2 gives the 3,600 s ceiling, so the pilots ask
+    # pilot_time_limit(3600, 300); the forecasts must have been asked for that, not for
+    # the 300 s floor's limit (as they were)
+    log = tmp_path / "full.swf"
+    log.write_text(
+        "; MaxProcs: 40\n"
+        "1 0 0 5000 40 -1 -1 40 6000 -1 1 1 -1 -1 -1 -1 -1 -1\n"
+        "2 9000 0 10 1 -1 -1 1 60 -1 1 1 -1 -1 -1 -1 -1 -1\n"
+    )
+    clusters = load_grid([str(log), str(log)])
+    models = {c.site.name: _Recording() for c in clusters}
+    run = simulate_vjm(
+        [VjmCluster(c.site) for c in clusters],
+        [ParallelJob("J", 200.0, 20, 300.0)],
+        VjmParams(max_clusters=2, wait_model="backfill"),
+        log=LogAt(100.0, clusters),
+        wait_models=models,
+        horizon_s=20_000.0,
+    )
+    (job,) = run.jobs
+    assert job.first_lifetime_s == LIFETIME_CEILING_S
+    sent = pilot_time_limit(LIFETIME_CEILING_S, 300.0)
+    at_submit = [limit for m in models.values() for now, limit in m.asked if now == 200.0]
+    assert at_submit and max(at_submit) >= sent

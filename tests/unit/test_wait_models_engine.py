@@ -18,6 +18,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import inspect, select, text
 
+from gridcore.engine import coreservation as coreservation_engine
 from gridcore.engine import queue_stats, wait_models
 from gridcore.engine import selection as selection_engine
 from gridcore.engine.coreservation import CoReservationEngine
@@ -26,6 +27,7 @@ from gridcore.model import (
     CoReservationRequest,
     GridSpec,
     JobRequest,
+    JobResources,
     JobState,
     ObservedJob,
     Outcome,
@@ -34,6 +36,7 @@ from gridcore.model import (
     SiteSnapshot,
     SiteSpec,
 )
+from gridcore.policies.coreservation import pilot_time_limit
 from gridcore.policies.selection import (
     InsufficientMode,
     SelectionProtocol,
@@ -365,13 +368,44 @@ def test_vjm_selects_clusters_by_the_models_t_avail_and_says_so(tmp_path: Path) 
     engine = CoReservationEngine(runtime, "http://127.0.0.1:1")
     request = CoReservationRequest("co", "true", 8, vj_size=4, max_clusters=2)
     with store.begin() as conn:
-        chosen = engine._select(conn, request, 2, {}, (), NOW)
+        chosen = engine._select(conn, request, 2, {}, (), NOW, request.lifetime_floor_s)
     assert chosen.outcome is Outcome.FIT
     notes = [r for r in chosen.reasons if r.startswith("T_avail at cluster ")]
     assert notes[0].startswith("T_avail at cluster a: 50 to 50 s for 2 virtual jobs by wait model")
     assert notes[1] == "T_avail at cluster b by Eq. 1: no observation stored yet"
     at_a = [c.t_avail for c in chosen.choices if c.cluster == "a"]
     assert all(t == pytest.approx(50.0) for t in at_a)
+
+
+def test_vjm_asks_its_forecasts_for_pilots_as_long_as_the_ones_it_sends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model forecasts 1,000 s wherever asked: Eq. 2 then gives a 2,000 s lifetime,
+    whose pilots ask pilot_time_limit(2000, 600) = 2,900 s. The forecasts must have been
+    asked for that limit too, not only for the lifetime floor's (as they were)."""
+    store = make_store(tmp_path)
+    runtime = GridRuntime(GRID, store, clock=lambda: NOW)
+    engine = CoReservationEngine(runtime, "http://127.0.0.1:1")
+    asked: list[float] = []
+
+    def waits(
+        book: object, snapshot: SiteSnapshot, g: int, count: int, limit_s: float, now: float
+    ) -> tuple[tuple[float, ...], str]:
+        asked.append(limit_s)
+        return (1000.0,) * count, f"T_avail at cluster {snapshot.site}: 1000 s (test)"
+
+    monkeypatch.setattr(coreservation_engine, "virtual_job_waits", waits)
+    request = CoReservationRequest(
+        "co", "true", 8, vj_size=4, max_clusters=2, resources=JobResources(time_limit_s=600)
+    )
+    with store.begin() as conn:
+        job_id = coreservation_engine._insert_reservation(conn, request, NOW)
+        made = engine._select_and_record(conn, job_id, request, 2, {}, (), NOW)
+    assert made is not None
+    sent = {p.resources.time_limit_s for p in made}
+    assert sent == {pilot_time_limit(2000.0, 600.0)} == {2900}
+    assert max(asked) == 2900
+    assert min(asked) == pilot_time_limit(request.lifetime_floor_s, 600.0)  # the floor's
 
 
 def test_a_sites_forecast_is_reused_for_a_second_then_made_again(tmp_path: Path) -> None:
