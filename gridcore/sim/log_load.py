@@ -318,9 +318,25 @@ def parse_log_loads(
     at = None if offset is None else parse_duration(offset, "--background-offset")
     if scale is not None and not (math.isfinite(scale) and scale > 0):
         raise ConfigError(f"--background-scale must be a finite number > 0, got {scale}")
-    return tuple(
-        LogLoad(*_spec(spec), start, end, at, 1.0 if scale is None else scale) for spec in specs
-    )
+    loads = []
+    for spec in specs:
+        path, site = _spec(spec)
+        # without a window's start, the log's first submission (logs start their clock
+        # anywhere: a slice, or SDSC SP2's first job at 566,129 s): from log time 0 a
+        # run shorter than that saw no job of the log at all
+        begin = _first_submit(path) if start is None else start
+        if start is None and end is not None and end <= begin:
+            raise ConfigError(
+                f"--background-window: ends at {end:g} s, not after {path}'s first"
+                f" submission ({begin:g} s)"
+            )
+        loads.append(LogLoad(path, site, begin, end, at, 1.0 if scale is None else scale))
+    return tuple(loads)
+
+
+def _first_submit(path: str) -> float:
+    first = next(iter_jobs(path), None)
+    return 0.0 if first is None else first.submit_s
 
 
 def parse_duration(text: str, option: str) -> float:
@@ -331,15 +347,16 @@ def parse_duration(text: str, option: str) -> float:
     return seconds
 
 
-def _window(window: str | None) -> tuple[float, float | None]:
+def _window(window: str | None) -> tuple[float | None, float | None]:
+    """The window's start and end in log seconds, ``None`` where left out."""
     if window is None:
-        return 0.0, None
+        return None, None
     first, colon, second = window.partition(":")
     if not colon:
         raise ConfigError(f"--background-window: {window!r} is not START:END (e.g. 100h:200h)")
-    start = parse_duration(first, "--background-window") if first.strip() else 0.0
+    start = parse_duration(first, "--background-window") if first.strip() else None
     end = parse_duration(second, "--background-window") if second.strip() else None
-    if end is not None and end <= start:
+    if end is not None and end <= (start or 0.0):
         raise ConfigError(f"--background-window: the end ({second}) must be after the start")
     return start, end
 

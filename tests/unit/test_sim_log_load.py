@@ -150,6 +150,28 @@ def test_background_times_take_minutes_as_replay_s_window_does(six_jobs: str) ->
     assert (load.start_s, load.end_s, load.offset_s) == (15.0, 90.0, 30.0)
 
 
+def test_without_a_window_start_a_log_replays_from_its_first_submission(
+    tmp_path: Path,
+) -> None:
+    # a log whose clock starts long before its first job (a slice of a longer log, or
+    # SDSC SP2's first job at 566,129 s): from log time 0 a run of a day saw none of it
+    late = tmp_path / "late.swf"
+    late.write_text(
+        "; MaxProcs: 4\n"
+        "1 500000 0 100 3 -1 -1 3 100 -1 1 1 -1 -1 -1 -1 -1 -1\n"
+        "2 500060 0 100 1 -1 -1 1 100 -1 1 2 -1 -1 -1 -1 -1 -1\n"
+    )
+    for window in (None, ":600000"):
+        (load,) = parse_log_loads([f"{late}@m"], window)
+        assert (load.start_s, load.offset) == (500000.0, 500000.0)
+        jobs = list(LogReplay((load,)).jobs([SimSite("m", 4)]))
+        assert [j.submit_s for j in jobs] == [0.0, 60.0]
+    (given,) = parse_log_loads([f"{late}@m"], "0:")
+    assert given.start_s == 0.0  # a start given is kept
+    with pytest.raises(ConfigError, match="first"):
+        parse_log_loads([f"{late}@m"], ":1000")
+
+
 def test_partitions_go_to_the_sites_in_order_and_a_single_partition_log_to_the_first() -> None:
     two = str(SWF / "two-clusters.swf")
     replay = LogReplay((LogLoad(two),))
