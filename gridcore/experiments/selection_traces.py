@@ -39,7 +39,7 @@ from gridcore.sim.selection import StreamConfig, View, simulate_selection
 from gridcore.sim.workload import LocalJob, SimSite
 from gridcore.stats import half_width_95
 from gridcore.workloads.requested import RequestedTimes
-from gridcore.workloads.swf import iter_jobs, read_header
+from gridcore.workloads.swf import JobLabels, iter_jobs, read_header
 
 WINDOWS = 30
 WARM_UP = 0.10
@@ -152,15 +152,23 @@ def _partitions(path: str, largest: Mapping[int | None, int]) -> list[LoggedClus
 
 def _fill(cluster: LoggedCluster, jobs: Iterator[Any], mine: Any) -> None:
     requested_times = RequestedTimes()  # fed the kept jobs only (docs/workloads.md)
+    labels = JobLabels()
     for job in jobs:
         if not mine(job):
             continue
+        label = labels(job)
         size, run, wait = job.size, job.run_s, job.wait_s
-        if size is None or run is None or wait is None or size > cluster.site.processors:
+        if (
+            job.is_part
+            or size is None
+            or run is None
+            or wait is None
+            or size > cluster.site.processors
+        ):
             cluster.left_out += 1
             continue
         requested = requested_times.fill(job.requested_s)
-        name = f"{cluster.site.name}#{job.number}"
+        name = f"{cluster.site.name}#{label}"
         cluster.add(
             LoggedJob(name, job.submit_s, job.submit_s + wait, run, size, requested, job.user)
         )

@@ -86,7 +86,7 @@ def load_workload(path: str, cluster: int | None = None) -> Workload:
 def _workload(logged: Sequence[SwfJob], max_procs: int | None, cluster: int | None) -> Workload:
     """The :class:`Workload` of ``logged`` (the log's jobs, or partition ``cluster``'s, in
     file order) under the skip rules of docs/wait-prediction.md."""
-    skipped = dict.fromkeys(("unknown_wait", "unknown_run_time", "unknown_size"), 0)
+    skipped = dict.fromkeys(("part_line", "unknown_wait", "unknown_run_time", "unknown_size"), 0)
     kept: list[SwfJob] = []
     for job in logged:
         reason = _skip_reason(job)
@@ -109,6 +109,8 @@ def _workload(logged: Sequence[SwfJob], max_procs: int | None, cluster: int | No
 def _skip_reason(job: SwfJob) -> str | None:
     """Why the replay skips ``job`` for an unknown field (its ``skipped`` key), or
     ``None`` when it keeps it (docs/wait-prediction.md, "The replay")."""
+    if job.is_part:
+        return "part_line"
     if job.wait_s is None:
         return "unknown_wait"
     if job.run_s is None:

@@ -27,7 +27,7 @@ from gridcore.sim.core import Simulator
 from gridcore.sim.workload import LocalJob, SimSite
 from gridcore.workloads.durations import DURATION_HINT, log_seconds
 from gridcore.workloads.requested import RequestedTimes
-from gridcore.workloads.swf import SwfJob, iter_jobs, read_header
+from gridcore.workloads.swf import JobLabels, SwfJob, iter_jobs, read_header
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ class OtherUsersLog(Protocol):
 class LogCounts:
     """What one log gave a model, summed over every run that replayed it: jobs read in
     the window, replayed, and left out (larger than their cluster, no size, no run time,
-    a partition with no site)."""
+    a partition with no site, a line of one part of a job: ``SwfJob.is_part``)."""
 
     read: int = 0
     replayed: int = 0
@@ -110,6 +110,7 @@ class LogCounts:
     unsized: int = 0
     no_runtime: int = 0
     unmapped: int = 0
+    part_lines: int = 0
     runs: int = 0
 
     def as_dict(self) -> dict[str, int]:
@@ -171,7 +172,9 @@ def _log_jobs(
     # one queue's de-facto limit per cluster, fed the jobs it replays (docs/workloads.md)
     requested_times = {site.name: RequestedTimes() for site in sites}
     partitions = read_header(load.path).partitions or 1
+    labels = JobLabels()
     for logged in iter_jobs(load.path):
+        label = labels(logged)
         if logged.submit_s < load.start_s:
             continue
         if load.end_s is not None and logged.submit_s >= load.end_s:
@@ -179,7 +182,9 @@ def _log_jobs(
         counts.read += 1
         site = _site_of(logged, load, sites, partitions)
         size, run = logged.size, logged.run_s
-        if site is None:
+        if logged.is_part:
+            counts.part_lines += 1
+        elif site is None:
             counts.unmapped += 1
         elif size is None:
             counts.unsized += 1
@@ -189,7 +194,7 @@ def _log_jobs(
             counts.too_large += 1
         else:
             counts.replayed += 1
-            name = f"{index}:{load.label}#{logged.number}"
+            name = f"{index}:{load.label}#{label}"
             at = load.sim_time(logged.submit_s)
             requested = requested_times[site].fill(logged.requested_s)
             yield LocalJob(name, site, at, run, size, requested, logged.user)

@@ -39,7 +39,7 @@ from types import MappingProxyType
 
 from gridcore.errors import ConfigError
 from gridcore.workloads.durations import DURATION_HINT, log_seconds
-from gridcore.workloads.swf import SwfJob, SwfStatus
+from gridcore.workloads.swf import SwfJob
 
 DEFAULT_MAX_JOBS = 100
 """Planned jobs unless ``--max-jobs`` says otherwise: enough load for a live experiment,
@@ -53,10 +53,6 @@ replayed jobs carry none, so every engine counts them as other users' load."""
 ANY_PARTITION = "*"
 SLURM_LIMIT_STEP_S = 60
 """Slurm takes time limits in whole minutes."""
-
-_PARTIAL_LINES = frozenset(
-    {SwfStatus.PARTIAL, SwfStatus.LAST_PARTIAL_COMPLETED, SwfStatus.LAST_PARTIAL_FAILED}
-)
 
 
 class ReplayError(ConfigError):
@@ -289,7 +285,7 @@ class _Builder:
         return StopReason.MAX_JOBS if len(self.planned) >= self.settings.max_jobs else None
 
     def _planned(self, job: SwfJob, at_s: float) -> PlannedJob | SkipReason:
-        if job.status in _PARTIAL_LINES:
+        if job.is_part:
             return SkipReason.PARTIAL_LINE
         size, run_s = job.size, job.run_s
         if size is None:

@@ -83,6 +83,13 @@ class SwfJob:
         return self.requested_processors or None
 
     @property
+    def is_part(self) -> bool:
+        """A line of one part of a checkpointed or swapped job (status 2, 3 or 4): the
+        job's own line carries the whole job, so a replay that also took its parts
+        would run it twice. Every replay of a log skips these lines (and counts them)."""
+        return self.status in _PART_STATUSES
+
+    @property
     def start_s(self) -> float | None:
         return None if self.wait_s is None else self.submit_s + self.wait_s
 
@@ -90,6 +97,11 @@ class SwfJob:
     def end_s(self) -> float | None:
         start = self.start_s
         return None if start is None or self.run_s is None else start + self.run_s
+
+
+_PART_STATUSES = frozenset(
+    {SwfStatus.PARTIAL, SwfStatus.LAST_PARTIAL_COMPLETED, SwfStatus.LAST_PARTIAL_FAILED}
+)
 
 
 @dataclass(frozen=True)
@@ -156,6 +168,23 @@ def read_header(path: str | os.PathLike[str]) -> SwfHeader:
         unix_start_time=_leading_int(joined.get("UnixStartTime")),
         partitions=_leading_int(joined.get("MaxPartitions")),
     )
+
+
+class JobLabels:
+    """A name for each job of one log that no other job of it has: its number (field 1),
+    or ``NUMBER@LINE`` when an earlier job had that number. The parts of a checkpointed
+    or swapped job (status 2, then 3 or 4) are one line each under the job's number, and
+    some logs repeat numbers; a replay that names its jobs by number alone would take
+    two parts for one job."""
+
+    def __init__(self) -> None:
+        self._seen: set[int] = set()
+
+    def __call__(self, job: SwfJob) -> str:
+        if job.number in self._seen:
+            return f"{job.number}@{job.line}"
+        self._seen.add(job.number)
+        return str(job.number)
 
 
 def iter_jobs(path: str | os.PathLike[str], *, partition: int | None = None) -> Iterator[SwfJob]:

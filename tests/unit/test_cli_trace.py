@@ -120,15 +120,20 @@ def test_a_missing_log_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Pat
 
 
 def test_wait_prediction_replays_each_partition_of_a_multi_cluster_log(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    argv = ["experiment", "wait-prediction", "--trace", str(TWO_CLUSTERS), "--plot", ""]
+    # two-clusters.swf's partition-2 jobs plus one it can replay (its job 7 is a part of
+    # a job, status 4, which every replay skips)
+    log = tmp_path / "two.swf"
+    log.write_text(TWO_CLUSTERS.read_text() + "8 50 0 20 16 -1 -1 16 60 -1 1 4 2 3 1 2 -1 -1\n")
+    argv = ["experiment", "wait-prediction", "--trace", str(log), "--plot", ""]
     assert main([*argv, "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["trace"]["partitions_replayed"] == [1, 2]
     assert {number: own["jobs"] for number, own in result["partitions"].items()} == {
-        "1": 4,
+        "1": 2,
         "2": 1,
     }
+    assert result["skipped"]["part_line"] == 3
     assert main(argv) == 0
     assert "2 partitions replayed separately" in capsys.readouterr().out

@@ -176,6 +176,25 @@ def test_the_experiment_runs_on_a_log_that_overcommits_its_machine(tmp_path: Pat
     assert set(result["protocols"]) == {"naive", "default", "sbatch-m"}
 
 
+def test_a_log_that_repeats_job_numbers_replays_each_line_as_its_own_job(
+    tmp_path: Path,
+) -> None:
+    # every job number twice (a log's error, or parts of jobs): named by number alone,
+    # two running jobs were one holder and the cluster refused the second
+    lines = ["; MaxProcs: 40"]
+    for number in range(1, 40):
+        for _ in range(2):
+            lines.append(f"{number} {number * 50} 0 400 4 -1 -1 4 600 -1 1 1 -1 -1 -1 -1 -1 -1")
+    log = tmp_path / "repeats.swf"
+    log.write_text("\n".join(lines) + "\n")
+    (cluster,) = load_grid([str(log)])
+    names = [job.name for job in cluster.jobs]
+    assert len(names) == len(set(names)) == 78
+    assert names[:2] == ["repeats#1", "repeats#1@3"]
+    result = selection_traces([str(log), str(log)], windows=2, seed=0)
+    assert len(result["per_window"]) == 2
+
+
 def test_warm_models_know_only_the_past_and_give_copies() -> None:
     clusters = load_grid(HEADS)
     warm = WarmModels(clusters)

@@ -172,11 +172,19 @@ def test_without_a_window_start_a_log_replays_from_its_first_submission(
         parse_log_loads([f"{late}@m"], ":1000")
 
 
-def test_partitions_go_to_the_sites_in_order_and_a_single_partition_log_to_the_first() -> None:
-    two = str(SWF / "two-clusters.swf")
-    replay = LogReplay((LogLoad(two),))
+def test_partitions_go_to_the_sites_in_order_and_a_single_partition_log_to_the_first(
+    tmp_path: Path,
+) -> None:
+    # two-clusters.swf plus a partition-2 job it can replay (its jobs 5-7 are parts of
+    # jobs, status 2-4: skipped and counted)
+    two = tmp_path / "two.swf"
+    two.write_text(
+        (SWF / "two-clusters.swf").read_text() + "8 50 0 20 16 -1 -1 16 60 -1 1 4 2 3 1 2 -1 -1\n"
+    )
+    replay = LogReplay((LogLoad(str(two)),))
     jobs = list(replay.jobs([SimSite("a", 96), SimSite("b", 96)]))
     assert {j.site for j in jobs} == {"a", "b"}
+    assert replay.counts[0].part_lines == 3
     single = LogReplay((LogLoad(str(SWF / "kth-sp2-head.swf.gz")),))
     assert {j.site for j in single.jobs([SimSite("x", 100), SimSite("y", 100)])} == {"x"}
 

@@ -428,7 +428,8 @@ def test_cluster_keeps_one_partition_and_skipped_jobs_are_counted(tmp_path: Path
     whole = load_workload(log)
     assert whole.processors == 16 and whole.processors_from == "MaxProcs"
     assert dict(whole.skipped) == {
-        "unknown_wait": 1, "unknown_run_time": 1, "unknown_size": 1, "larger_than_machine": 1,
+        "part_line": 0, "unknown_wait": 1, "unknown_run_time": 1, "unknown_size": 1,
+        "larger_than_machine": 1,
     }  # fmt: skip
     one = load_workload(log, cluster=1)
     assert one.processors == 8 and one.processors_from == "largest job of partition 1"

@@ -21,8 +21,6 @@ from gridcore.experiments.wait_prediction import (
 )
 from gridcore.policies.wait_prediction import WAIT_MODELS
 
-TWO_CLUSTERS = str(Path(__file__).parent.parent / "data" / "swf" / "two-clusters.swf")
-
 SWF_LINE = "{n} {submit} {wait} {run} {procs} -1 -1 {procs} {req} -1 1 {user} 1 -1 1 {part} -1 -1"
 
 
@@ -30,13 +28,24 @@ def _without_cpu(figures: dict[str, Any]) -> dict[str, Any]:
     return {name: {"all": f["all"], "waited": f["waited"]} for name, f in figures.items()}
 
 
-def test_each_partition_is_replayed_as_its_cluster_run_and_the_figures_pooled() -> None:
-    pooled = wait_prediction_experiment(TWO_CLUSTERS)
-    alone = {n: wait_prediction_experiment(TWO_CLUSTERS, n) for n in (1, 2)}
+def test_each_partition_is_replayed_as_its_cluster_run_and_the_figures_pooled(
+    tmp_path: Path,
+) -> None:
+    rows = [
+        (1, 0, 10, 100, 8, 200, 1),
+        (2, 5, 0, 50, 4, 60, 1),
+        (3, 45, 2, 7, 32, 10, 2),
+        (4, 50, 0, 10, 4, 20, 2),
+    ]
+    log = _write_log(tmp_path / "two.swf", rows)
+    with open(log, "a") as out:  # a part of job 2 (status 2): skipped as part_line
+        out.write("5 60 0 10 4 -1 -1 4 60 -1 2 1 1 -1 1 1 -1 -1\n")
+    pooled = wait_prediction_experiment(log)
+    alone = {n: wait_prediction_experiment(log, n) for n in (1, 2)}
     # the old replay put both partitions on one machine of MaxProcs in one queue
     assert pooled["trace"]["partitions_replayed"] == [1, 2]
     assert pooled["trace"]["cluster"] is None
-    assert pooled["jobs"] == alone[1]["jobs"] + alone[2]["jobs"] == 5
+    assert pooled["jobs"] == alone[1]["jobs"] + alone[2]["jobs"] == 4
     for number, run in alone.items():
         own = pooled["partitions"][str(number)]
         assert own["predictors"] == _without_cpu(run["predictors"])
@@ -44,10 +53,10 @@ def test_each_partition_is_replayed_as_its_cluster_run_and_the_figures_pooled() 
         assert own["skipped"] == run["skipped"]
         for key in ("waited", "processors", "processors_from", "requested_time_filled"):
             assert own[key] == run["trace"][key], key
-    assert pooled["partitions"]["2"]["processors"] == 32  # its largest job, not MaxProcs 96
+    assert pooled["partitions"]["2"]["processors"] == 32  # its largest job, not MaxProcs 64
     assert pooled["skipped"] == {
-        "unknown_wait": 1, "unknown_run_time": 0, "unknown_size": 1, "larger_than_machine": 0,
-        "no_partition": 0,
+        "part_line": 1, "unknown_wait": 0, "unknown_run_time": 0, "unknown_size": 0,
+        "larger_than_machine": 0, "no_partition": 0,
     }  # fmt: skip
     assert pooled["trace"]["processors"] == 8 + 32
 
