@@ -233,28 +233,22 @@ class CoReservationEngine:
         if self.runtime.snapshots.waits is None:
             selection = self._select(conn, request, missing, already, avoid, now, floor)
         else:
-            held = [
-                t
-                for t in conn.execute(
-                    select(pilots.c.t_avail).where(
-                        and_(pilots.c.job_id == job_id, pilots.c.state.in_(WAITING_PILOT))
-                    )
-                ).scalars()
-                if t is not None
-            ]
+            held = _waiting_t_avails(conn, job_id)
+            ceiling = self.params.lifetime_ceiling_s
 
             def lifetime_of(chosen: ClusterSelection) -> float:
                 if chosen.outcome is not Outcome.FIT:
                     return 0.0  # nothing to send: no longer lifetime to ask for
                 waits = [*held, *(c.t_avail for c in chosen.choices)]
-                return reservation_lifetime(waits, floor, self.params.lifetime_ceiling_s)
+                return reservation_lifetime(waits, floor, ceiling)
 
             selection = settle_lifetime(
                 lambda lifetime: self._select(
                     conn, request, missing, already, avoid, now, lifetime
                 ),
                 lifetime_of,
-                floor,
+                # the pilots already waiting set the least lifetime (a reorganization)
+                reservation_lifetime(held, floor, ceiling),
             )
         if selection.outcome is not Outcome.FIT:
             _set_selection(conn, job_id, selection, None, now)
@@ -268,17 +262,10 @@ class CoReservationEngine:
             _new_pilot(conn, job_id, request, choice.cluster, choice.t_avail, now)
             for choice in selection.choices
         ]
-        waiting = [
-            t
-            for t in conn.execute(
-                select(pilots.c.t_avail).where(
-                    and_(pilots.c.job_id == job_id, pilots.c.state.in_(WAITING_PILOT))
-                )
-            ).scalars()
-            if t is not None
-        ]
         lifetime = reservation_lifetime(
-            waiting, request.lifetime_floor_s, self.params.lifetime_ceiling_s
+            _waiting_t_avails(conn, job_id),
+            request.lifetime_floor_s,
+            self.params.lifetime_ceiling_s,
         )
         made = [
             replace(p, resources=_pilot_resources(request, lifetime, self.grid.site(p.site)))
@@ -739,6 +726,17 @@ class CoReservationEngine:
 
 
 # -- rows ------------------------------------------------------------------------------------
+
+
+def _waiting_t_avails(conn: Connection, job_id: int) -> list[float]:
+    """The ``T_avail`` of the job's pilots still waiting for their processors: Eq. 2's
+    lifetime is twice the largest."""
+    rows = conn.execute(
+        select(pilots.c.t_avail).where(
+            and_(pilots.c.job_id == job_id, pilots.c.state.in_(WAITING_PILOT))
+        )
+    ).scalars()
+    return [t for t in rows if t is not None]
 
 
 def _insert_reservation(conn: Connection, request: CoReservationRequest, now: float) -> int:

@@ -39,7 +39,7 @@ from gridcore.sim.selection import StreamConfig, View, simulate_selection
 from gridcore.sim.workload import LocalJob, SimSite
 from gridcore.stats import half_width_95
 from gridcore.workloads.requested import RequestedTimes
-from gridcore.workloads.swf import JobLabels, iter_jobs, read_header
+from gridcore.workloads.swf import JobLabels, iter_jobs, read_header, skip_reason
 
 WINDOWS = 30
 WARM_UP = 0.10
@@ -133,10 +133,12 @@ def load_grid(paths: Sequence[str]) -> list[LoggedCluster]:
 
 
 def _largest_by_partition(path: str) -> dict[int | None, int]:
-    """The largest job size per partition number (``None``: no partition given)."""
+    """The largest size of a job the replay keeps (``skip_reason``, as wait-prediction's)
+    per partition number (``None``: no partition given); a partition none of whose jobs
+    is kept is absent, so it makes no empty cluster."""
     largest: dict[int | None, int] = {}
     for job in iter_jobs(path):
-        if job.size is not None:
+        if skip_reason(job) is None and job.size is not None:
             largest[job.partition] = max(largest.get(job.partition, 0), job.size)
     return largest
 
@@ -159,7 +161,7 @@ def _fill(cluster: LoggedCluster, jobs: Iterator[Any], mine: Any) -> None:
         label = labels(job)
         size, run, wait = job.size, job.run_s, job.wait_s
         if (
-            job.is_part
+            skip_reason(job) is not None
             or size is None
             or run is None
             or wait is None

@@ -30,7 +30,7 @@ from gridcore.policies.wait_prediction import (
 )
 from gridcore.progress import progress
 from gridcore.workloads.requested import RequestedTimes
-from gridcore.workloads.swf import SwfJob, iter_jobs, read_header
+from gridcore.workloads.swf import SwfJob, iter_jobs, read_header, skip_reason
 
 WAITED_S = 60.0
 """A job "waited" when its logged wait is above this: a forecast of 0 is within 60 s of
@@ -89,7 +89,7 @@ def _workload(logged: Sequence[SwfJob], max_procs: int | None, cluster: int | No
     skipped = dict.fromkeys(("part_line", "unknown_wait", "unknown_run_time", "unknown_size"), 0)
     kept: list[SwfJob] = []
     for job in logged:
-        reason = _skip_reason(job)
+        reason = skip_reason(job)
         if reason is None:
             kept.append(job)
         else:
@@ -106,26 +106,11 @@ def _workload(logged: Sequence[SwfJob], max_procs: int | None, cluster: int | No
     return Workload(tuple(jobs), processors, source, skipped, filled)
 
 
-def _skip_reason(job: SwfJob) -> str | None:
-    """Why the replay skips ``job`` for an unknown field (its ``skipped`` key), or
-    ``None`` when it keeps it (docs/wait-prediction.md, "The replay")."""
-    if job.is_part:
-        return "part_line"
-    if job.wait_s is None:
-        return "unknown_wait"
-    if job.run_s is None:
-        return "unknown_run_time"
-    size = job.size
-    if size is None or size <= 0:
-        return "unknown_size"
-    return None
-
-
 def kept_partitions(logged: Sequence[SwfJob]) -> list[int]:
     """The partition numbers (field 16) of the jobs the skip rules keep, in order: more
     than one is a multi-cluster log, replayed one partition at a time."""
     return sorted(
-        {job.partition for job in logged if job.partition is not None and _skip_reason(job) is None}
+        {job.partition for job in logged if job.partition is not None and skip_reason(job) is None}
     )
 
 

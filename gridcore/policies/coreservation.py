@@ -176,7 +176,8 @@ def settle_lifetime(
     choices (0 for a selection that sends nothing). Starting from ``start_s`` (the
     lifetime floor, or the job's current lifetime at a reorganization), select again
     with the lifetime the last selection gave while it gives a longer one, at most
-    ``rounds`` selections in all: the result's forecasts were made for pilots at least
+    ``rounds`` selections in all (a selection that sends nothing is never preferred to
+    one that sends pilots): the result's forecasts were made for pilots at least
     as long as the ones then sent, unless the rounds ran out. The lifetime only grows (a
     longer limit never starts earlier in a backfill plan) and Eq. 2 caps it, so it
     settles. Not in the paper (Eq. 1 ignores time limits: a second round gives the same
@@ -191,8 +192,10 @@ def settle_lifetime(
         needed = lifetime_of(chosen)
         if needed <= lifetime:
             break
-        lifetime = needed
-        chosen = select(lifetime)
+        again = select(needed)
+        if lifetime_of(again) <= 0.0:
+            break  # longer pilots fit nowhere: keep the selection that sends some
+        lifetime, chosen = needed, again
     return chosen
 
 

@@ -170,6 +170,22 @@ def read_header(path: str | os.PathLike[str]) -> SwfHeader:
     )
 
 
+def skip_reason(job: SwfJob) -> str | None:
+    """Why a replay of the log's waits leaves ``job`` out (a ``skipped`` key of the
+    experiments' JSON), or ``None`` when it can replay it: a part of a job (status 2-4),
+    an unknown wait, run time or size (a size of 0 is none)."""
+    if job.is_part:
+        return "part_line"
+    if job.wait_s is None:
+        return "unknown_wait"
+    if job.run_s is None:
+        return "unknown_run_time"
+    size = job.size
+    if size is None or size <= 0:
+        return "unknown_size"
+    return None
+
+
 class JobLabels:
     """A name for each job of one log that no other job of it has: its number (field 1),
     or ``NUMBER@LINE`` when an earlier job had that number. The parts of a checkpointed

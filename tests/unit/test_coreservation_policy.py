@@ -771,7 +771,7 @@ def test_selections_repeat_with_the_lifetime_they_give_until_it_stops_growing() 
     assert growing == 759.375
 
 
-def test_a_selection_that_sends_nothing_ends_the_rounds() -> None:
+def test_a_longer_lifetime_that_fits_nowhere_keeps_the_selection_that_fits() -> None:
     asked: list[float] = []
 
     def select(lifetime: float) -> float | None:
@@ -781,7 +781,10 @@ def test_a_selection_that_sends_nothing_ends_the_rounds() -> None:
     def lifetime_of(chosen: float | None) -> float:
         return 0.0 if chosen is None else 2 * chosen
 
-    assert settle_lifetime(select, lifetime_of, 300.0) is None
+    # the second round (2,000 s) fits nowhere: the first selection is kept
+    assert settle_lifetime(select, lifetime_of, 300.0) == 1000.0
     assert asked == [300.0, 2000.0]
+    asked.clear()
+    assert settle_lifetime(lambda life: select(life + 1), lifetime_of, 300.0) is None
     with pytest.raises(ConfigError, match="rounds"):
         settle_lifetime(select, lifetime_of, 300.0, rounds=0)

@@ -62,10 +62,18 @@ def test_the_submit_times_windows_cut_at_are_kept_once_not_rebuilt_per_window() 
         assert cluster.submits == [job.submit_s for job in cluster.jobs]
 
 
-def test_a_multi_cluster_log_gives_one_cluster_per_partition() -> None:
-    clusters = load_grid([str(SWF / "two-clusters.swf")])
+def test_a_multi_cluster_log_gives_one_cluster_per_partition(tmp_path: Path) -> None:
+    # two-clusters.swf's partition 2 has no job to replay (no wait, no size, a part of a
+    # job): one it can replay is added
+    log = tmp_path / "two-clusters.swf"
+    log.write_text(
+        (SWF / "two-clusters.swf").read_text() + "8 50 0 20 16 -1 -1 16 60 -1 1 4 2 3 1 2 -1 -1\n"
+    )
+    clusters = load_grid([str(log)])
     assert len(clusters) == 2
     assert all(c.site.name.startswith("two-clusters-p") for c in clusters)
+    (alone,) = load_grid([str(SWF / "two-clusters.swf")])  # one partition to replay
+    assert alone.site.processors == 96  # its MaxProcs
 
 
 def test_partitions_are_told_by_the_jobs_and_a_log_without_max_procs_by_its_largest_job(
@@ -92,6 +100,23 @@ def test_partitions_are_told_by_the_jobs_and_a_log_without_max_procs_by_its_larg
     )
     ((cluster,),) = [load_grid([str(one)])]
     assert (cluster.site.name, cluster.site.processors, len(cluster.jobs)) == ("one", 8, 2)
+
+
+def test_a_partition_with_no_job_to_replay_makes_no_cluster(tmp_path: Path) -> None:
+    # partition 3's only job has no wait: it made an empty cluster, and the run was
+    # refused ("a log has no job to replay"); wait-prediction replays such a log
+    log = tmp_path / "three.swf"
+    log.write_text(
+        "1 0 0 10 8 -1 -1 8 100 -1 1 1 -1 -1 -1 1 -1 -1\n"
+        "2 1 0 10 6 -1 -1 6 100 -1 1 1 -1 -1 -1 2 -1 -1\n"
+        "3 2 -1 10 4 -1 -1 4 100 -1 1 1 -1 -1 -1 3 -1 -1\n"
+        "4 3 0 10 2 -1 -1 2 100 -1 2 1 -1 -1 -1 3 -1 -1\n"
+        "5 900 0 10 2 -1 -1 2 100 -1 1 1 -1 -1 -1 1 -1 -1\n"
+        "6 900 0 10 2 -1 -1 2 100 -1 1 1 -1 -1 -1 2 -1 -1\n"
+    )
+    clusters = load_grid([str(log)])
+    assert [c.site.name for c in clusters] == ["three-p1", "three-p2"]
+    assert common_span(clusters) == (1.0, 900.0)
 
 
 def test_an_unknown_requested_time_is_filled_from_the_kept_jobs_before_it(
