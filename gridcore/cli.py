@@ -534,6 +534,17 @@ def _wait(
     return record, job.exit_status(record)
 
 
+def _hidden_password(url: str) -> str:
+    """``url`` as a person may see it printed: a password in it replaced by ``***``."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
+
+
 def _replay(args: argparse.Namespace) -> int:
     """Every option, the grid and the log's lines the plan reads are checked before the
     state database is opened (exit 2); then the sites' sizes are read, the plan made,
@@ -596,6 +607,8 @@ def _replay_live(
     # Killed outright it cancels nothing: its run id is what finds its jobs then.
     again = ["gridcore", "replay-cancel", replay.run_id, "--site-map", ",".join(args.site_map)]
     again += ["--grid", args.grid] if args.grid else []
+    # the state database too: a local site's jobs are in it (its password hidden)
+    again += ["--db", _hidden_password(args.db)] if args.db else []
     print(
         f"replay {replay.run_id}: submitting {len(replay.jobs)} jobs; if this process is"
         f" killed: {shlex.join(again)}",
@@ -644,6 +657,11 @@ def _replay_cancel_text(data: dict[str, Any]) -> str:
         for j in data["left_running"]
     ]
     lines += [f"  site {site} not listed: {why}" for site, why in data["unread_sites"].items()]
+    if not data["found"] and not data["unread_sites"]:
+        lines.append(
+            "  no job of this run is pending or running there: if the replay was killed"
+            " with jobs live, check the run id, --site-map and --db it printed at its start"
+        )
     return "\n".join(lines)
 
 

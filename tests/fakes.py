@@ -76,6 +76,7 @@ class FakeJob:
     exit_code: int | None = None
     started_at: float | None = None
     finished_at: float | None = None
+    user: str | None = None  # who it runs as (the submitting site's user)
 
     @property
     def key(self) -> str | None:
@@ -97,6 +98,7 @@ class FakeSite:
 
     spec: SiteSpec
     forgets_finished: bool = False
+    user: str | None = None  # unknown: ObservedJob.user is None too
     clock: Callable[[], float] = time.time
     after_accept: Callable[[FakeJob], None] | None = None
     jobs: dict[str, FakeJob] = field(default_factory=dict)
@@ -113,6 +115,7 @@ class FakeSite:
                 j.submitted_at,
                 j.started_at,
                 name=j.submission.name,
+                user=j.user,
             )
             for j in self.jobs.values()
             if not j.state.finished
@@ -124,7 +127,7 @@ class FakeSite:
 
     def submit(self, job: JobSubmission) -> str:
         self.check_request(job.name, job.processors, job.resources)
-        fake = FakeJob(str(len(self.jobs) + 1), job, self.clock())
+        fake = FakeJob(str(len(self.jobs) + 1), job, self.clock(), user=self.user)
         self.jobs[fake.job_id] = fake
         if self.after_accept is not None:
             self.after_accept(fake)

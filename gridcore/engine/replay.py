@@ -419,7 +419,7 @@ class ReplayRunner:
 
     def _poll_site(self, adapter: SiteAdapter, jobs: list[ReplayedJob]) -> None:
         listed = adapter.observe().jobs
-        by_name = {j.name: j for j in listed if j.key is None and j.name is not None}
+        by_name = {j.name: j for j in listed if _replayed(j, adapter.user)}
         for job in jobs:
             found = by_name.get(job.name) if job.missing else None
             if found is not None:
@@ -523,6 +523,15 @@ class CancelRunReport:
         }
 
 
+def _replayed(job: ObservedJob, user: str | None) -> bool:
+    """Could ``job`` be one a replay submitted through an adapter acting as ``user``: no
+    key, a name, and (where both are known) that user's. Another user's job of the same
+    name (slurmrestd lists everyone's) is never adopted or cancelled."""
+    if job.key is not None or job.name is None:
+        return False
+    return user is None or job.user is None or job.user == user
+
+
 def cancel_run(
     run: str,
     sites: Sequence[str],
@@ -551,10 +560,11 @@ def cancel_run(
             unread[site] = str(exc)
             log.warning("replay-cancel: site %s not listed: %s", site, exc)
             continue
+        user = adapter(site).user
         found += [
             FoundJob(site, j.job_id, j.name, j.state)
             for j in listed
-            if j.key is None and j.name is not None and j.name.startswith(prefix)
+            if _replayed(j, user) and j.name is not None and j.name.startswith(prefix)
             and not j.state.finished
         ]  # fmt: skip
     log.info("replay-cancel %s: %d job(s) pending or running", run, len(found))

@@ -14,6 +14,12 @@ class SiteAdapter(Protocol):
 
     spec: SiteSpec
 
+    @property
+    def user(self) -> str | None:
+        """The user this adapter's jobs run as at the site (``ObservedJob.user`` of the
+        jobs it submits); ``None``: unknown."""
+        ...
+
     def observe(self) -> SiteObservation:
         """Total and idle processors now, and the site's jobs (anyone's) with states.
         Each job carries the submission key it was submitted with (``ObservedJob.key``):

@@ -118,6 +118,11 @@ class LocalSite:
 
     # -- SiteAdapter -------------------------------------------------------------
 
+    @property
+    def user(self) -> str:
+        """Every job here runs as this process's OS user."""
+        return _os_user()
+
     def observe(self) -> SiteObservation:
         self.reconcile()
         now = self.clock()

@@ -367,6 +367,11 @@ class SlurmSite:
             self.spec.name,
         )
 
+    @property
+    def user(self) -> str:
+        """The Slurm user its requests act as (``X-SLURM-USER-NAME``)."""
+        return self._user
+
     def observe(self) -> SiteObservation:
         observed_at = time.time()
         # Jobs BEFORE nodes: every job this read shows RUNNING already holds its CPUs in

@@ -11,6 +11,7 @@ import json
 import os
 import random
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -211,6 +212,7 @@ def test_a_replay_killed_outright_is_cleaned_up_by_its_run_id(home: Path) -> Non
     argv = [
         sys.executable, "-m", "gridcore.cli", "replay", str(KTH), "--site-map", sites,
         "--speedup", "100", "--window", "599850:600500", "--max-jobs", "3", "--json",
+        "--db", f"sqlite:///{home}/state.db",  # the printed clean-up must name it too
     ]  # fmt: skip
     runtime = _runtime(home)
     try:  # someone else's job, beside the replay's
@@ -236,11 +238,25 @@ def test_a_replay_killed_outright_is_cleaned_up_by_its_run_id(home: Path) -> Non
         if replay.poll() is None:
             replay.kill()
             replay.wait(timeout=10)
-    assert f"gridcore replay-cancel {run} --site-map '{sites}'" in stderr.read_text()
+    printed = re.search(r"if this process is killed: (gridcore replay-cancel .*)$",
+                        stderr.read_text(), re.M)  # fmt: skip
+    assert printed is not None, stderr.read_text()[-3000:]
+    assert printed.group(1) == shlex.join(
+        [
+            "gridcore",
+            "replay-cancel",
+            run,
+            "--site-map",
+            sites,
+            "--db",
+            f"sqlite:///{home}/state.db",
+        ]
+    )
     left = _live_of_run(home, run)
     assert sum(map(len, left.values())) == 3, left  # they outlive the replay
 
-    cancel = [sys.executable, "-m", "gridcore.cli", "replay-cancel", run, "--site-map", sites]
+    # the command as printed
+    cancel = [sys.executable, "-m", "gridcore.cli", *shlex.split(printed.group(1))[1:]]
     done = subprocess.run([*cancel, "--json"], capture_output=True, text=True, timeout=90)
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads(done.stdout)

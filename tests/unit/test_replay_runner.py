@@ -370,6 +370,24 @@ def test_the_jobs_of_a_killed_replay_are_cancelled_by_its_run_id_and_no_other(
     assert again.ok and again.as_json()["found"] == 0
 
 
+def test_another_users_job_of_the_runs_name_is_never_cancelled_or_adopted(
+    grid: Grid,
+) -> None:
+    # slurmrestd lists every user's jobs: one of another user's may carry the name
+    grid.runs_jobs = False
+    for site in grid.sites.values():
+        site.user = "me"
+    killed = _killed_replay(grid, "k5", [_job(1, 0)])
+    theirs_id = grid.sites["b"].submit(JobSubmission("gcreplay-k5-1", "sleep 9", 1))
+    grid.sites["b"].jobs[theirs_id].user = "them"
+    report = cancel_run("k5", ["a", "b"], grid.adapter, clock=grid.clock, sleep=grid.sleep)
+    assert report.as_json()["found"] == 1
+    assert {(j["site"], j["job_id"]) for j in report.as_json()["jobs"]} == {
+        (j.planned.site, j.job_id) for j in killed.jobs
+    }
+    assert grid.sites["b"].jobs[theirs_id].state is JobState.PENDING
+
+
 def test_the_clean_up_asks_again_and_reports_what_it_could_not_cancel(grid: Grid) -> None:
     grid.runs_jobs = False
     _killed_replay(grid, "k2", [_job(1, 0), _job(2, 0)])  # one job at a, one at b
