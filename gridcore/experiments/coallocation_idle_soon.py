@@ -3,39 +3,32 @@
 The view, its use, the settings and the decision rule were fixed before any run:
 ``docs/coallocation.md`` (section "Idle soon from a wait model (issue 22)"). Each seed
 is koala-placement's ``--seed s --runs 1`` (same clusters, traces, local load, growth
-table), run once without the view and once with it.
+table: :func:`gridcore.experiments.coallocation_placement.placement_run`), run once
+without the view and once with it.
 
-Run (no CLI entry; see the doc)::
-
-    python -m gridcore.experiments.coallocation_idle_soon [--background LOG.swf@SITE]
-        [--background-window START:END]
+Run: ``gridcore experiment koala-idle-soon --seeds 10 [--background LOG.swf@SITE]
+[--background-window START:END] --json``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gridcore.experiments.coallocation_placement import (
-    POLICIES,
-    WORKLOADS,
-    das_clusters,
-    workload_trace,
+from gridcore.errors import ConfigError
+from gridcore.experiments.coallocation_placement import POLICIES, WORKLOADS, placement_run
+from gridcore.experiments.registry import (
+    BACKGROUND,
+    Experiment,
+    RunOptions,
+    log_replay,
+    text_table,
 )
 from gridcore.experiments.seeds import estimate
 from gridcore.policies.idle_soon import IdleSoon
-from gridcore.sim.coallocation import (
-    FIG5_EXECUTION_S,
-    SCAN_INTERVAL_S,
-    CoallocRun,
-    Fig5ExecutionTime,
-    simulate_coallocation,
-)
-from gridcore.sim.log_load import LogReplay, parse_log_loads
-from gridcore.sim.workload import BackgroundLoad
+from gridcore.sim.coallocation import FIG5_EXECUTION_S, CoallocRun, Fig5ExecutionTime
+from gridcore.sim.log_load import LogReplay
 
 SEEDS = 10
 JOBS = 200
@@ -45,37 +38,28 @@ cells improve (lower mean response, 95 % intervals apart) and none is harmed."""
 
 
 def idle_soon_experiment(
-    seeds: int = SEEDS,
+    seeds: Sequence[int] = range(SEEDS),
     jobs: int = JOBS,
     log: LogReplay | None = None,
     soon: IdleSoon | None = None,
 ) -> dict[str, Any]:
-    """Per workload and policy, both arms over seeds ``0..seeds-1``: per-seed figures,
+    """Per workload and policy, both arms on every seed of ``seeds``: per-seed figures,
     their mean and 95 % interval, the paired difference, and the cell's verdict."""
+    if len(seeds) < 2:
+        # a 95 % interval needs two seeds (docs/coallocation.md: the measurement runs 10)
+        raise ConfigError(
+            f"--seeds must be >= 2 (the arms are compared over seeds), got {len(seeds)}"
+        )
     soon = soon or IdleSoon()
-    clusters = das_clusters()
     execution = Fig5ExecutionTime(FIG5_EXECUTION_S, 1.0)
-    background = BackgroundLoad()
     cells: dict[str, dict[str, Any]] = {}
-    for index, (workload, gap_s) in enumerate(WORKLOADS.items()):
+    for workload in WORKLOADS:
         for policy in POLICIES:
             arms: dict[str, list[CoallocRun]] = {"off": [], "on": []}
-            for seed in range(seeds):
-                run_seed = seed * 1_000_000  # koala-placement's --seed seed, run 0
-                trace = workload_trace(run_seed, jobs, gap_s)
+            for seed in seeds:
                 for arm, option in (("off", None), ("on", soon)):
                     arms[arm].append(
-                        simulate_coallocation(
-                            clusters,
-                            trace,
-                            policy,
-                            execution,
-                            background=background,
-                            scan_interval_s=SCAN_INTERVAL_S,
-                            log=log,
-                            seed=run_seed * len(WORKLOADS) + index,
-                            idle_soon=option,
-                        )
+                        placement_run(workload, seed, 0, jobs, policy, execution, log, option)
                     )
             cells[f"{workload}/{policy.value}"] = _cell(arms["off"], arms["on"])
     verdicts = [cell["verdict"] for cell in cells.values()]
@@ -86,7 +70,7 @@ def idle_soon_experiment(
         "harmed": harmed,
         "enable_by_default": improved >= IMPROVED_CELLS_TO_ENABLE and harmed == 0,
         "setup": {
-            "seeds": list(range(seeds)),
+            "seeds": list(seeds),
             "jobs": jobs,
             "horizon_s": soon.horizon_s,
             "model": soon.model,
@@ -104,6 +88,7 @@ def _cell(off: Sequence[CoallocRun], on: Sequence[CoallocRun]) -> dict[str, Any]
             "off": _brief(estimate(a)),
             "on": _brief(estimate(b)),
             "on_minus_off": _brief(estimate([y - x for x, y in zip(a, b, strict=True)])),
+            "per_seed": {"off": a, "on": b},
         }
     figures["deferrals_per_run"] = statistics.fmean(run.deferrals for run in on)
     responses = [[run.mean_response_s for run in arm] for arm in (off, on)]
@@ -126,16 +111,47 @@ def _brief(figure: Mapping[str, Any]) -> dict[str, Any]:
     return {"mean": round(figure["mean"], 2), "ci95": [round(v, 2) for v in figure["ci95"]]}
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--background", action="append", default=[])
-    parser.add_argument("--background-window", default=None)
-    parser.add_argument("--seeds", type=int, default=SEEDS)
-    args = parser.parse_args(argv)
-    loads = parse_log_loads(args.background, args.background_window, None, None)
-    result = idle_soon_experiment(args.seeds, log=LogReplay(loads) if loads else None)
-    print(json.dumps(result, indent=1))
+def idle_soon_table(result: Mapping[str, Any]) -> str:
+    """Per cell the mean response of both arms with their 95 % intervals, the paired
+    difference, the deferrals and the verdict; then the rule's decision."""
+    columns = [
+        ("cell", "<6"),
+        ("off_s", "<22"),
+        ("on_s", "<22"),
+        ("on-off_s", "<24"),
+        ("deferrals", ">9.0f"),
+        ("verdict", "<13"),
+    ]
+    rows = [
+        [
+            name,
+            *(_interval(cell["mean_response_s"][arm]) for arm in ("off", "on", "on_minus_off")),
+            cell["deferrals_per_run"],
+            cell["verdict"],
+        ]
+        for name, cell in result["cells"].items()
+    ]
+    decision = "ON" if result["enable_by_default"] else "OFF"
+    return (
+        f"{text_table(columns, rows)}\nimproved {result['improved']} harmed"
+        f" {result['harmed']}: the view by default {decision}"
+    )
 
 
-if __name__ == "__main__":
-    main()
+def _interval(figure: Mapping[str, Any]) -> str:
+    low, high = figure["ci95"]
+    return f"{figure['mean']:.1f} [{low:.1f}, {high:.1f}]"
+
+
+def _run(options: RunOptions) -> dict[str, Any]:
+    seeds = range(options.seed, options.seed + options.seeds)
+    return idle_soon_experiment(seeds, log=log_replay(options))
+
+
+KOALA_IDLE_SOON = Experiment(
+    "issue 22: KOALA placement with and without an idle-soon view, paired over --seeds",
+    _run,
+    idle_soon_table,
+    takes=BACKGROUND,
+    own_seeds=True,
+)

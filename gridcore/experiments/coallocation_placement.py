@@ -25,6 +25,7 @@ from gridcore.experiments.registry import (
 )
 from gridcore.experiments.seeds import OverSeeds, increasing
 from gridcore.model import RequestKind
+from gridcore.policies.idle_soon import IdleSoon
 from gridcore.policies.placement import PlacementPolicy
 from gridcore.progress import progress
 from gridcore.sim.coallocation import (
@@ -80,29 +81,46 @@ def koala_placement_experiment(
     execution = Fig5ExecutionTime(growth_table, comm_factor)
     background = BackgroundLoad()
     workloads: dict[str, dict[str, dict[str, float]]] = {}
-    for index, (workload, gap_s) in enumerate(WORKLOADS.items()):
+    for workload in WORKLOADS:
         outcomes: dict[PlacementPolicy, list[CoallocRun]] = {p: [] for p in POLICIES}
         for run in progress(range(runs), f"workload {workload}", unit="run"):
-            run_seed = seed * 1_000_000 + run
-            trace = workload_trace(run_seed, jobs, gap_s)
             for policy in POLICIES:
                 outcomes[policy].append(
-                    simulate_coallocation(
-                        clusters,
-                        trace,
-                        policy,
-                        execution,
-                        background=background,
-                        scan_interval_s=SCAN_INTERVAL_S,
-                        log=log,
-                        seed=run_seed * len(WORKLOADS) + index,
-                    )
+                    placement_run(workload, seed, run, jobs, policy, execution, log)
                 )
         workloads[workload] = {p.value: _summary(outcomes[p]) for p in POLICIES}
     return {
         "workloads": workloads,
         "setup": _setup(seed, jobs, execution, runs, clusters, background),
     } | background_figures(log)
+
+
+def placement_run(
+    workload: str,
+    seed: int,
+    run: int,
+    jobs: int,
+    policy: PlacementPolicy,
+    execution: Fig5ExecutionTime,
+    log: LogReplay | None = None,
+    idle_soon: IdleSoon | None = None,
+) -> CoallocRun:
+    """Run ``run`` of ``--seed seed`` for one workload and policy: its trace, local load
+    and clusters. The one place that says what a koala-placement run is, so that the
+    idle-soon measurement's arm without the view is one by construction
+    (docs/coallocation.md, "Idle soon from a wait model")."""
+    run_seed = seed * 1_000_000 + run
+    return simulate_coallocation(
+        das_clusters(),
+        workload_trace(run_seed, jobs, WORKLOADS[workload]),
+        policy,
+        execution,
+        background=BackgroundLoad(),
+        scan_interval_s=SCAN_INTERVAL_S,
+        log=log,
+        seed=run_seed * len(WORKLOADS) + list(WORKLOADS).index(workload),
+        idle_soon=idle_soon,
+    )
 
 
 def koala_placement_table(result: Mapping[str, Any]) -> str:

@@ -150,7 +150,9 @@ class Experiment:
     ``plot`` extra); ``ok`` says whether the run passed (the exit status);
     ``default_runs`` is ``None`` when the entry takes no ``--runs``; ``takes`` names the
     :data:`OPTIONAL_OPTIONS` it reads (any other given is refused); ``over_seeds`` says
-    what to report over ``--seeds`` (``None``: the entry takes no ``--seeds``);
+    what to report over ``--seeds`` (``None``: the entry takes no ``--seeds``), unless
+    ``own_seeds``: the entry reads ``--seeds`` itself, in one run (koala-idle-soon runs
+    both of its arms on every seed and compares them over the seeds);
     ``across_seeds(options)`` makes figures from all the seeds at once (once per run,
     merged into the result, e.g. stateful-selection's ``orderings``).
     """
@@ -164,6 +166,7 @@ class Experiment:
     takes: frozenset[str] = frozenset()
     over_seeds: OverSeeds | None = None
     across_seeds: Callable[[RunOptions], Result] | None = None
+    own_seeds: bool = False
 
     def execute(self, options: RunOptions) -> Result:
         """Run with ``options``, ``runs`` resolved (:meth:`runs`). Over N > 1 seeds: the
@@ -174,7 +177,7 @@ class Experiment:
             log_replay(options)  # a bad --background is refused before anything runs
         options = replace(options, runs=self.runs(options))
         across = {} if self.across_seeds is None else self.across_seeds(options)
-        if options.seeds == 1:
+        if options.seeds == 1 or self.own_seeds:
             return self.run(options) | across
         if self.over_seeds is None:
             raise ConfigError(f"--seeds: this one reports no figures over seeds ({self.summary})")
@@ -259,6 +262,7 @@ EXPERIMENTS: Mapping[str, str] = MappingProxyType(
         "stateful-selection": "gridcore.experiments.selection:STATEFUL_SELECTION",
         "koala-placement": "gridcore.experiments.coallocation_placement:KOALA_PLACEMENT",
         "koala-claiming": "gridcore.experiments.coallocation_claiming:KOALA_CLAIMING",
+        "koala-idle-soon": "gridcore.experiments.coallocation_idle_soon:KOALA_IDLE_SOON",
         "selection-robustness": "gridcore.experiments.selection_robustness:SELECTION_ROBUSTNESS",
         "vjm-coallocation": "gridcore.experiments.coreservation:VJM_COALLOCATION",
         "vjm-deadlock": "gridcore.experiments.coreservation:VJM_DEADLOCK",

@@ -3,10 +3,15 @@ model"): the view, the deferral rule, and the simulator's use of both."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
 
+from gridcore.cli import main
 from gridcore.errors import ConfigError
-from gridcore.experiments.coallocation_idle_soon import verdict
+from gridcore.experiments.coallocation_idle_soon import idle_soon_experiment, verdict
+from gridcore.experiments.coallocation_placement import koala_placement_experiment
 from gridcore.model import CoAllocationRequest, Component, RequestKind, SiteSnapshot
 from gridcore.policies.idle_soon import (
     IdleSoon,
@@ -137,8 +142,22 @@ def test_without_the_view_the_job_starts_at_once_across_two_clusters() -> None:
     assert (record.start_s, record.clusters_combined, run.deferrals) == (0.0, 2, 0)
 
 
-def test_with_the_view_the_job_waits_for_a_to_free_and_runs_on_one_cluster() -> None:
-    clusters, local = _two_split_clusters(30.0, 30.0)
+@pytest.mark.parametrize(
+    ("a_runtime_s", "start_s", "clusters_combined", "deferrals"),
+    [
+        # LA ends at 30 (within 60 s): deferred on arrival and at the scans 4..28; the
+        # scan at 32 sees A with 10 idle and places both components there.
+        (30.0, 32.0, 1, 8),
+        # LA asks for 30 s but runs 1000: the view keeps promising A; after 60 s of
+        # deferral (arrival, then 4, 8, ..., 56) the job takes what fits now, across both.
+        (1000.0, 60.0, 2, 15),
+    ],
+    ids=["waits-for-A", "at-most-the-horizon"],
+)
+def test_with_the_view_a_job_defers_for_fewer_clusters_for_at_most_the_horizon(
+    a_runtime_s: float, start_s: float, clusters_combined: int, deferrals: int
+) -> None:
+    clusters, local = _two_split_clusters(30.0, a_runtime_s)
     run = simulate_coallocation(
         clusters,
         [GridJob("j", 0.0, (4, 4))],
@@ -148,26 +167,67 @@ def test_with_the_view_the_job_waits_for_a_to_free_and_runs_on_one_cluster() -> 
         idle_soon=IdleSoon(horizon_s=60.0),
     )
     record = run.by_name("j")
-    # LA ends at 30 (within 60 s): deferred on arrival and at the scans 4..28; the scan at
-    # 32 sees A with 10 idle and places both components there.
-    assert (record.start_s, record.clusters_combined) == (32.0, 1)
-    assert {e.site for e in run.events if e.kind is EventKind.START} == {"A"}
-    assert run.deferrals == 8  # arrival, then 4, 8, ..., 28
+    assert (record.start_s, record.clusters_combined) == (start_s, clusters_combined)
+    assert run.deferrals == deferrals
+    assert record.tries == deferrals + 1
+    started_on = {e.site for e in run.events if e.kind is EventKind.START}
+    assert started_on == ({"A"} if clusters_combined == 1 else {"A", "B"})
 
 
-def test_a_job_defers_for_at_most_the_horizon() -> None:
-    # LA asks for 30 s but runs 1000: the view keeps promising A; after 60 s of
-    # deferral the job takes what fits now, across both clusters.
-    clusters, local = _two_split_clusters(30.0, 1000.0)
-    run = simulate_coallocation(
-        clusters,
-        [GridJob("j", 0.0, (4, 4))],
-        CM,
-        _flat,
-        local_jobs=local,
-        idle_soon=IdleSoon(horizon_s=60.0),
-    )
-    record = run.by_name("j")
-    assert (record.start_s, record.clusters_combined) == (60.0, 2)
-    assert run.deferrals == 15  # arrival, then 4, 8, ..., 56
-    assert record.tries == 16
+# --- the experiment -----------------------------------------------------------------------
+
+
+def _cli_json(*args: str, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    assert main(["experiment", "koala-idle-soon", *args, "--json", "--plot", ""]) == 0
+    result: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return result
+
+
+def test_the_registered_experiment_reports_every_cell_over_the_seeds_asked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    result = _cli_json("--seed", "3", "--seeds", "2", capsys=capsys)
+    assert set(result) == {"cells", "improved", "harmed", "enable_by_default", "setup"}
+    assert set(result["cells"]) == {f"{w}/{p}" for w in ("W1", "W2") for p in ("WF", "CM", "FCM")}
+    for cell in result["cells"].values():
+        assert set(cell) == {
+            "mean_response_s",
+            "mean_wait_s",
+            "mean_execution_s",
+            "mean_clusters_combined",
+            "deferrals_per_run",
+            "verdict",
+        }
+        assert set(cell["mean_response_s"]) == {"off", "on", "on_minus_off", "per_seed"}
+        assert [len(cell["mean_response_s"]["per_seed"][arm]) for arm in ("off", "on")] == [2, 2]
+    assert result["setup"]["seeds"] == [3, 4]
+    assert result["setup"]["background"] is None
+
+
+def test_the_arm_without_the_view_is_koala_placement_seed_by_seed() -> None:
+    result = idle_soon_experiment(range(1, 3), jobs=20)
+    placement = [koala_placement_experiment(seed=seed, jobs=20) for seed in (1, 2)]
+    for name, cell in result["cells"].items():
+        workload, policy = name.split("/")
+        for metric in ("mean_response_s", "mean_wait_s", "mean_clusters_combined"):
+            off = [run["workloads"][workload][policy][metric] for run in placement]
+            assert cell[metric]["per_seed"]["off"] == off, (name, metric)
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        ([], "--seeds must be >= 2"),
+        (["--seeds", "1"], "--seeds must be >= 2"),
+        (["--seeds", "2", "--background", "no-such-log.swf"], "--background no-such-log.swf"),
+        (["--seeds", "2", "--runs", "2"], "--runs: this one takes no repetitions"),
+        (["--seeds", "2", "--comm-factor", "2"], "--comm-factor: this one does not take"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_option_and_exit_2(
+    args: list[str], option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["experiment", "koala-idle-soon", *args, "--plot", ""]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1 and err.startswith(f"gridcore: error: {option}")
