@@ -95,11 +95,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--seeds",
         type=int,
-        default=1,
+        default=None,
         metavar="N",
         help="run seeds SEED..SEED+N-1 and add over_seeds: per figure the mean and 95 %% Student t"
         " interval, and how many seeds keep the paper's ordering (the other keys and the plot"
-        " are SEED's; default 1: one seed)",
+        " are SEED's; default 1: one seed; koala-idle-soon compares its two arms over them,"
+        " default 10)",
     )
     p.add_argument(
         "--cases",
@@ -748,7 +749,7 @@ def _run_registered(args: argparse.Namespace, entry: registry.Experiment) -> int
         pg_url=getattr(args, "pg_url", None),
         decisions=getattr(args, "decisions", 2000),
         per_process=getattr(args, "per_process", 250),
-        seeds=getattr(args, "seeds", 1),
+        seeds=entry.default_seeds if getattr(args, "seeds", None) is None else args.seeds,
         comm_factor=getattr(args, "comm_factor", None),
         growth_table=getattr(args, "growth_table", None),
         monitor_interval_s=getattr(args, "monitor_interval", None),

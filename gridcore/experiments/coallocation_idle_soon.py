@@ -154,4 +154,5 @@ KOALA_IDLE_SOON = Experiment(
     idle_soon_table,
     takes=BACKGROUND,
     own_seeds=True,
+    default_seeds=10,  # the fixed rule's (docs/coallocation.md)
 )

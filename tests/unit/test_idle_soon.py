@@ -10,6 +10,7 @@ import pytest
 
 from gridcore.cli import main
 from gridcore.errors import ConfigError
+from gridcore.experiments import coallocation_idle_soon as idle_soon_module
 from gridcore.experiments.coallocation_idle_soon import idle_soon_experiment, verdict
 from gridcore.experiments.coallocation_placement import koala_placement_experiment
 from gridcore.model import CoAllocationRequest, Component, RequestKind, SiteSnapshot
@@ -204,6 +205,20 @@ def test_the_registered_experiment_reports_every_cell_over_the_seeds_asked(
     assert result["setup"]["background"] is None
 
 
+def test_without_seeds_the_command_runs_the_fixed_rules_ten(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[list[int]] = []
+
+    def experiment(seeds: range, log: object = None) -> dict[str, Any]:
+        asked.append(list(seeds))
+        return idle_soon_experiment(range(0, 2), jobs=5)
+
+    monkeypatch.setattr(idle_soon_module, "idle_soon_experiment", experiment)
+    _cli_json(capsys=capsys)
+    assert asked == [list(range(10))]
+
+
 def test_the_arm_without_the_view_is_koala_placement_seed_by_seed() -> None:
     result = idle_soon_experiment(range(1, 3), jobs=20)
     placement = [koala_placement_experiment(seed=seed, jobs=20) for seed in (1, 2)]
@@ -217,7 +232,6 @@ def test_the_arm_without_the_view_is_koala_placement_seed_by_seed() -> None:
 @pytest.mark.parametrize(
     ("args", "option"),
     [
-        ([], "--seeds must be >= 2"),
         (["--seeds", "1"], "--seeds must be >= 2"),
         (["--seeds", "2", "--background", "no-such-log.swf"], "--background no-such-log.swf"),
         (["--seeds", "2", "--runs", "2"], "--runs: this one takes no repetitions"),
