@@ -12,6 +12,7 @@ experiment's own view of a log at an instant) and starts it with :func:`start_lo
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import os
@@ -171,7 +172,7 @@ def _log_jobs(
     capacity = {site.name: site.processors for site in sites}
     # one queue's de-facto limit per cluster, fed the jobs it replays (docs/workloads.md)
     requested_times = {site.name: RequestedTimes() for site in sites}
-    partitions = read_header(load.path).partitions or 1
+    partitions = {} if load.site is not None else _partition_order(load.path)
     labels = JobLabels()
     for logged in iter_jobs(load.path):
         label = labels(logged)
@@ -201,16 +202,30 @@ def _log_jobs(
 
 
 def _site_of(
-    logged: SwfJob, load: LogLoad, sites: Sequence[SimSite], partitions: int
+    logged: SwfJob, load: LogLoad, sites: Sequence[SimSite], partitions: Mapping[int, int]
 ) -> str | None:
+    """``@SITE``'s; else the ``k``-th site for the log's ``k``-th partition number (in
+    increasing order); a single-partition log's jobs all go to the first site."""
     if load.site is not None:
         return load.site
-    if partitions <= 1:
+    if len(partitions) <= 1:
         return sites[0].name
-    number = logged.partition
-    if number is None or not 1 <= number <= len(sites):
-        return None
-    return sites[number - 1].name
+    index = None if logged.partition is None else partitions.get(logged.partition)
+    return None if index is None or index >= len(sites) else sites[index].name
+
+
+def _partition_order(path: str) -> dict[int, int]:
+    """Each partition number the log's jobs carry (field 16) -> its rank among them:
+    told by the jobs, whatever the header's ``MaxPartitions`` says (as selection-traces
+    and wait-prediction tell a multi-cluster log). Read once per file version."""
+    stat = os.stat(path)
+    return dict(_partitions_of(os.path.abspath(path), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=16)
+def _partitions_of(path: str, mtime_ns: int, size: int) -> tuple[tuple[int, int], ...]:
+    numbers = sorted({job.partition for job in iter_jobs(path) if job.partition is not None})
+    return tuple((number, rank) for rank, number in enumerate(numbers))
 
 
 class LogFeeder:

@@ -189,6 +189,22 @@ def test_partitions_go_to_the_sites_in_order_and_a_single_partition_log_to_the_f
     assert {j.site for j in single.jobs([SimSite("x", 100), SimSite("y", 100)])} == {"x"}
 
 
+def test_partitions_are_told_by_the_jobs_and_ranked_whatever_their_numbers(
+    tmp_path: Path,
+) -> None:
+    # no MaxPartitions line, partitions numbered 3 and 7: each its own site, in order
+    log = tmp_path / "numbered.swf"
+    log.write_text(
+        "1 0 0 10 2 -1 -1 2 60 -1 1 1 -1 -1 -1 7 -1 -1\n"
+        "2 1 0 10 2 -1 -1 2 60 -1 1 1 -1 -1 -1 3 -1 -1\n"
+        "3 2 0 10 2 -1 -1 2 60 -1 1 1 -1 -1 -1 -1 -1 -1\n"
+    )
+    replay = LogReplay((LogLoad(str(log)),))
+    jobs = list(replay.jobs([SimSite("a", 4), SimSite("b", 4)]))
+    assert [(j.name.rsplit("#", 1)[1], j.site) for j in jobs] == [("1", "b"), ("2", "a")]
+    assert replay.counts[0].unmapped == 1  # job 3: no partition
+
+
 def test_the_replay_on_its_own_machine_comes_close_to_the_logged_waits() -> None:
     # 3000 consecutive CTC jobs (tests/data/swf/README.md), alone on 338 processors.
     # Measured (docs/experiments.md): mean wait 17083 s replayed vs 9910 s logged, 46 %
