@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -95,3 +99,60 @@ def test_a_real_log_head_replayed_to_two_slurm_clusters(
             assert seen["comment"] in ("", "(null)"), seen  # no key: not gridcore's
             assert seen["state"] in ENDED, seen  # the command has exited: nothing runs
             assert seen["state"] == job["state"].upper(), (job, seen)
+
+
+def test_a_replay_killed_outright_is_cleaned_up_on_slurm(
+    slurm_grid: SlurmGrid, tmp_path: Path
+) -> None:
+    """SIGKILL leaves the replay's jobs pending or running at beta and gamma; the
+    clean-up command it printed finds them in slurmrestd's listing (by name, keyless,
+    run as the token's user) and cancels them: none is left pending or running."""
+    env = {
+        **os.environ,
+        **slurm_grid.env,
+        "GRIDCORE_HOME": str(tmp_path),
+        "GRIDCORE_DB_URL": f"sqlite:///{tmp_path}/state.db",
+    }
+    argv = [
+        sys.executable, "-m", "gridcore.cli", "replay", str(SDSC),
+        "--grid", str(slurm_grid.grid_toml), "--site-map", "*=beta+gamma",
+        "--speedup", "100", "--window", WINDOW, "--max-jobs", "4", "--max-duration", "600",
+    ]  # fmt: skip
+    stderr = tmp_path / "replay.stderr"
+    with stderr.open("w") as err:
+        replay = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    clusters = [slurm_grid.cluster(site) for site in ("beta", "gamma")]
+    try:
+        deadline = time.monotonic() + 120.0
+        run = None
+        while time.monotonic() < deadline and replay.poll() is None:
+            found = re.search(r"^replay ([0-9a-f]{6}): submitting 4 jobs", stderr.read_text(), re.M)
+            if found:
+                run = found.group(1)
+                live = [j for c in clusters for j in _listing(c, f"gcreplay-{run}-").values()
+                        if j["state"] in ("PENDING", "RUNNING")]  # fmt: skip
+                if len(live) == 4:
+                    break
+            time.sleep(0.5)
+        assert run is not None and replay.poll() is None, stderr.read_text()[-3000:]
+        replay.send_signal(signal.SIGKILL)
+        replay.wait(timeout=10)
+    finally:
+        if replay.poll() is None:
+            replay.kill()
+            replay.wait(timeout=10)
+    printed = re.search(r"if this process is killed: (gridcore replay-cancel .*)$",
+                        stderr.read_text(), re.M)  # fmt: skip
+    assert printed is not None, stderr.read_text()[-3000:]
+    prefix = f"gcreplay-{run}-"
+    assert sum(len(_listing(c, prefix)) for c in clusters) == 4
+    cancel = [sys.executable, "-m", "gridcore.cli", *shlex.split(printed.group(1))[1:], "--json"]
+    done = subprocess.run(cancel, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads(done.stdout)
+    # job 24 (36 s) may have ended by itself since the kill
+    assert data["found"] >= 3 and data["cancelled"] >= 3, data
+    assert (data["left_running"], data["unread_sites"]) == ([], {}), data
+    for cluster in clusters:
+        for job in _listing(cluster, prefix).values():
+            assert job["state"] in ENDED, job
