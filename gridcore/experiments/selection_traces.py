@@ -39,7 +39,7 @@ from gridcore.sim.selection import StreamConfig, View, simulate_selection
 from gridcore.sim.workload import LocalJob, SimSite
 from gridcore.stats import half_width_95
 from gridcore.workloads.requested import RequestedTimes
-from gridcore.workloads.swf import JobLabels, iter_jobs, read_header, skip_reason
+from gridcore.workloads.swf import JobLabels, SwfJob, iter_jobs, read_header, skip_reason
 
 WINDOWS = 30
 WARM_UP = 0.10
@@ -127,7 +127,7 @@ def load_grid(paths: Sequence[str]) -> list[LoggedCluster]:
         if any(c.site.name == name for c in clusters):
             name = f"{name}-{len(clusters)}"
         cluster = LoggedCluster(SimSite(name, processors))
-        _fill(cluster, iter_jobs(path), lambda _: True)
+        _fill(cluster, iter_jobs(path))
         clusters.append(cluster)
     return clusters
 
@@ -144,21 +144,36 @@ def _largest_by_partition(path: str) -> dict[int | None, int]:
 
 
 def _partitions(path: str, largest: Mapping[int | None, int]) -> list[LoggedCluster]:
-    clusters = []
-    for number in sorted(n for n in largest if n is not None):
-        cluster = LoggedCluster(SimSite(f"{_label(path)}-p{number}", largest[number]))
-        _fill(cluster, iter_jobs(path), lambda job, n=number: job.partition == n)
-        clusters.append(cluster)
-    return clusters
+    """One cluster per partition, all filled in one pass over the log."""
+    fillers = {
+        number: _Filler(LoggedCluster(SimSite(f"{_label(path)}-p{number}", largest[number])))
+        for number in sorted(n for n in largest if n is not None)
+    }
+    for job in iter_jobs(path):
+        filler = fillers.get(job.partition) if job.partition is not None else None
+        if filler is not None:
+            filler.add(job)
+    return [filler.cluster for filler in fillers.values()]
 
 
-def _fill(cluster: LoggedCluster, jobs: Iterator[Any], mine: Any) -> None:
-    requested_times = RequestedTimes()  # fed the kept jobs only (docs/workloads.md)
-    labels = JobLabels()
+def _fill(cluster: LoggedCluster, jobs: Iterator[SwfJob]) -> None:
+    filler = _Filler(cluster)
     for job in jobs:
-        if not mine(job):
-            continue
-        label = labels(job)
+        filler.add(job)
+
+
+class _Filler:
+    """Adds a log's jobs to ``cluster`` one at a time: its requested-time filler is fed
+    the kept jobs only (docs/workloads.md), its names are unique (``JobLabels``)."""
+
+    def __init__(self, cluster: LoggedCluster) -> None:
+        self.cluster = cluster
+        self._requested_times = RequestedTimes()
+        self._labels = JobLabels()
+
+    def add(self, job: SwfJob) -> None:
+        cluster = self.cluster
+        label = self._labels(job)
         size, run, wait = job.size, job.run_s, job.wait_s
         if (
             skip_reason(job) is not None
@@ -168,8 +183,8 @@ def _fill(cluster: LoggedCluster, jobs: Iterator[Any], mine: Any) -> None:
             or size > cluster.site.processors
         ):
             cluster.left_out += 1
-            continue
-        requested = requested_times.fill(job.requested_s)
+            return
+        requested = self._requested_times.fill(job.requested_s)
         name = f"{cluster.site.name}#{label}"
         cluster.add(
             LoggedJob(name, job.submit_s, job.submit_s + wait, run, size, requested, job.user)
