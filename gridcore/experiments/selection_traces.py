@@ -330,6 +330,13 @@ def selection_traces(paths: Sequence[str], windows: int = WINDOWS, seed: int = 0
     if windows < 2:
         raise ConfigError(f"--windows must be >= 2, got {windows}")
     clusters = load_grid(paths)
+    room = sum(sorted((c.site.processors for c in clusters), reverse=True)[:VJM_MAX_CLUSTERS])
+    if room < VJM_PROCESSORS[1]:
+        raise ConfigError(
+            f"--traces: the {VJM_MAX_CLUSTERS} largest clusters have {room} processors, fewer"
+            f" than the co-reserved job's up to {VJM_PROCESSORS[1]} (the fixed rules'"
+            " VJM job: docs/experiments.md)"
+        )
     span = common_span(clusters)
     starts = window_starts(span, windows, seed)
     warm = WarmModels(clusters)

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from gridcore.cli import main
+from gridcore.errors import ConfigError
 from gridcore.experiments.selection_traces import (
     LogAt,
     LoggedCluster,
@@ -100,6 +101,19 @@ def test_partitions_are_told_by_the_jobs_and_a_log_without_max_procs_by_its_larg
     )
     ((cluster,),) = [load_grid([str(one)])]
     assert (cluster.site.name, cluster.site.processors, len(cluster.jobs)) == ("one", 8, 2)
+
+
+def test_a_grid_too_small_for_the_co_reserved_job_is_refused_naming_traces(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "small.swf"
+    log.write_text(
+        "; MaxProcs: 8\n"
+        "1 0 0 10 2 -1 -1 2 60 -1 1 1 -1 -1 -1 -1 -1 -1\n"
+        "2 100 5 10 2 -1 -1 2 60 -1 1 1 -1 -1 -1 -1 -1 -1\n"
+    )
+    with pytest.raises(ConfigError, match="--traces: the 2 largest clusters have 16 processors"):
+        selection_traces([str(log), str(log)], windows=2)
 
 
 def test_a_partition_with_no_job_to_replay_makes_no_cluster(tmp_path: Path) -> None:
