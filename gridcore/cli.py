@@ -542,7 +542,7 @@ def _hidden_password(url: str) -> str:
 
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # not a URL SQLAlchemy parses: as given
         return url
 
 

@@ -167,7 +167,9 @@ class Experiment:
     over_seeds: OverSeeds | None = None
     across_seeds: Callable[[RunOptions], Result] | None = None
     own_seeds: bool = False
-    default_seeds: int = 1  # what the command line runs without --seeds
+    default_seeds: int = 1
+    """The seeds the command line runs without ``--seeds`` (``gridcore.cli`` resolves
+    it); a caller building :class:`RunOptions` itself gives ``seeds``."""
 
     def execute(self, options: RunOptions) -> Result:
         """Run with ``options``, ``runs`` resolved (:meth:`runs`). Over N > 1 seeds: the

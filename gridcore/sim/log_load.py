@@ -214,8 +214,14 @@ def _site_of(
     return None if index is None or index >= len(sites) else sites[index].name
 
 
+def _replayable(job: SwfJob) -> bool:
+    """A job ``_log_jobs`` can replay as load: not a part of a job, size and run time
+    known (its wait is not needed)."""
+    return not job.is_part and job.size is not None and job.run_s is not None
+
+
 def _partition_order(path: str) -> dict[int, int]:
-    """Each partition number the log's jobs carry (field 16) -> its rank among them:
+    """Each partition number the replayable jobs carry (field 16) -> its rank among them:
     told by the jobs, whatever the header's ``MaxPartitions`` says (as selection-traces
     and wait-prediction tell a multi-cluster log). Read once per file version."""
     stat = os.stat(path)
@@ -224,7 +230,9 @@ def _partition_order(path: str) -> dict[int, int]:
 
 @functools.lru_cache(maxsize=16)
 def _partitions_of(path: str, mtime_ns: int, size: int) -> tuple[tuple[int, int], ...]:
-    numbers = sorted({job.partition for job in iter_jobs(path) if job.partition is not None})
+    numbers = sorted(
+        {job.partition for job in iter_jobs(path) if job.partition is not None and _replayable(job)}
+    )
     return tuple((number, rank) for rank, number in enumerate(numbers))
 
 

@@ -203,6 +203,16 @@ def test_partitions_are_told_by_the_jobs_and_ranked_whatever_their_numbers(
     jobs = list(replay.jobs([SimSite("a", 4), SimSite("b", 4)]))
     assert [(j.name.rsplit("#", 1)[1], j.site) for j in jobs] == [("1", "b"), ("2", "a")]
     assert replay.counts[0].unmapped == 1  # job 3: no partition
+    # a partition with nothing to replay takes no site: 1 -> a, 3 -> b (2 has no run time)
+    gaps = tmp_path / "gaps.swf"
+    gaps.write_text(
+        "1 0 0 10 2 -1 -1 2 60 -1 1 1 -1 -1 -1 1 -1 -1\n"
+        "2 1 0 -1 2 -1 -1 2 60 -1 5 1 -1 -1 -1 2 -1 -1\n"
+        "3 2 0 10 2 -1 -1 2 60 -1 1 1 -1 -1 -1 3 -1 -1\n"
+    )
+    replay = LogReplay((LogLoad(str(gaps)),))
+    jobs = list(replay.jobs([SimSite("a", 4), SimSite("b", 4)]))
+    assert [(j.name.rsplit("#", 1)[1], j.site) for j in jobs] == [("1", "a"), ("3", "b")]
 
 
 def test_the_replay_on_its_own_machine_comes_close_to_the_logged_waits() -> None:
