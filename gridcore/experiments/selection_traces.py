@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import copy
+import functools
 import heapq
 import math
 import random
@@ -250,7 +251,17 @@ class LogAt:
         (queued instead: :meth:`_split`)."""
         return sum(len(self._split(c)[2]) for c in self.clusters)
 
+    @functools.cached_property
+    def _splits(self) -> dict[str, tuple[list[LoggedJob], list[LoggedJob], list[LoggedJob]]]:
+        return {c.site.name: self._split_now(c) for c in self.clusters}
+
     def _split(
+        self, cluster: LoggedCluster
+    ) -> tuple[list[LoggedJob], list[LoggedJob], list[LoggedJob]]:
+        """:meth:`_split_now`, made once per cluster (every run of a window reads it)."""
+        return self._splits[cluster.site.name]
+
+    def _split_now(
         self, cluster: LoggedCluster
     ) -> tuple[list[LoggedJob], list[LoggedJob], list[LoggedJob]]:
         """What runs at ``t0`` and what is queued then. Logs can show more processors in
@@ -382,10 +393,11 @@ def _window(
     sites = [c.site for c in clusters]
     trace = canonical_trace(seed * 1000 + k)
     members = tuple(replace(j, arrival_s=t0 + j.arrival_s, stream=0) for j in trace.jobs)
+    log = LogAt(t0, clusters)  # read-only: every run of the window replays it
     row: dict[str, Any] = {
         "window": k,
         "t0_s": t0,
-        "logged_running_queued": LogAt(t0, clusters).over_capacity,
+        "logged_running_queued": log.over_capacity,
         "completion_s": {},
         "coallocation_s": {},
     }
@@ -397,7 +409,7 @@ def _window(
             sites,
             members,
             {0: config},
-            log=LogAt(t0, clusters),
+            log=log,
             wait_models=mine,
             seed=seed * 1000 + k,
         )
@@ -412,7 +424,7 @@ def _window(
             [VjmCluster(site) for site in sites],
             [job],
             params,
-            log=LogAt(t0, clusters),
+            log=log,
             wait_models=copy.deepcopy(dict(models[name])),
             seed=seed,
             horizon_s=t0 + VJM_HORIZON_S,
