@@ -13,7 +13,7 @@ import logging
 import sys
 import uuid
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -230,25 +230,24 @@ class CoReservationEngine:
         With a wait model the forecasts are for pilots as long as the ones then sent
         (:func:`~gridcore.policies.coreservation.settle_lifetime`)."""
         floor = request.lifetime_floor_s
-        if self.runtime.snapshots.waits is None:
-            selection = self._select(conn, request, missing, already, avoid, now, floor)
+        ceiling = self.params.lifetime_ceiling_s
+        held = _waiting_t_avails(conn, job_id)  # a reorganization's pilots still waiting
+
+        def lifetime_of(chosen: ClusterSelection) -> float:
+            """Eq. 2 over the waiting pilots and the chosen ones (0: nothing to send)."""
+            if chosen.outcome is not Outcome.FIT:
+                return 0.0
+            return reservation_lifetime(
+                [*held, *(c.t_avail for c in chosen.choices)], floor, ceiling
+            )
+
+        select_at = self._selector(conn, request, missing, already, avoid, now)
+        if self.runtime.snapshots.waits is None or request.machine_file is not None:
+            selection = select_at(floor)  # Eq. 1 ignores the pilots' time limits
         else:
-            held = _waiting_t_avails(conn, job_id)
-            ceiling = self.params.lifetime_ceiling_s
-
-            def lifetime_of(chosen: ClusterSelection) -> float:
-                if chosen.outcome is not Outcome.FIT:
-                    return 0.0  # nothing to send: no longer lifetime to ask for
-                waits = [*held, *(c.t_avail for c in chosen.choices)]
-                return reservation_lifetime(waits, floor, ceiling)
-
+            # the pilots already waiting set the least lifetime (a reorganization)
             selection = settle_lifetime(
-                lambda lifetime: self._select(
-                    conn, request, missing, already, avoid, now, lifetime
-                ),
-                lifetime_of,
-                # the pilots already waiting set the least lifetime (a reorganization)
-                reservation_lifetime(held, floor, ceiling),
+                select_at, lifetime_of, reservation_lifetime(held, floor, ceiling)
             )
         if selection.outcome is not Outcome.FIT:
             _set_selection(conn, job_id, selection, None, now)
@@ -262,11 +261,7 @@ class CoReservationEngine:
             _new_pilot(conn, job_id, request, choice.cluster, choice.t_avail, now)
             for choice in selection.choices
         ]
-        lifetime = reservation_lifetime(
-            _waiting_t_avails(conn, job_id),
-            request.lifetime_floor_s,
-            self.params.lifetime_ceiling_s,
-        )
+        lifetime = lifetime_of(selection)
         made = [
             replace(p, resources=_pilot_resources(request, lifetime, self.grid.site(p.site)))
             for p in made
@@ -286,26 +281,65 @@ class CoReservationEngine:
     ) -> ClusterSelection:
         """Sec. 3.2's selection; a wait model's forecasts are for pilots asking the time
         limit of a reservation of ``lifetime_s`` (Eq. 2)."""
+        return self._selector(conn, request, missing, already, avoid, now)(lifetime_s)
+
+    def _selector(
+        self,
+        conn: Connection,
+        request: CoReservationRequest,
+        missing: int,
+        already: Mapping[str, int],
+        avoid: Sequence[str],
+        now: float,
+    ) -> Callable[[float], ClusterSelection]:
+        """Sec. 3.2's selection as a function of the reservation's lifetime (the wait
+        model's forecasts are for pilots asking its time limit): the sites' health,
+        queue statistics and observations are read once, here, for every lifetime
+        :func:`~gridcore.policies.coreservation.settle_lifetime` tries."""
         usable = {h.site for h in health.read_health(conn).values() if h.usable}
         names = [s for s in self._candidates(request) if s in usable or s in already]
         stats = queue_stats.queue_stats(conn, names, now)
         g = request.vj_size
         if request.machine_file is not None:  # pinned, not selected: Eq. 1 as it is
             views = [ClusterView(s, stats[s], self.grid.site(s).processors // g) for s in names]
-            return static_selection(dict(request.machine_file), views, already)
-        t_avails, notes = self._t_avails(conn, request, names, missing, already, now, lifetime_s)
-        views = [
-            ClusterView(s, stats[s], self.grid.site(s).processors // g, t_avails.get(s))
-            for s in names
+            pinned = static_selection(dict(request.machine_file), views, already)
+            return lambda _lifetime: pinned
+        observed = self._observed(conn, names)
+
+        def select_at(lifetime_s: float) -> ClusterSelection:
+            t_avails, notes = self._t_avails(request, observed, missing, already, now, lifetime_s)
+            views = [
+                ClusterView(s, stats[s], self.grid.site(s).processors // g, t_avails.get(s))
+                for s in names
+            ]
+            chosen = select_substitutes(missing, views, request.max_clusters, already, avoid)
+            return replace(chosen, reasons=(*chosen.reasons, *notes))
+
+        return select_at
+
+    def _observed(self, conn: Connection, names: Sequence[str]) -> list[SiteSnapshot]:
+        """The candidate sites as the wait models see them (their total processors and
+        our work in flight), the models brought up to the sites' latest observations;
+        none without a wait model."""
+        book = self.runtime.snapshots.waits
+        if book is None or not names:
+            return []
+        rows = conn.execute(
+            select(
+                sites.c.name, sites.c.observed_at, sites.c.total_processors,
+                sites.c.claimed + sites.c.queued,
+            ).where(sites.c.name.in_(names))
+        ).all()  # fmt: skip
+        book.refresh(conn, {name: at for name, at, _, _ in rows})
+        return [
+            SiteSnapshot(name, total, 0, self.grid.site(name).slowness, in_flight)
+            for name, _, total, in_flight in rows
         ]
-        chosen = select_substitutes(missing, views, request.max_clusters, already, avoid)
-        return replace(chosen, reasons=(*chosen.reasons, *notes))
 
     def _t_avails(
         self,
-        conn: Connection,
         request: CoReservationRequest,
-        names: Sequence[str],
+        observed: Sequence[SiteSnapshot],
         missing: int,
         already: Mapping[str, int],
         now: float,
@@ -317,28 +351,20 @@ class CoReservationEngine:
         ``lifetime_s``; the others keep Eq. 1. One reason per cluster says which was
         used and why."""
         book = self.runtime.snapshots.waits
-        if book is None or not names:
+        if book is None:
             return {}, []
-        rows = conn.execute(
-            select(
-                sites.c.name, sites.c.observed_at, sites.c.total_processors,
-                sites.c.claimed + sites.c.queued,
-            ).where(sites.c.name.in_(names))
-        ).all()  # fmt: skip
-        book.refresh(conn, {name: at for name, at, _, _ in rows})
         g = request.vj_size
         found: dict[str, tuple[float, ...]] = {}
         notes: list[str] = []
-        for name, _, total, in_flight in rows:
-            site = self.grid.site(name)
+        for snapshot in observed:
+            site = self.grid.site(snapshot.site)
             command = submission.resources_at(request.resources, site).time_limit_s
             limit = pilot_time_limit(lifetime_s, command or ASSUMED_RUNTIME_S)
-            room = min(missing, site.processors // g - already.get(name, 0))
-            snapshot = SiteSnapshot(name, total, 0, site.slowness, in_flight)
+            room = min(missing, site.processors // g - already.get(snapshot.site, 0))
             waits, note = virtual_job_waits(book, snapshot, g, max(0, room), limit, now)
             notes.append(note)
             if waits is not None:
-                found[name] = waits
+                found[snapshot.site] = waits
         return found, notes
 
     def _submit_pilots(self, made: Sequence[_NewPilot]) -> None:
