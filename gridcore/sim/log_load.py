@@ -348,11 +348,11 @@ def parse_log_loads(
         raise ConfigError(f"--background-scale must be a finite number > 0, got {scale}")
     loads = []
     for spec in specs:
-        path, site = _spec(spec)
+        path, site, first_submit = _spec(spec)
         # without a window's start, the log's first submission (logs start their clock
         # anywhere: a slice, or SDSC SP2's first job at 566,129 s): from log time 0 a
         # run shorter than that saw no job of the log at all
-        begin = _first_submit(path) if start is None else start
+        begin = first_submit if start is None else start
         if start is None and end is not None and end <= begin:
             raise ConfigError(
                 f"--background-window: ends at {end:g} s, not after {path}'s first"
@@ -360,11 +360,6 @@ def parse_log_loads(
             )
         loads.append(LogLoad(path, site, begin, end, at, 1.0 if scale is None else scale))
     return tuple(loads)
-
-
-def _first_submit(path: str) -> float:
-    first = next(iter_jobs(path), None)
-    return 0.0 if first is None else first.submit_s
 
 
 def parse_duration(text: str, option: str) -> float:
@@ -389,7 +384,8 @@ def _window(window: str | None) -> tuple[float | None, float | None]:
     return start, end
 
 
-def _spec(spec: str) -> tuple[str, str | None]:
+def _spec(spec: str) -> tuple[str, str | None, float]:
+    """``LOG.swf[@SITE]``: the log's path, the site, the log's first submission."""
     path, at, site = spec.rpartition("@")
     if not at:
         path, site = spec, ""
@@ -399,10 +395,11 @@ def _spec(spec: str) -> tuple[str, str | None]:
         raise ConfigError(f"--background {spec!r}: no log file")
     if not os.path.isfile(path):
         raise ConfigError(f"--background {spec}: no such file {path!r}")
-    # A file that is no log is refused now (SwfError names the file, line and field).
+    # A file that is no log is refused now (SwfError names the file, line and field;
+    # a log without a job line too), and its first job tells where it starts.
     read_header(path)
-    next(iter_jobs(path), None)
-    return path, site.strip() or None
+    first = next(iter_jobs(path))
+    return path, site.strip() or None, first.submit_s
 
 
 # -- a log on its own machine --------------------------------------------------------------
@@ -427,17 +424,14 @@ def replay_waits(load: LogLoad, processors: int, *, backfill: bool = True) -> li
     site = SimSite("log", processors)
     policy = QueuePolicy.EASY if backfill else QueuePolicy.FIFO
     cluster = Cluster(sim, site, policy=policy)
-    logged = {
-        job.number: job.wait_s
-        for job in iter_jobs(load.path)
-        if job.submit_s >= load.start_s and (load.end_s is None or job.submit_s < load.end_s)
-    }
+    labels = JobLabels()  # every line labelled, as _log_jobs labels them
+    logged = {labels(job): job.wait_s for job in iter_jobs(load.path)}
     waits: list[ReplayedWait] = []
 
     def started(job: LocalJob) -> None:
-        number = int(job.name.rpartition("#")[2])
+        label = job.name.rpartition("#")[2]
         wait = (sim.now - job.submit_s) * load.scale
-        waits.append(ReplayedWait(job.name, job.processors, logged[number], wait))
+        waits.append(ReplayedWait(job.name, job.processors, logged[label], wait))
 
     single = LogLoad(load.path, site.name, load.start_s, load.end_s, load.offset_s, load.scale)
     replay = LogReplay((single,))

@@ -306,3 +306,18 @@ def test_an_entry_without_other_users_refuses_background(
 def test_parse_refuses_an_empty_site() -> None:
     with pytest.raises(ConfigError, match="no site after '@'"):
         parse_log_loads([str(SWF / "two-clusters.swf") + "@ "])
+
+
+def test_a_log_repeating_a_job_number_replays_on_its_own_machine(tmp_path: Path) -> None:
+    # both jobs numbered 1: the replay names the second 1@3 and finds its logged wait
+    log = tmp_path / "repeats.swf"
+    log.write_text(
+        "; MaxProcs: 4\n"
+        "1 0 0 100 4 -1 -1 4 100 -1 1 1 -1 -1 -1 -1 -1 -1\n"
+        "1 10 90 50 4 -1 -1 4 60 -1 1 2 -1 -1 -1 -1 -1 -1\n"
+    )
+    waits = replay_waits(LogLoad(str(log), "m"), 4)
+    assert [(w.name.rpartition("#")[2], w.logged_wait_s, w.replayed_wait_s) for w in waits] == [
+        ("1", 0.0, 0.0),
+        ("1@3", 90.0, 90.0),
+    ]
