@@ -581,7 +581,8 @@ def _replay(args: argparse.Namespace) -> int:
     finally:
         if runtime is not None:
             runtime.store.dispose()
-    _emit(args, report.as_json(), _replay_text(report.as_json()))
+    data = report.as_json()
+    _emit(args, data, _replay_text(data))
     if report.interrupted:
         return 128 + int(getattr(signal, report.interrupted, signal.SIGINT))
     return 0 if report.ok else 1

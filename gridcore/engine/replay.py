@@ -40,6 +40,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from gridcore.engine.submission import resources_at
 from gridcore.errors import AnswerLost, GridError, RequestError, SiteError, UnknownJob
 from gridcore.model import (
     JobResources,
@@ -435,7 +436,7 @@ class ReplayRunner:
 
     def _refusal(self, planned: PlannedJob) -> str | None:
         adapter = self.adapter(planned.site)
-        resources = JobResources(time_limit_s=planned.time_limit_s).over(adapter.spec.defaults)
+        resources = resources_at(JobResources(time_limit_s=planned.time_limit_s), adapter.spec)
         _check_workdir(adapter.spec)
         try:
             adapter.check_request(planned.name(self.run_id), planned.processors, resources)

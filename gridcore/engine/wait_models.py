@@ -194,7 +194,6 @@ def decode_queue(site: str, observed_at: float, text: str | None) -> SiteQueue:
 class _Site:
     queue: SiteQueue
     model: WaitModel | None
-    history: int = 0  # rows the model was trained on
     # (processors, run time, ours in flight) -> (made at, forecast): FORECAST_TTL_S
     forecasts: dict[tuple[int, float, int], tuple[float, SiteWait]] = field(default_factory=dict)
 
@@ -251,11 +250,11 @@ class WaitBook:
         ).all()
         for name, observed_at, text in rows:
             queue = decode_queue(name, observed_at, text)
-            model, count = (None, 0) if queue.unusable_because else self._train(conn, name)
+            model = None if queue.unusable_because else self._train(conn, name)
             with self._lock:
-                self._sites[name] = _Site(queue, model, count)
+                self._sites[name] = _Site(queue, model)
 
-    def _train(self, conn: Connection, site: str) -> tuple[WaitModel, int]:
+    def _train(self, conn: Connection, site: str) -> WaitModel:
         model = WAIT_MODELS[self.model_name]()
         rows = conn.execute(
             select(
@@ -276,7 +275,7 @@ class WaitBook:
         for _, is_start, job in history_events(jobs):
             learn_event((model,), is_start, job)
         self.builds += 1
-        return model, len(rows)
+        return model
 
     def has_model(self, site: str) -> bool:
         entry = self._sites.get(site)

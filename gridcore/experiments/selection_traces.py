@@ -112,8 +112,9 @@ def load_grid(paths: Sequence[str]) -> list[LoggedCluster]:
     in field 16, whatever its header says)."""
     if not paths:
         raise ConfigError("--traces: give at least one workload log")
+    read: dict[str, dict[int | None, int]] = {}
     if len(paths) == 1:
-        largest = _largest_by_partition(paths[0])
+        largest = read[paths[0]] = _largest_by_partition(paths[0])
         if len([n for n in largest if n is not None]) > 1:
             return _partitions(paths[0], largest)
     clusters: list[LoggedCluster] = []
@@ -121,7 +122,8 @@ def load_grid(paths: Sequence[str]) -> list[LoggedCluster]:
         processors = read_header(path).max_procs
         if processors is None:
             # as wait-prediction does (docs/wait-prediction.md, "The replay")
-            processors = max(_largest_by_partition(path).values(), default=0)
+            largest = read.get(path) or _largest_by_partition(path)
+            processors = max(largest.values(), default=0)
         if processors <= 0:
             raise ConfigError(f"--traces {path}: no MaxProcs or MaxNodes and no job size")
         name = _label(path)
@@ -233,12 +235,12 @@ class LogAt:
         return [
             LoggedRunning(job.local(c.site.name), job.start_s)
             for c in self.clusters
-            for job in self._split(c)[0]
+            for job in self._splits[c.site.name][0]
         ]
 
     def jobs(self, sites: Sequence[SimSite]) -> Iterator[LocalJob]:
         queued = sorted(
-            (job.local(c.site.name) for c in self.clusters for job in self._split(c)[1]),
+            (job.local(c.site.name) for c in self.clusters for job in self._splits[c.site.name][1]),
             key=lambda job: job.submit_s,
         )
         later = [self._after(c) for c in self.clusters]
@@ -249,19 +251,14 @@ class LogAt:
     def over_capacity(self) -> int:
         """Jobs the logs show running at ``t0`` that their cluster had no room for
         (queued instead: :meth:`_split`)."""
-        return sum(len(self._split(c)[2]) for c in self.clusters)
+        return sum(len(self._splits[c.site.name][2]) for c in self.clusters)
 
     @functools.cached_property
     def _splits(self) -> dict[str, tuple[list[LoggedJob], list[LoggedJob], list[LoggedJob]]]:
-        return {c.site.name: self._split_now(c) for c in self.clusters}
+        """:meth:`_split` per cluster, made once (every run of a window reads it)."""
+        return {c.site.name: self._split(c) for c in self.clusters}
 
     def _split(
-        self, cluster: LoggedCluster
-    ) -> tuple[list[LoggedJob], list[LoggedJob], list[LoggedJob]]:
-        """:meth:`_split_now`, made once per cluster (every run of a window reads it)."""
-        return self._splits[cluster.site.name]
-
-    def _split_now(
         self, cluster: LoggedCluster
     ) -> tuple[list[LoggedJob], list[LoggedJob], list[LoggedJob]]:
         """What runs at ``t0`` and what is queued then. Logs can show more processors in

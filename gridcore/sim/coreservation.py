@@ -493,12 +493,7 @@ class _VjmModel:
         room = min(count, site.processors // g - kept)
         now = self._sim.now
         # each virtual job asks for its pilot's time limit
-        if job is None:
-            limit = float(PILOT_TIME_MARGIN_S)
-        elif lifetime is None:
-            limit = self._pilot_limit(job)
-        else:
-            limit = float(pilot_time_limit(lifetime, job.spec.runtime_s or 1.0))
+        limit = float(PILOT_TIME_MARGIN_S) if job is None else self._pilot_limit(job, lifetime)
         ahead: list[QueuedJob] = []
         waits: list[float] = []
         for index in range(max(0, room)):
@@ -554,8 +549,11 @@ class _VjmModel:
         )
         self._clusters[pilot.cluster].enqueue(work)
 
-    def _pilot_limit(self, job: _Job) -> float:
-        lifetime = max(job.lifetime_s, self._params.lifetime_floor_s)
+    def _pilot_limit(self, job: _Job, lifetime: float | None = None) -> float:
+        """The time limit ``job``'s pilots ask for a reservation of ``lifetime`` (the
+        job's own, at least the floor, when not given)."""
+        if lifetime is None:
+            lifetime = max(job.lifetime_s, self._params.lifetime_floor_s)
         return float(pilot_time_limit(lifetime, job.spec.runtime_s or 1.0))
 
     # -- pilots hold; the job starts when all hold (Sec. 3.1) -----------------------------------
