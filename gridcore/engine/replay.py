@@ -39,6 +39,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from gridcore.engine.submission import resources_at
 from gridcore.errors import AnswerLost, GridError, RequestError, SiteError, UnknownJob
@@ -352,12 +353,10 @@ class ReplayRunner:
         poll what is still live (at most ``MAX_CANCEL_ATTEMPTS`` times per job)."""
         self._next = len(self.jobs)
         self.poll()
-        self._cancel_live()
-        deadline = self.clock() + self.confirm_timeout_s
-        while any(j.live for j in self.jobs) and self.clock() < deadline:
-            self.sleep(self.poll_interval_s)
-            self.poll()
-            self._cancel_live()
+        _cancel_until_ended(
+            self.jobs, self._cancel, self.poll, self.clock, self.sleep,
+            self.poll_interval_s, self.confirm_timeout_s,
+        )  # fmt: skip
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -443,11 +442,6 @@ class ReplayRunner:
         except RequestError as exc:
             return str(exc)
         return None
-
-    def _cancel_live(self) -> None:
-        for job in self.jobs:
-            if job.live and job.cancel_attempts < MAX_CANCEL_ATTEMPTS:
-                self._cancel(job)
 
     def _cancel(self, job: ReplayedJob) -> None:
         assert job.job_id is not None
@@ -569,16 +563,13 @@ def cancel_run(
             and not j.state.finished
         ]  # fmt: skip
     log.info("replay-cancel %s: %d job(s) pending or running", run, len(found))
-    deadline = clock() + confirm_timeout_s
-    while True:
-        for job in found:
-            if job.live and job.cancel_attempts < MAX_CANCEL_ATTEMPTS:
-                job.cancel_attempts += 1
-                job.cancel_error = _ask_cancel(adapter(job.site), job.job_id, job.cancel_attempts)
-                job.cancel_accepted = job.cancel_accepted or job.cancel_error is None
-        if not any(j.live for j in found) or clock() >= deadline:
-            break
-        sleep(poll_interval_s)
+
+    def cancel(job: FoundJob) -> None:
+        job.cancel_attempts += 1
+        job.cancel_error = _ask_cancel(adapter(job.site), job.job_id, job.cancel_attempts)
+        job.cancel_accepted = job.cancel_accepted or job.cancel_error is None
+
+    def poll() -> None:
         for site in dict.fromkeys(j.site for j in found if j.live):
             mine = [j for j in found if j.site == site and j.live]
             try:
@@ -591,6 +582,8 @@ def cancel_run(
                 continue
             for job in mine:
                 job.state = states[job.job_id]
+
+    _cancel_until_ended(found, cancel, poll, clock, sleep, poll_interval_s, confirm_timeout_s)
     return CancelRunReport(
         run, tuple(dict.fromkeys(sites)), tuple(found), unread, clock() - started
     )
@@ -615,6 +608,46 @@ def _states(
                 state = JobState.FAILED
         states[job_id] = state
     return states
+
+
+class _Cancelling(Protocol):
+    """A job record :func:`_cancel_until_ended` follows."""
+
+    @property
+    def live(self) -> bool: ...
+
+    @property
+    def cancel_attempts(self) -> int: ...
+
+
+_Job = TypeVar("_Job", bound=_Cancelling)
+
+
+def _cancel_until_ended(
+    jobs: Sequence[_Job],
+    cancel: Callable[[_Job], None],
+    poll: Callable[[], None],
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+    poll_interval_s: float,
+    confirm_timeout_s: float,
+) -> None:
+    """Ask ``cancel`` for each live job, then, until none is live or
+    ``confirm_timeout_s`` has passed, ``poll`` every ``poll_interval_s`` and ask again
+    for the ones still live: at most ``MAX_CANCEL_ATTEMPTS`` times a job (a replay's
+    own end, :meth:`ReplayRunner.stop`, and :func:`cancel_run` after a killed one)."""
+
+    def cancel_live() -> None:
+        for job in jobs:
+            if job.live and job.cancel_attempts < MAX_CANCEL_ATTEMPTS:
+                cancel(job)
+
+    cancel_live()
+    deadline = clock() + confirm_timeout_s
+    while any(job.live for job in jobs) and clock() < deadline:
+        sleep(poll_interval_s)
+        poll()
+        cancel_live()
 
 
 def _ask_cancel(adapter: SiteAdapter, job_id: str, attempt: int) -> str | None:
