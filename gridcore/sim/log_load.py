@@ -26,7 +26,7 @@ from gridcore.errors import ConfigError
 from gridcore.sim.cluster import Cluster, Owner, Queued, QueuePolicy
 from gridcore.sim.core import Simulator
 from gridcore.sim.workload import LocalJob, SimSite
-from gridcore.workloads.durations import DURATION_HINT, log_seconds
+from gridcore.workloads.durations import DURATION_HINT, log_seconds, log_span
 from gridcore.workloads.requested import RequestedTimes
 from gridcore.workloads.swf import JobLabels, SwfJob, iter_jobs, read_header
 
@@ -372,16 +372,7 @@ def parse_duration(text: str, option: str) -> float:
 
 def _window(window: str | None) -> tuple[float | None, float | None]:
     """The window's start and end in log seconds, ``None`` where left out."""
-    if window is None:
-        return None, None
-    first, colon, second = window.partition(":")
-    if not colon:
-        raise ConfigError(f"--background-window: {window!r} is not START:END (e.g. 100h:200h)")
-    start = parse_duration(first, "--background-window") if first.strip() else None
-    end = parse_duration(second, "--background-window") if second.strip() else None
-    if end is not None and end <= (start or 0.0):
-        raise ConfigError(f"--background-window: the end ({second}) must be after the start")
-    return start, end
+    return (None, None) if window is None else log_span(window, "--background-window")
 
 
 def _spec(spec: str) -> tuple[str, str | None, float]:

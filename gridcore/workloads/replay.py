@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from gridcore.errors import ConfigError
-from gridcore.workloads.durations import DURATION_HINT, log_seconds
+from gridcore.workloads.durations import log_span
 from gridcore.workloads.swf import SwfJob
 
 DEFAULT_MAX_JOBS = 100
@@ -373,14 +373,7 @@ def check_run(run: str) -> str:
 def parse_window(text: str) -> Window:
     """``--window START:END`` in log seconds (a number, or with s, m, h or d), each
     optional: no ``START``, from the log's first job; no ``END``, to the log's end."""
-    start_text, sep, end_text = text.partition(":")
-    if not sep:
-        raise ReplayError(f"--window {text!r}: not START:END (e.g. 0:2d, 3600:, 1h:90m)")
-    start = _log_seconds(start_text, "START", text) if start_text.strip() else None
-    end = _log_seconds(end_text, "END", text) if end_text.strip() else None
-    if end is not None and start is not None and end <= start:
-        raise ReplayError(f"--window {text!r}: END must be after START")
-    return Window(start, end)
+    return Window(*log_span(text, "--window", ReplayError))
 
 
 def check_settings(speedup: float, max_jobs: int, max_duration_s: float) -> None:
@@ -392,15 +385,6 @@ def check_settings(speedup: float, max_jobs: int, max_duration_s: float) -> None
         raise ReplayError(f"--max-jobs {max_jobs}: must be at least 1")
     if not (math.isfinite(max_duration_s) and max_duration_s > 0):
         raise ReplayError(f"--max-duration {max_duration_s:g}: must be a positive number")
-
-
-def _log_seconds(text: str, part: str, whole: str) -> float:
-    seconds = log_seconds(text)
-    if seconds is None:
-        raise ReplayError(
-            f"--window {whole!r}: {part} {text.strip()!r} is not a duration ({DURATION_HINT})"
-        )
-    return seconds
 
 
 def _seconds_text(seconds: float) -> str:
