@@ -75,7 +75,7 @@ from gridcore.policies.coreservation import (
 )
 from gridcore.sites.keys import pilot_key
 from gridcore.state import capacity
-from gridcore.state.schema import pilots, reservations, sites
+from gridcore.state.schema import pilots, reservations
 from gridcore.state.store import DEADLOCK_DETECTED
 from gridcore.validation import check_coreservation_request
 
@@ -318,23 +318,16 @@ class CoReservationEngine:
         return select_at
 
     def _observed(self, conn: Connection, names: Sequence[str]) -> list[SiteSnapshot]:
-        """The candidate sites as the wait models see them (their total processors and
-        our work in flight), the models brought up to the sites' latest observations;
-        none without a wait model."""
+        """The candidate sites' snapshots as the selection engine reads them (their
+        processors and our work in flight), the wait models brought up to the sites'
+        latest observations; none without a wait model."""
         book = self.runtime.snapshots.waits
         if book is None or not names:
             return []
-        rows = conn.execute(
-            select(
-                sites.c.name, sites.c.observed_at, sites.c.total_processors,
-                sites.c.claimed + sites.c.queued,
-            ).where(sites.c.name.in_(names))
-        ).all()  # fmt: skip
-        book.refresh(conn, {name: at for name, at, _, _ in rows})
-        return [
-            SiteSnapshot(name, total, 0, self.grid.site(name).slowness, in_flight)
-            for name, _, total, in_flight in rows
-        ]
+        wanted = set(names)
+        snaps, observed = self.runtime.snapshots.read_observed(conn)
+        book.refresh(conn, {name: at for name, at in observed.items() if name in wanted})
+        return [snap for snap in snaps if snap.site in wanted]
 
     def _t_avails(
         self,
