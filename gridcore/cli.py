@@ -162,6 +162,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="wait-prediction: only the jobs of partition N (field 16) of a multi-cluster log",
     )
+    p.add_argument(
+        "--poll",
+        type=float,
+        metavar="S",
+        help="wait-prediction: also replay the default model as the live engine runs it,"
+        " seeing the queue at most every S seconds (predictor predicted_backfill_polled)",
+    )
     _log_load_arguments(p)
     p.add_argument("--plot", help="PNG path (default out/<name>.png; '' to skip)")
     p.set_defaults(handler=_experiment)
@@ -245,6 +252,16 @@ and stderr (the output files), resources (what was sent, over the site's default
 reasons (the selection's) and usage (the site's accounting of a finished job, else
 null); every other line then goes to stderr.
 
+--test-only submits nothing and records no selection, as sbatch --test-only: it prints
+the site the job would go to now (the policy's choice, or the --site given) and why,
+and per site the estimated queue delay (the wait model's forecast, with its bound once
+the site's residuals give one, else Eq. W) and completion; with --json ONE object:
+site, outcome (fit, or queue: it would wait there), reasons, sites {NAME: fits,
+queue_delay_s, completion_s, wait_model (null or predictor, wait_s, bound_s,
+confidence, reason)}. It observes the sites as any decision does (their health left as
+it was) and stores what the wait models forecast of their queues. Exit status 0 (2
+for bad input, as below).
+
 Exit status: 0 once submitted (without --wait); the job's (with --wait); 2 for bad input
 (no command, processors < 1, an unknown site, a malformed time limit or memory, a
 request the site refuses), refused in one line naming the field before anything is
@@ -286,6 +303,12 @@ def _submit_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None]) 
         "--env", action="append", default=[], metavar="K=V", help="set in the job; repeatable"
     )
     p.add_argument("--wait", action="store_true", help="follow the job; exit with its code")
+    p.add_argument(
+        "--test-only",
+        action="store_true",
+        help="submit nothing and record no selection: say where the job would run now, and"
+        " each site's estimated queue delay (the wait model's forecast and bound) and completion",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG ...]")
     p.set_defaults(handler=_submit)
 
@@ -495,10 +518,18 @@ def _submit(args: argparse.Namespace) -> int:
         env=args.env,
         resources={key: getattr(args, key) for key in RESOURCE_KEYS},
     )
+    if args.test_only and args.wait:
+        raise ConfigError("--test-only submits nothing: --wait has no job to follow")
     say = functools.partial(print, file=sys.stderr if args.json else sys.stdout, flush=True)
     runtime, submitted = None, None
     try:
         runtime = GridRuntime(grid, open_store(args.db, upgrade=True))
+        if args.test_only:
+            data = job.test_only(runtime, plan)
+            say(*job.test_only_lines(data), sep="\n  ")
+            if args.json:
+                print(json.dumps(data, sort_keys=True))
+            return 0
         record = submitted = job.submit_planned(runtime, plan)
         say(f"submitted {job.outcome(record)}", *record.reasons, sep="\n  ")
         status = 0
@@ -768,6 +799,7 @@ def _run_registered(args: argparse.Namespace, entry: registry.Experiment) -> int
         windows=getattr(args, "windows", None),
         trace=getattr(args, "trace", None),
         cluster=getattr(args, "cluster", None),
+        poll_s=getattr(args, "poll", None),
     )
     progress_mode()  # a bad $GRIDCORE_PROGRESS is refused before the run, not in it
     # Log lines during the run are written above the progress bars (stderr), not through them.

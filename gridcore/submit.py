@@ -17,7 +17,7 @@ import os
 import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from gridcore.engine.runtime import GridRuntime, JobRecord
@@ -105,16 +105,74 @@ def submit_planned(runtime: GridRuntime, plan: SubmitPlan) -> JobRecord:
     ``sbatch -M``, the choice skips sites that would refuse the request (more CPUs,
     GPUs or memory than any node, a time limit over the partition's); none left: a
     RequestError naming each site's reason, before anything is written."""
-    among = plan.among
-    if plan.pinned is None:
-        names = among if among is not None else runtime.grid.site_names
-        job = plan.submission
-        fit, refused = runtime.sites_that_can_run(job.name, job.processors, job.resources, names)
-        if not fit:
-            raise RequestError("no site can run it: " + "; ".join(refused))
-        among = tuple(fit) if refused else among
+    among = plan.among if plan.pinned is not None else _can_run(runtime, plan)
     chosen = runtime.select(plan.request, stream=STREAM, site=plan.pinned, among=among)
     return runtime.submit(chosen.selection_id, plan.submission)
+
+
+def _can_run(runtime: GridRuntime, plan: SubmitPlan) -> tuple[str, ...] | None:
+    """The plan's sites (the pinned one; ``None``: every site) less those that would
+    refuse the request; none left: a RequestError naming each site's reason."""
+    names = (
+        (plan.pinned,) if plan.pinned is not None
+        else plan.among if plan.among is not None else runtime.grid.site_names
+    )  # fmt: skip
+    job = plan.submission
+    fit, refused = runtime.sites_that_can_run(job.name, job.processors, job.resources, names)
+    if not fit:
+        raise RequestError("no site can run it: " + "; ".join(refused))
+    return tuple(fit) if refused else plan.among
+
+
+def test_only(runtime: GridRuntime, plan: SubmitPlan) -> dict[str, Any]:
+    """``gridcore submit --test-only`` (``sbatch --test-only``'s twin): the site the job
+    would go to now (the default policy's choice among the sites that can run it, or
+    the pinned one) and why; per site its estimate, and the wait model's forecast with
+    its bound where it has one. No selection is recorded and nothing is submitted
+    (:meth:`GridRuntime.estimate`). As ``--json`` prints it: ``site``, ``outcome``
+    (``fit``, or ``queue``: it would wait there), ``reasons`` and ``sites`` {NAME:
+    ``fits``, ``queue_delay_s``, ``completion_s``, ``wait_model`` (null, or
+    ``predictor``, ``wait_s``, ``bound_s``, ``confidence``, ``reason``)}."""
+    among = _can_run(runtime, plan)
+    if plan.pinned is not None:
+        decision, forecasts = runtime.estimate(plan.request, site=plan.pinned)
+    else:
+        decision, forecasts = runtime.estimate(plan.request, among=among)
+    per_site: dict[str, Any] = {}
+    for est in decision.estimates:
+        forecast = forecasts.get(est.site)
+        per_site[est.site] = {
+            "fits": est.fits,
+            "queue_delay_s": est.queue_delay_s,
+            "completion_s": est.completion_s,
+            "wait_model": None if forecast is None else asdict(forecast),
+        }
+    return {
+        "site": decision.site,
+        "outcome": decision.outcome.label,
+        "reasons": list(decision.reasons),
+        "sites": per_site,
+    }
+
+
+def test_only_lines(found: Mapping[str, Any]) -> list[str]:
+    """:func:`test_only`'s answer for a person: the choice, then one line per site with
+    the wait model's own words."""
+    verb = "would run on" if found["outcome"] == "fit" else "would queue at"
+    lines = [f"{verb} site {found['site']} ({found['outcome']})", *found["reasons"]]
+    for name, est in sorted(found["sites"].items()):
+        model = est["wait_model"]
+        if model is None:
+            how = "by Eq. W"
+        else:
+            bound = model["bound_s"]
+            at = "" if bound is None else f"bound {bound:.0f} s at {model['confidence']}; "
+            how = f"by {model['predictor']} ({at}{model['reason']})"
+        lines.append(
+            f"site {name}: queue delay {est['queue_delay_s']:.0f} s {how},"
+            f" completion {est['completion_s']:.0f} s"
+        )
+    return lines
 
 
 def follow(

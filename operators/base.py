@@ -239,9 +239,14 @@ class JobLifecycleOperator(GridcoreJobOperator, Generic[H, R, P]):
         # The first job on a fresh state DB creates its tables (upgrade).
         with translated(plan.name), self.opened(upgrade=True) as handle:
             record = self.resume_or_submit(handle, state, plan)
-        self._ident = self.ident_of(record)
         self.attach(context, record)
-        if record.finished:  # an earlier try's job completed: its result stands
+        return self._result_or_wait(context, record)
+
+    def _result_or_wait(self, context: Context, record: R) -> dict[str, Any]:
+        """The result of this task instance's own job if it has finished (a completed
+        one's stands), else the wait on it."""
+        self._ident = self.ident_of(record)
+        if record.finished:
             event = self.contract().event_for(record, self.earlier_output(record))
             return self.execute_complete(context, dict(event))
         result: dict[str, Any] = self.wait_for(
@@ -251,10 +256,37 @@ class JobLifecycleOperator(GridcoreJobOperator, Generic[H, R, P]):
 
     def execute_complete(self, context: Context, event: Any = None) -> dict[str, Any]:
         """Map the trigger's event to the XCom result or an Airflow failure. Everything
-        comes from the event: ``dag.test()`` in Airflow 3.3.2 drops ``defer(kwargs=)``."""
+        comes from the event (``dag.test()`` in Airflow 3.3.2 drops ``defer(kwargs=)``),
+        once it is known to be about this task instance's own job: an event about another
+        job is not taken for this one's (:meth:`_follow_own_job`)."""
         contract = self.contract()
+        own, about = self.remembered(state_store(context)), contract.about(event)
+        if own is not None and about is not None and about != own:
+            return self._follow_own_job(context, own, about)
         record = contract.completed_record(event, self.log)
         return self.result(context, record, output_files_of(contract.checked_event(event)))
+
+    def _follow_own_job(self, context: Context, own: int, about: int) -> dict[str, Any]:
+        """The event that resumed this task instance is about ``about``, not its own job
+        ``own`` (the task state store's): Airflow resumed it with another task
+        instance's trigger event. Seen once in CI under heavy load (two runs' deferred
+        task instances resumed by one trigger's event): the task succeeded with the other
+        job's result while its own job, never waited on again, kept its processors
+        claimed. Its own job decides: its result if it has finished, else the wait on it
+        again."""
+        self.log.warning(
+            "the event that resumed this task is about %s %s, but its own is %s: the event is"
+            " not taken for it; following %s %s",
+            self.noun,
+            about,
+            own,
+            self.noun,
+            own,
+        )
+        name = job_name(self.dag_id, self.task_id, map_index(context))
+        with translated(name), self.opened(upgrade=False) as handle:
+            record = self.status(handle, own)
+        return self._result_or_wait(context, record)
 
     def on_kill(self) -> None:
         # Runs on the worker only while execute() is still here (planning, submitting or
@@ -280,8 +312,8 @@ class JobLifecycleOperator(GridcoreJobOperator, Generic[H, R, P]):
         live (reattach) or completed (its result stands). None when there is none, it
         failed or was cancelled, or the state database does not know it (a different one
         than the earlier try used): start afresh."""
-        prior = state.get(self.state_key) if state is not None else None
-        if isinstance(prior, bool) or not isinstance(prior, int):
+        prior = self.remembered(state)
+        if prior is None:
             return None
         try:
             record = self.status(handle, prior)
@@ -295,6 +327,11 @@ class JobLifecycleOperator(GridcoreJobOperator, Generic[H, R, P]):
         record = self.reattach(handle, plan, record)
         self.log.info("resuming %s %s: %s", self.noun, prior, self.describe(record))
         return record
+
+    def remembered(self, state: Any) -> int | None:
+        """The job this task instance's tries share (:meth:`remember`), if any."""
+        prior = state.get(self.state_key) if state is not None else None
+        return None if isinstance(prior, bool) or not isinstance(prior, int) else prior
 
     def remember(self, handle: H, state: Any, ident: int) -> None:
         """Put ``ident`` into the task state store, so a retry (a worker crash, or

@@ -264,7 +264,7 @@ class SiteJobOperator(JobLifecycleOperator[GridRuntime, JobRecord, JobPlan]):
     ) -> JobRecord:
         """Submit the selection made for this member, or resume it (see ``selection_id``)."""
         given = _given_selection(runtime, job, selection_id)
-        prior = state.get(SELECTION_KEY) if state is not None else None
+        prior = self.remembered(state)
         if given.finished and not self.succeeded(given):
             # It will never run; nothing of it can run twice, so decide as a retry does
             # (an earlier try's own fresh selection first, if it still counts).

@@ -159,6 +159,14 @@ class EventContract(Generic[R]):
         naming what is wrong (a trigger from another version, a hand-made event)."""
         return checked_event(event, self.subject, self.trigger)
 
+    def about(self, event: Any) -> int | None:
+        """The id ``event`` is about; None for a malformed one (whose reason
+        :meth:`completed_record` gives as the task's failure)."""
+        try:
+            return self.checked_event(event)["id"]
+        except ValueError:
+            return None
+
     def completed_record(self, event: Any, log: Any = None) -> dict[str, Any]:
         """The record of a successful event; any other event becomes the Airflow failure
         that ``execute_complete`` of the operators and sensors raise, after the stderr

@@ -89,7 +89,21 @@ class SiteJobSensor(BaseSensorOperator):
         event = SiteJobTrigger.contract.event_for(record)
         return PokeReturnValue(True, self.execute_complete(context, dict(event)))
 
-    def execute_complete(self, context: Context, event: Any = None) -> dict[str, Any]:
+    def execute_complete(self, context: Context, event: Any = None) -> Any:
+        own, about = self._selection(), SiteJobTrigger.contract.about(event)
+        if about is not None and about != own:
+            # Airflow resumed this task instance with another one's trigger event (seen
+            # in CI under load; operators/base.py, JobLifecycleOperator._follow_own_job):
+            # it says nothing of this selection, which is waited on again (for the full
+            # timeout again: the wait that was cut short is not counted).
+            self.log.warning(
+                "the event that resumed this task is about selection %s, not %s: waiting"
+                " on selection %s again",
+                about,
+                own,
+                own,
+            )
+            return self.execute(context)
         return SiteJobTrigger.contract.completed_record(event, self.log)
 
     def _selection(self) -> int:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.fernet import Fernet
 
 REPO = Path(__file__).resolve().parent.parent
 _HOME = pytest.StashKey[Path]()
@@ -37,6 +38,11 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
     # A DAG the tests run must not wait for someone to unpause it.
     os.environ["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "False"
+    # One Fernet key for this session's every Airflow process, not whatever each found in
+    # airflow.cfg: a process that read the file while another was still writing it got no
+    # key, and its dag.test() could not decrypt the trigger rows the dag-processor had
+    # encrypted (CI: JSONDecodeError in Trigger._decrypt_kwargs, Airflow's null Fernet).
+    os.environ["AIRFLOW__CORE__FERNET_KEY"] = Fernet.generate_key().decode()
 
 
 @pytest.hookimpl(optionalhook=True)

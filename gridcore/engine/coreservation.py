@@ -173,6 +173,7 @@ class CoReservationEngine:
         with self.store.begin() as conn:
             job_id = _insert_reservation(conn, checked, now)
             made = self._select_and_record(conn, job_id, checked, checked.virtual_jobs, {}, (), now)
+        self.runtime.store_forecasts()  # what the wait models forecast while selecting
         if made is None:
             with self.store.begin() as conn:
                 self._end_job(
@@ -268,20 +269,6 @@ class CoReservationEngine:
         ]
         _set_selection(conn, job_id, selection, lifetime, now, {p.id: p.resources for p in made})
         return made
-
-    def _select(
-        self,
-        conn: Connection,
-        request: CoReservationRequest,
-        missing: int,
-        already: Mapping[str, int],
-        avoid: Sequence[str],
-        now: float,
-        lifetime_s: float,
-    ) -> ClusterSelection:
-        """Sec. 3.2's selection; a wait model's forecasts are for pilots asking the time
-        limit of a reservation of ``lifetime_s`` (Eq. 2)."""
-        return self._selector(conn, request, missing, already, avoid, now)(lifetime_s)
 
     def _selector(
         self,

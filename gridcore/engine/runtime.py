@@ -29,7 +29,7 @@ from sqlalchemy import and_, select, update
 
 from gridcore import credentials
 from gridcore.config import GRID_ENV, default_grid, load_grid
-from gridcore.engine import health, queue_stats, submission
+from gridcore.engine import health, queue_stats, submission, wait_models
 from gridcore.engine import selection as selection_engine
 from gridcore.errors import (
     AnswerLost,
@@ -40,6 +40,7 @@ from gridcore.errors import (
     RequestError,
     SiteError,
     StateError,
+    UnknownJob,
 )
 from gridcore.model import (
     GridSpec,
@@ -51,9 +52,12 @@ from gridcore.model import (
     JobUsage,
     ObservedJob,
     SiteKind,
+    SiteObservation,
+    SiteSelection,
     SiteSpec,
 )
 from gridcore.policies.selection import DEFAULT_PROTOCOL, InsufficientMode, SelectionProtocol
+from gridcore.policies.wait_prediction import WaitForecast
 from gridcore.sites.base import SiteAdapter
 from gridcore.sites.keys import probe_key, selection_key
 from gridcore.sites.output import OutputFiles
@@ -79,6 +83,20 @@ log = logging.getLogger(__name__)
 
 # What a pending job's record says when the site queued it again or holds it.
 _PENDING_NOTES = ("requeued by Slurm", "held")
+# the states of a selection whose job the site has (or may have) and has not ended
+_SUBMITTED = (JobState.PENDING.value, JobState.RUNNING.value)
+UNPOLLED_AFTER_S = 300.0
+"""A selection whose job the site shows ended this long ago has no task polling it any
+more (a deferred task's trigger polls every few seconds to a minute): a refresh ends it
+(:meth:`GridRuntime._end_unpolled`). Slurm keeps an ended job listed for ``MinJobAge``,
+300 s by default; the local site lists no ended job, so its ends are found at once."""
+
+
+def _ended_unpolled(job: ObservedJob, observed_at: float) -> bool:
+    """The site showed ``job`` ended at least :data:`UNPOLLED_AFTER_S` before
+    ``observed_at`` (or ended at an unknown time)."""
+    ended = job.ended_at
+    return job.state.finished and (ended is None or observed_at - ended >= UNPOLLED_AFTER_S)
 
 
 @dataclass(frozen=True)
@@ -224,6 +242,7 @@ class GridRuntime:
         health as it was (``gridcore sites``): a failure is only returned, no probe job is
         sent; the reports it reads are stored as any observation's."""
         now = self.clock()
+        self.store_forecasts()  # a scan's (VJM's) since the last refresh
         self._adopt_unrecorded(now - SUBMIT_DEADLINE_S)
         with self.store.begin() as conn:
             ages = dict(conn.execute(select(sites.c.name, sites.c.observed_at)).all())
@@ -239,6 +258,14 @@ class GridRuntime:
         for reason in self.probe_unusable_sites(now):
             log.info("%s", reason)
         return results
+
+    def store_forecasts(self) -> None:
+        """Store the forecasts of pending jobs the wait models made since the last call
+        and not stored yet (a selection stores its own; VJM's and KOALA's scans rebuild
+        models too), each site in its own short transaction: the conformal bound's
+        residuals, for every process (gridcore.engine.wait_models)."""
+        if self.snapshots.waits is not None:
+            wait_models.store_forecasts(self.store, self.snapshots.waits)
 
     def probe_unusable_sites(
         self, now: float, retry_after_s: float | None = None, command: str = PROBE_COMMAND
@@ -322,7 +349,58 @@ class GridRuntime:
             selection_engine.store_observation(conn, obs)
             queue_stats.record_observation(conn, obs)  # VJM Eq. 1's queue-wait history
         self._cancel_orphans(site, obs.jobs)
+        if count_health:  # a look that must change nothing (gridcore sites) ends nothing
+            self._end_unpolled(site, obs)
         return None
+
+    def _end_unpolled(self, site: str, obs: SiteObservation) -> None:
+        """End the site's live selections that no task polls any more (its task killed
+        and not retried; an Airflow task resumed with another's event,
+        docs/operators.md), so that they release their processors: those whose job this
+        observation no longer lists, or shows ended :data:`UNPOLLED_AFTER_S` ago. Only
+        the site's own status of the job changes a record, as :meth:`poll` does; a job
+        the site forgot (no accounting) ends failed, its end unknown. Nothing here counts
+        toward the site's health, and nothing raised here reaches the caller, whose
+        refresh is for other work: a site that stops answering is left to the next
+        refresh."""
+        listed = {job.job_id: job for job in obs.jobs}
+        with self.store.begin() as conn:
+            live = conn.execute(
+                select(selections.c.id, selections.c.job_id).where(
+                    and_(
+                        selections.c.site == site,
+                        selections.c.state.in_(_SUBMITTED),
+                        selections.c.job_id.is_not(None),
+                        # submitted after the look began: not listed, and not gone
+                        selections.c.submitted_at < obs.observed_at,
+                    )
+                )
+            ).all()
+        for selection_id, job_id in live:
+            seen = listed.get(job_id)
+            if seen is not None and not _ended_unpolled(seen, obs.observed_at):
+                continue  # live, or ended so lately that its own poller still comes
+            try:
+                self._end_if_ended(site, selection_id, job_id)
+            except Exception as exc:  # the caller's refresh is for other work
+                log.warning(
+                    "site %s: status of unpolled job %s (selection %s) failed: %s",
+                    site,
+                    job_id,
+                    selection_id,
+                    exc,
+                    exc_info=not isinstance(exc, GridError),
+                )
+                return
+
+    def _end_if_ended(self, site: str, selection_id: int, job_id: str) -> None:
+        try:
+            status = self.adapter(site).status(job_id)
+        except UnknownJob as exc:
+            why = f"{exc}: its end is unknown (no task asked while the site knew it)"
+            self._finish(selection_id, JobState.FAILED, None, why, count=False)
+            return
+        self._apply_status(self.record(selection_id), status)
 
     def _cancel_orphans(self, site: str, jobs: tuple[ObservedJob, ...]) -> None:
         """Cancel the site's jobs with our key and no live holder; a selection still
@@ -410,6 +488,30 @@ class GridRuntime:
             self.store, snapshots, request, protocol, mode, stream, self.clock(), self.rng
         )
         return self.record(rec.id)
+
+    def estimate(
+        self,
+        request: JobRequest,
+        protocol: SelectionProtocol = DEFAULT_PROTOCOL,
+        mode: InsufficientMode = InsufficientMode.BEST,
+        site: str | None = None,
+        max_age_s: float = DEFAULT_MAX_AGE_S,
+        *,
+        among: Collection[str] | None = None,
+    ) -> tuple[SiteSelection, Mapping[str, WaitForecast]]:
+        """The decision :meth:`select` would make now (the pinned ``site`` taken as it
+        would, whatever its health), and the wait model's forecast per site that has one;
+        no selection is recorded, and the sites' health is left as it was (a failed
+        observation counts for nothing, no probe job is sent), as ``gridcore sites``
+        does (``gridcore submit --test-only``)."""
+        request = check_job_request(request, self.grid.site_names)
+        if site is not None:
+            among = [site]  # _snapshots_among refuses an unknown name
+        snapshots = self.snapshots if among is None else self._snapshots_among(among, site)
+        self.refresh(max_age_s, count_health=False)
+        return selection_engine.decide(
+            self.store, snapshots, request, protocol, mode, self.clock(), self.rng, site
+        )
 
     def sites_that_can_run(
         self, name: str, processors: int, resources: JobResources, names: Collection[str]
@@ -530,6 +632,12 @@ class GridRuntime:
             with self.store.begin() as conn:
                 health.record_failure(conn, current.site, str(exc))
             raise
+        self._apply_status(current, status)
+        return self.record(selection_id)
+
+    def _apply_status(self, current: JobRecord, status: JobStatus) -> None:
+        """Commit what the site's ``status`` of the selection's job changes."""
+        selection_id = current.selection_id
         if status.state.finished:
             started = status.started_at or current.started_at
             self._finish(
@@ -557,7 +665,6 @@ class GridRuntime:
                 )
         elif status.state is JobState.PENDING:
             self._note_pending(current, status)
-        return self.record(selection_id)
 
     def _note_pending(self, current: JobRecord, status: JobStatus) -> None:
         """A job the site queued again (requeued after a node failure or preemption) or
@@ -612,9 +719,16 @@ class GridRuntime:
             if JobState(row["state"]).finished:
                 return
             done = finished_at or self.clock()
-            conn.execute(
+            # Only a live row is finished: two pollers (a task's trigger and another
+            # process's refresh, below) may both see the end, and only one counts it.
+            ended = conn.execute(
                 update(selections)
-                .where(selections.c.id == selection_id)
+                .where(
+                    and_(
+                        selections.c.id == selection_id,
+                        selections.c.state.in_([s.value for s in JobState if not s.finished]),
+                    )
+                )
                 .values(
                     state=state.value,
                     exit_code=exit_code,
@@ -624,6 +738,8 @@ class GridRuntime:
                     usage=None if usage is None else json.dumps(usage.as_json()),
                 )
             )
+            if ended.rowcount != 1:
+                return
             selection_engine.release(conn, selection_id)
             if count:
                 _count_health(conn, row["site"], state, message)

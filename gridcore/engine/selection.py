@@ -18,9 +18,9 @@ import functools
 import json
 import random
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy import (
     Connection,
@@ -54,7 +54,7 @@ from gridcore.policies.selection import (
     select_site,
     select_sites,
 )
-from gridcore.policies.wait_prediction import DEFAULT_WAIT_MODEL
+from gridcore.policies.wait_prediction import DEFAULT_WAIT_MODEL, WaitForecast
 from gridcore.state import capacity
 from gridcore.state.capacity import HolderKind, Ledger
 from gridcore.state.schema import holds, selections, sites
@@ -249,6 +249,29 @@ def _driver_fetchone(conn: Connection, statement: Any, params: dict[str, Any]) -
         cursor.close()
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _stores_forecasts(
+    decide: Callable[Concatenate[Store, SnapshotReader, P], R],
+) -> Callable[Concatenate[Store, SnapshotReader, P], R]:
+    """After the decision, however it ends, store the forecasts its wait models made of
+    the sites' pending jobs (:func:`gridcore.engine.wait_models.store_forecasts`: the
+    live bound's residuals), in transactions of their own."""
+
+    def deciding(store: Store, snapshots: SnapshotReader, /, *args: P.args, **kw: P.kwargs) -> R:
+        try:
+            return decide(store, snapshots, *args, **kw)
+        finally:
+            if snapshots.waits is not None:
+                wait_models.store_forecasts(store, snapshots.waits)
+
+    functools.update_wrapper(deciding, decide)
+    return deciding
+
+
+@_stores_forecasts
 def select_and_record(
     store: Store,
     snapshots: SnapshotReader,
@@ -270,15 +293,7 @@ def select_and_record(
     for attempt in range(1, MAX_CLAIM_ATTEMPTS + 1):
         try:
             with store.begin_decision() as conn:
-                read, observed = snapshots.read_observed(conn)
-                waits = snapshots.decision_waits(conn, observed, now, protocol)
-                forecasts = None if waits is None else waits.mapping(request, read)
-                decision = select_site(
-                    request, read, snapshots.grid.bandwidth, protocol, mode, rng=rng,
-                    waits=forecasts,
-                )  # fmt: skip
-                decision = _with_wait_note(decision, request, waits)
-                _refuse_unplaceable([request], [decision], read)
+                decision, _ = _decide(conn, snapshots, request, protocol, mode, now, rng)
                 row_id = _claim_and_insert(store, conn, request, decision, protocol, stream, now)
         except DBAPIError as exc:
             # PostgreSQL chose it as a deadlock's victim (a burst holding several sites
@@ -293,6 +308,59 @@ def select_and_record(
     raise StateError(
         f"request {request.name!r}: lost the claim race {MAX_CLAIM_ATTEMPTS} times in a row"
     )
+
+
+@_stores_forecasts
+def decide(
+    store: Store,
+    snapshots: SnapshotReader,
+    request: JobRequest,
+    protocol: SelectionProtocol,
+    mode: InsufficientMode,
+    now: float,
+    rng: random.Random,
+    pinned: str | None = None,
+) -> tuple[SiteSelection, Mapping[str, WaitForecast]]:
+    """The decision :func:`select_and_record` (or, for a ``pinned`` site,
+    :func:`record_pinned`) would make now, and the wait model's forecast per site that
+    has one, recording nothing (``gridcore submit --test-only``). For a pinned site the
+    estimates are the policy's over ``snapshots`` (give a reader of that site alone)."""
+    with store.begin() as conn:
+        if pinned is None:
+            return _decide(conn, snapshots, request, protocol, mode, now, rng)
+        row = _pinned_site(conn, request, pinned)
+        policy, forecasts = _decide(
+            conn, snapshots, request, protocol, mode, now, rng, refuse=False
+        )
+        fits = row.free >= request.processors
+        decision = _pinned_decision(pinned, fits, row.free)
+        return replace(decision, estimates=policy.estimates), forecasts
+
+
+def _decide(
+    conn: Connection,
+    snapshots: SnapshotReader,
+    request: JobRequest,
+    protocol: SelectionProtocol,
+    mode: InsufficientMode,
+    now: float,
+    rng: random.Random,
+    *,
+    refuse: bool = True,
+) -> tuple[SiteSelection, Mapping[str, WaitForecast]]:
+    """One decision on the snapshot ``conn`` reads, with its wait note; refused when no
+    site can run the request (unless not ``refuse``). Also the wait model's forecast per
+    site."""
+    read, observed = snapshots.read_observed(conn)
+    waits = snapshots.decision_waits(conn, observed, now, protocol)
+    forecasts = None if waits is None else waits.mapping(request, read)
+    decision = select_site(
+        request, read, snapshots.grid.bandwidth, protocol, mode, rng=rng, waits=forecasts
+    )
+    decision = _with_wait_note(decision, request, waits)
+    if refuse:
+        _refuse_unplaceable([request], [decision], read)
+    return decision, forecasts or {}
 
 
 def _claim_and_insert(
@@ -347,6 +415,7 @@ class _BurstLost(Exception):
     the burst retaken."""
 
 
+@_stores_forecasts
 def select_and_record_batch(
     store: Store,
     snapshots: SnapshotReader,
@@ -594,6 +663,21 @@ def record_pinned(
     conn: Connection, request: JobRequest, site: str, stream: str, now: float
 ) -> Recorded:
     """Record a job sent to a named site (no policy): it still counts as in flight."""
+    row = _pinned_site(conn, request, site)
+    # The same conditional UPDATE as a policy decision: a concurrent selector cannot
+    # take the room between reading it and claiming it.
+    counters = {"b_site": site, "b_processors": request.processors, "b_bytes": 0}
+    fits = conn.execute(capacity.CLAIM, counters).rowcount == 1
+    if not fits:
+        conn.execute(capacity.ADD[Ledger.QUEUED], counters)
+    decision = _pinned_decision(site, fits, row.free)
+    ledger = Ledger.CLAIMED if fits else Ledger.QUEUED
+    params = _selection_params(request, decision, stream, now)
+    return Recorded(_insert_selection(conn, params, ledger), decision, now, 1)
+
+
+def _pinned_site(conn: Connection, request: JobRequest, site: str) -> Any:
+    """The pinned site's size and free processors; refused when unknown or too small."""
     row = conn.execute(
         select(sites.c.total_processors, capacity.FREE.label("free")).where(sites.c.name == site)
     ).one_or_none()
@@ -604,19 +688,12 @@ def record_pinned(
             f"request {request.name!r}: site {site} has {row.total_processors} processors"
             f" in all < {request.processors} needed"
         )
-    # The same conditional UPDATE as a policy decision: a concurrent selector cannot
-    # take the room between reading it and claiming it.
-    counters = {"b_site": site, "b_processors": request.processors, "b_bytes": 0}
-    fits = conn.execute(capacity.CLAIM, counters).rowcount == 1
-    if not fits:
-        conn.execute(capacity.ADD[Ledger.QUEUED], counters)
-    reason = f"site {site}: pinned by the request ({row.free} effective idle when read)"
-    decision = SiteSelection(
-        site, Outcome.FIT if fits else Outcome.QUEUE, "pinned", "none", (reason,)
-    )
-    ledger = Ledger.CLAIMED if fits else Ledger.QUEUED
-    params = _selection_params(request, decision, stream, now)
-    return Recorded(_insert_selection(conn, params, ledger), decision, now, 1)
+    return row
+
+
+def _pinned_decision(site: str, fits: bool, free: int) -> SiteSelection:
+    reason = f"site {site}: pinned by the request ({free} effective idle when read)"
+    return SiteSelection(site, Outcome.FIT if fits else Outcome.QUEUE, "pinned", "none", (reason,))
 
 
 def _selection_params(

@@ -16,10 +16,21 @@ What is stored (in the transaction that stores an observation,
 What a decision reads (:class:`WaitBook`, one per engine; the caller's transaction): the
 site's ``observed_at`` comes with its snapshot (:class:`gridcore.engine.selection.SnapshotReader`);
 while it is unchanged the site's model and queue are reused, so the hot path runs no
-query and trains nothing. A newer observation rebuilds the model from the history (at
-most :data:`gridcore.engine.queue_stats.HISTORY_STARTED` started jobs, fed in time
-order, ends before starts at one instant, as the replay of docs/wait-prediction.md).
-A late, older observation's history reaches the model with the next newer one. A
+query and trains nothing. A newer observation rebuilds the model from the history (its
+rows: at most :data:`gridcore.engine.queue_stats.HISTORY_STARTED` started jobs, fed in
+time order, ends before starts at one instant, as the replay of docs/wait-prediction.md,
+and the waiting jobs' stored forecasts).
+A late, older observation's history reaches the model with the next newer one.
+
+The conformal bound's residuals come from the site's own jobs, and live in the history
+so that every engine process (an Airflow task's, the API server's) shares them. A model
+rebuilt from the history is first given back the forecasts stored there
+(``WaitModel.recall``), so each job's start in the history gives its residual; then it
+forecasts the observed queue's pending jobs it has not forecast yet (one plan,
+``WaitModel.observe_queue``), and the engine stores those forecasts in the jobs' history
+rows (``forecast_s``, ``forecast_at``, ``forecast_by``) right after its decision, in
+short transactions of their own (:func:`store_forecasts`; docs/wait-prediction.md, "What
+each model knows"). Storing an observation trains nothing. A
 forecast is reused for :data:`FORECAST_TTL_S` while the request's shape and our
 in-flight work at the site are unchanged, so a decision re-plans only the sites the
 previous ones changed.
@@ -45,13 +56,15 @@ the latest start Slurm's backfill plan gives the pending jobs ahead of the reque
 from __future__ import annotations
 
 import json
+import logging
 import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, bindparam, or_, select, update
+from sqlalchemy.exc import SQLAlchemyError
 
 from gridcore.model import JobRequest, JobState, SiteObservation, SiteSnapshot
 from gridcore.policies.selection import expected_runtime
@@ -68,6 +81,9 @@ from gridcore.policies.wait_prediction import (
     learn_event,
 )
 from gridcore.state.schema import queue_waits, sites
+from gridcore.state.store import Store
+
+log = logging.getLogger(__name__)
 
 QUEUE_FORMAT = 1
 """The version of :func:`encode_queue`'s JSON; another one is read as no queue."""
@@ -134,10 +150,15 @@ class SiteQueue:
 
     site: str
     observed_at: float
+    total_processors: int = 0
     running: tuple[RunningJob, ...] = ()
     queued: tuple[QueuedJob, ...] = ()  # others' pending jobs, first come first served
     estimates: tuple[float, ...] = ()  # Slurm's start estimates of those that have one
     unusable_because: str = ""
+
+    def view(self) -> QueueView:
+        """The queue as observed: others' running and pending jobs."""
+        return QueueView(self.observed_at, self.total_processors, self.running, self.queued)
 
     def slurm_note(self, now: float) -> str:
         """Slurm's own estimate for the pending jobs ahead, in words ("" when none)."""
@@ -187,13 +208,15 @@ def decode_queue(site: str, observed_at: float, text: str | None) -> SiteQueue:
         return SiteQueue(site, observed_at, unusable_because=why)
     queued.sort(key=lambda q: (q[0], q[1]))
     estimates = tuple(float(e) for _, _, _, e in queued if e is not None)
-    return SiteQueue(site, observed_at, tuple(running), tuple(q[2] for q in queued), estimates)
+    return SiteQueue(
+        site, observed_at, total, tuple(running), tuple(q[2] for q in queued), estimates
+    )
 
 
 @dataclass
 class _Site:
     queue: SiteQueue
-    model: WaitModel | None
+    model: WaitModel | None  # None: the queue cannot be planned (queue.unusable_because)
     # (processors, run time, ours in flight) -> (made at, forecast): FORECAST_TTL_S
     forecasts: dict[tuple[int, float, int], tuple[float, SiteWait]] = field(default_factory=dict)
 
@@ -229,6 +252,7 @@ class WaitBook:
     _sites: dict[str, _Site] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     builds: int = 0  # models trained so far (tests and benchmarks read it)
+    _unstored: dict[str, dict[Hashable, tuple[float, float]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.model_name not in WAIT_MODELS:
@@ -250,11 +274,22 @@ class WaitBook:
         ).all()
         for name, observed_at, text in rows:
             queue = decode_queue(name, observed_at, text)
-            model = None if queue.unusable_because else self._train(conn, name)
+            model = None if queue.unusable_because else self._train(conn, queue)
             with self._lock:
                 self._sites[name] = _Site(queue, model)
 
-    def _train(self, conn: Connection, site: str) -> WaitModel:
+    def take_forecasts(self) -> dict[str, dict[Hashable, tuple[float, float]]]:
+        """The forecasts of pending jobs the models made since the last call, per site
+        (job -> (wait, made at)), for :func:`store_forecasts`; forgotten here."""
+        with self._lock:
+            taken, self._unstored = self._unstored, {}
+        return taken
+
+    def _train(self, conn: Connection, queue: SiteQueue) -> WaitModel:
+        """A model of the site's history, given back the forecasts stored there; it
+        forecasts the queue's pending jobs it has not forecast yet (kept for
+        :meth:`take_forecasts`)."""
+        site = queue.site
         model = WAIT_MODELS[self.model_name]()
         rows = conn.execute(
             select(
@@ -265,15 +300,32 @@ class WaitBook:
                 queue_waits.c.submitted_at,
                 queue_waits.c.started_at,
                 queue_waits.c.ended_at,
-            ).where(queue_waits.c.site == site, queue_waits.c.started_at.is_not(None))
+                queue_waits.c.forecast_s,
+                queue_waits.c.forecast_at,
+                queue_waits.c.forecast_by,
+            ).where(
+                queue_waits.c.site == site,
+                or_(
+                    queue_waits.c.started_at.is_not(None),
+                    queue_waits.c.forecast_by == self.model_name,
+                ),
+            )
         ).all()
+        for row in rows:
+            if row.forecast_by == model.name and row.forecast_s is not None:
+                model.recall(row.site_job_id, row.forecast_s, row.forecast_at)
         jobs = (
             PastJob(row.site_job_id, row.processors or 1, row.submitted_at, row.started_at,
                     row.time_limit_s or 0.0, row.owner, row.ended_at)
             for row in rows
+            if row.started_at is not None
         )  # fmt: skip
         for _, is_start, job in history_events(jobs):
             learn_event((model,), is_start, job)
+        fresh = model.observe_queue(queue.view())
+        if fresh:
+            with self._lock:
+                self._unstored.setdefault(site, {}).update(fresh)
         self.builds += 1
         return model
 
@@ -324,6 +376,46 @@ class WaitBook:
             entry.forecasts.clear()
         entry.forecasts[key] = (now, found)
         return found
+
+
+def store_forecasts(store: Store, book: WaitBook) -> None:
+    """Store the forecasts ``book``'s models made of pending jobs (:meth:`WaitBook.
+    take_forecasts`) in the jobs' history rows, one short transaction per site, after
+    the decision that made them (module docstring). Each transaction locks the site's
+    row first, as storing an observation does, then the jobs' rows in one order: it
+    cannot deadlock with an observation or a decision. A job already forecast keeps its
+    forecast, and so does one whose recorded start came before this forecast (a job
+    requeued after it first ran: the history keeps its first start). Best effort: a
+    failure is logged, and those forecasts are lost (their jobs' residuals with them)."""
+    for site, fresh in sorted(book.take_forecasts().items()):
+        rows = [
+            {"job": str(job_id), "wait": wait, "at": made_at}
+            for job_id, (wait, made_at) in sorted(fresh.items(), key=lambda f: str(f[0]))
+        ]
+        try:
+            with store.begin() as conn:
+                store.lock_site(conn, site)
+                conn.execute(
+                    update(queue_waits)
+                    .where(
+                        queue_waits.c.site == site,
+                        queue_waits.c.site_job_id == bindparam("job"),
+                        # a start before the forecast is an earlier run's (a requeued job)
+                        or_(
+                            queue_waits.c.started_at.is_(None),
+                            queue_waits.c.started_at >= bindparam("at"),
+                        ),
+                        queue_waits.c.forecast_s.is_(None),
+                    )
+                    .values(
+                        forecast_s=bindparam("wait"),
+                        forecast_at=bindparam("at"),
+                        forecast_by=book.model_name,
+                    ),
+                    rows,
+                )
+        except SQLAlchemyError as exc:
+            log.warning("site %s: %d wait forecasts not stored: %s", site, len(rows), exc)
 
 
 def _in_flight_jobs(

@@ -44,7 +44,8 @@ class RunOptions:
     ``monitor_interval_s``, ``case`` (a selection-robustness case's seed, replayed) and
     ``all_orderings`` (True when given) for stateful-selection, ``cases`` for
     selection-robustness, ``live`` (True when given) for dataplan, ``trace`` (a workload
-    log's path) and ``cluster`` (its partition) for wait-prediction. Errors name
+    log's path), ``cluster`` (its partition) and ``poll_s`` (the live bound replayed with
+    polls this far apart) for wait-prediction. Errors name
     the command-line option. ``background`` (the ``--background LOG.swf[@SITE]`` given),
     with its window, offset and scale, for every entry whose models have other users
     (:data:`BACKGROUND`, read by :func:`log_replay`); ``traces`` and ``windows`` for
@@ -74,6 +75,7 @@ class RunOptions:
     windows: int | None = None
     trace: str | None = None
     cluster: int | None = None
+    poll_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.cases is not None and self.cases < 1:
@@ -91,6 +93,8 @@ class RunOptions:
             raise ConfigError(
                 f"--monitor-interval must be finite and > 0 seconds, got {self.monitor_interval_s}"
             )
+        if self.poll_s is not None and not (math.isfinite(self.poll_s) and self.poll_s > 0):
+            raise ConfigError(f"--poll must be finite and > 0 seconds, got {self.poll_s}")
 
 
 BACKGROUND = frozenset({"background", "background_window", "background_offset", "background_scale"})
@@ -136,6 +140,7 @@ OPTIONAL_OPTIONS: Mapping[str, str] = MappingProxyType(
         "windows": "--windows",
         "trace": "--trace",
         "cluster": "--cluster",
+        "poll_s": "--poll",
     }
 )
 """The :class:`RunOptions` only some entries take, by the command-line option that sets them."""

@@ -39,6 +39,7 @@ from gridcore.sim.log_load import LoggedRunning
 from gridcore.sim.selection import StreamConfig, View, simulate_selection
 from gridcore.sim.workload import LocalJob, SimSite
 from gridcore.stats import half_width_95
+from gridcore.workloads.machines import MachineUse
 from gridcore.workloads.requested import RequestedTimes
 from gridcore.workloads.swf import JobLabels, SwfJob, iter_jobs, read_header, skip_reason
 
@@ -107,23 +108,24 @@ class LoggedCluster:
 
 
 def load_grid(paths: Sequence[str]) -> list[LoggedCluster]:
-    """One cluster per log (its MaxProcs, else MaxNodes, else its largest job), or per
+    """One cluster per log (its MaxProcs, else MaxNodes, else sized from its jobs), or per
     partition of one multi-cluster log (its jobs carry more than one partition number
-    in field 16, whatever its header says)."""
+    in field 16, whatever its header says), each sized from its jobs
+    (:class:`~gridcore.workloads.machines.MachineUse`)."""
     if not paths:
         raise ConfigError("--traces: give at least one workload log")
-    read: dict[str, dict[int | None, int]] = {}
+    read: dict[str, dict[int | None, MachineUse]] = {}
     if len(paths) == 1:
-        largest = read[paths[0]] = _largest_by_partition(paths[0])
-        if len([n for n in largest if n is not None]) > 1:
-            return _partitions(paths[0], largest)
+        machines = read[paths[0]] = _machines_by_partition(paths[0])
+        if len([n for n in machines if n is not None]) > 1:
+            return _partitions(paths[0], machines)
     clusters: list[LoggedCluster] = []
     for path in paths:
         processors = read_header(path).max_procs
         if processors is None:
             # as wait-prediction does (docs/wait-prediction.md, "The replay")
-            largest = read.get(path) or _largest_by_partition(path)
-            processors = max(largest.values(), default=0)
+            machines = read.get(path) or _machines_by_partition(path)
+            processors = MachineUse.merged(machines.values()).size()[0]
         if processors <= 0:
             raise ConfigError(f"--traces {path}: no MaxProcs or MaxNodes and no job size")
         name = _label(path)
@@ -135,22 +137,24 @@ def load_grid(paths: Sequence[str]) -> list[LoggedCluster]:
     return clusters
 
 
-def _largest_by_partition(path: str) -> dict[int | None, int]:
-    """The largest size of a job the replay keeps (``skip_reason``, as wait-prediction's)
-    per partition number (``None``: no partition given); a partition none of whose jobs
-    is kept is absent, so it makes no empty cluster."""
-    largest: dict[int | None, int] = {}
+def _machines_by_partition(path: str) -> dict[int | None, MachineUse]:
+    """The runs of the jobs the replay keeps (``skip_reason``, as wait-prediction's) per
+    partition number (``None``: no partition given); a partition none of whose jobs is
+    kept is absent, so it makes no empty cluster."""
+    machines: dict[int | None, MachineUse] = {}
     for job in iter_jobs(path):
-        if skip_reason(job) is None and job.size is not None:
-            largest[job.partition] = max(largest.get(job.partition, 0), job.size)
-    return largest
+        if skip_reason(job) is None:
+            machines.setdefault(job.partition, MachineUse()).add(job)
+    return machines
 
 
-def _partitions(path: str, largest: Mapping[int | None, int]) -> list[LoggedCluster]:
+def _partitions(path: str, machines: Mapping[int | None, MachineUse]) -> list[LoggedCluster]:
     """One cluster per partition, all filled in one pass over the log."""
     fillers = {
-        number: _Filler(LoggedCluster(SimSite(f"{_label(path)}-p{number}", largest[number])))
-        for number in sorted(n for n in largest if n is not None)
+        number: _Filler(
+            LoggedCluster(SimSite(f"{_label(path)}-p{number}", machines[number].size()[0]))
+        )
+        for number in sorted(n for n in machines if n is not None)
     }
     for job in iter_jobs(path):
         filler = fillers.get(job.partition) if job.partition is not None else None

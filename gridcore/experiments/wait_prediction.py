@@ -17,11 +17,13 @@ from typing import Any
 
 import numpy as np
 
+from gridcore.engine.wait_models import REQUEST_ID
 from gridcore.errors import ConfigError
 from gridcore.experiments.registry import Experiment, RunOptions, text_table
 from gridcore.policies.wait_prediction import (
     DEFAULT_WAIT_MODEL,
     WAIT_MODELS,
+    PredictedBackfillModel,
     QueuedJob,
     QueueView,
     RunningJob,
@@ -29,6 +31,7 @@ from gridcore.policies.wait_prediction import (
     WaitModel,
 )
 from gridcore.progress import progress
+from gridcore.workloads.machines import MachineUse
 from gridcore.workloads.requested import RequestedTimes
 from gridcore.workloads.swf import SwfJob, iter_jobs, read_header, skip_reason
 
@@ -38,6 +41,8 @@ any shorter one."""
 NEAR_S = (60.0, 600.0)
 REFERENCE = "eq1"
 """The model whose CPU time the others' is divided by (measured in the same run)."""
+POLLED = f"{DEFAULT_WAIT_MODEL}_polled"
+"""The default model as the live engine runs it (``--poll``, :class:`PolledModel`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +102,8 @@ def _workload(logged: Sequence[SwfJob], max_procs: int | None, cluster: int | No
     if cluster is None and max_procs is not None:
         processors, source = max_procs, "MaxProcs"
     else:
-        processors = max((job.size or 0 for job in kept), default=0)
-        source = "largest job" + ("" if cluster is None else f" of partition {cluster}")
+        processors, source = MachineUse().extend(kept).size()
+        source += "" if cluster is None else f" of partition {cluster}"
     fitting = [job for job in kept if (job.size or 0) <= processors]
     skipped["larger_than_machine"] = len(kept) - len(fitting)
     fitting.sort(key=lambda job: (job.submit_s, job.number))
@@ -147,6 +152,32 @@ class _Timed:
 
 
 _END, _START = 0, 1
+
+
+class PolledModel(PredictedBackfillModel):
+    """:class:`~gridcore.policies.wait_prediction.PredictedBackfillModel` as the live
+    engine runs it (``--poll S``, docs/wait-prediction.md "The live bound, replayed"):
+    it sees the queue only at polls, at the first submission at least ``poll_s`` after
+    the last poll (the replay shows the queue only at submissions), and forecasts there
+    each queued job it has not forecast yet (``observe_queue``, as a decision reading a
+    newer observation does live); the job asked about is asked under the live engine's
+    request id, which never starts. So its point forecasts are the default's, and its
+    bound's residuals come from the polls alone: jobs that start between polls are never
+    forecast."""
+
+    name = POLLED
+
+    def __init__(self, poll_s: float) -> None:
+        super().__init__()
+        self.poll_s = poll_s
+        self._polled = -math.inf
+
+    def forecast(self, job: QueuedJob, view: QueueView) -> WaitForecast:
+        if view.now >= self._polled + self.poll_s:
+            self.observe_queue(view)
+            self._polled = view.now
+        asked = QueuedJob(REQUEST_ID, job.processors, job.submitted_at, job.requested_s, job.user)
+        return super().forecast(asked, view)
 
 
 def replay(
@@ -201,20 +232,23 @@ def _run_replay(
         heapq.heappush(events, (job.start_s, _START, job.order))
 
 
-def wait_prediction_experiment(path: str, cluster: int | None = None) -> dict[str, Any]:
+def wait_prediction_experiment(
+    path: str, cluster: int | None = None, poll_s: float | None = None
+) -> dict[str, Any]:
     """The figures of ``gridcore experiment wait-prediction`` (module docstring). Without
     ``cluster``, a log whose kept jobs carry several partition numbers is replayed one
-    partition at a time and pooled (:func:`_partitions_experiment`)."""
+    partition at a time and pooled (:func:`_partitions_experiment`). With ``poll_s``, one
+    more predictor, :data:`POLLED` (:class:`PolledModel`)."""
     header = read_header(path)
     logged = list(iter_jobs(path, partition=cluster))
     if cluster is None:
         numbers = kept_partitions(logged)
         if len(numbers) > 1:
-            return _partitions_experiment(path, logged, header.max_procs)
+            return _partitions_experiment(path, logged, header.max_procs, poll_s)
     workload = _workload(logged, header.max_procs, cluster)
     if not workload.jobs:
         raise ConfigError(f"{path}: no job to replay (skipped: {dict(workload.skipped)})")
-    forecasts, cpu_s = _replay_fresh(workload)
+    forecasts, cpu_s = _replay_fresh(workload, poll_s)
     actual = np.array([job.wait_s for job in workload.jobs])
     waited = actual > WAITED_S
     predictors = _predictor_figures(forecasts, actual, cpu_s)
@@ -230,16 +264,21 @@ def wait_prediction_experiment(path: str, cluster: int | None = None) -> dict[st
             "processors_from": workload.processors_from,
             "requested_time_filled": workload.requested_time_filled,
             "waited": int(waited.sum()),
+            "poll_s": poll_s,
         },
         "done_when": done_when(predictors),
     }
 
 
 def _replay_fresh(
-    workload: Workload,
+    workload: Workload, poll_s: float | None
 ) -> tuple[dict[str, list[WaitForecast]], dict[str, float]]:
-    """:func:`replay` with a fresh model of every :data:`WAIT_MODELS` entry."""
-    return replay(workload, {name: factory() for name, factory in WAIT_MODELS.items()})
+    """:func:`replay` with a fresh model of every :data:`WAIT_MODELS` entry (and, with
+    ``poll_s``, a :class:`PolledModel`)."""
+    models: dict[str, WaitModel] = {name: factory() for name, factory in WAIT_MODELS.items()}
+    if poll_s is not None:
+        models[POLLED] = PolledModel(poll_s)
+    return replay(workload, models)
 
 
 def _predictor_figures(
@@ -271,15 +310,16 @@ def _predictor_figures(
 
 
 def _partitions_experiment(
-    path: str, logged: Sequence[SwfJob], max_procs: int | None
+    path: str, logged: Sequence[SwfJob], max_procs: int | None, poll_s: float | None
 ) -> dict[str, Any]:
     """A multi-cluster log without ``--cluster``: each partition replayed on its own, as
     ``--cluster N`` does (its own machine and queue, fresh models), the figures pooled
     over all partitions' jobs and given per partition under ``partitions``; jobs with no
     partition are skipped (docs/wait-prediction.md, "Running it")."""
     skipped: dict[str, int] = {}
-    forecasts: dict[str, list[WaitForecast]] = {name: [] for name in WAIT_MODELS}
-    cpu_s = dict.fromkeys(WAIT_MODELS, 0.0)
+    names = [*WAIT_MODELS, *([POLLED] if poll_s is not None else [])]
+    forecasts: dict[str, list[WaitForecast]] = {name: [] for name in names}
+    cpu_s = dict.fromkeys(names, 0.0)
     actual: list[np.ndarray] = []
     partitions: dict[str, Any] = {}
     processors = filled = 0
@@ -290,7 +330,7 @@ def _partitions_experiment(
             skipped[reason] = skipped.get(reason, 0) + count
         if not workload.jobs:  # every job of it skipped: counted, nothing to replay
             continue
-        own, own_cpu_s = _replay_fresh(workload)
+        own, own_cpu_s = _replay_fresh(workload, poll_s)
         waits = np.array([job.wait_s for job in workload.jobs])
         for name, answers in own.items():
             forecasts[name].extend(answers)
@@ -319,10 +359,11 @@ def _partitions_experiment(
             "path": path,
             "cluster": None,
             "processors": processors,
-            "processors_from": "sum over partitions (each its largest job)",
+            "processors_from": "sum over partitions (each sized from its jobs)",
             "requested_time_filled": filled,
             "waited": int((pooled > WAITED_S).sum()),
             "partitions_replayed": [int(number) for number in partitions],
+            "poll_s": poll_s,
         },
         "partitions": partitions,
         "done_when": done_when(predictors),
@@ -457,7 +498,7 @@ def plot_wait_prediction(result: Mapping[str, Any], path: str) -> None:
 def _run(options: RunOptions) -> dict[str, Any]:
     if options.trace is None:
         raise ConfigError("--trace: wait-prediction replays a workload log (SWF); give its path")
-    return wait_prediction_experiment(options.trace, options.cluster)
+    return wait_prediction_experiment(options.trace, options.cluster, options.poll_s)
 
 
 WAIT_PREDICTION = Experiment(
@@ -465,5 +506,5 @@ WAIT_PREDICTION = Experiment(
     _run,
     wait_prediction_table,
     plot_wait_prediction,
-    takes=frozenset({"trace", "cluster"}),
+    takes=frozenset({"trace", "cluster", "poll_s"}),
 )

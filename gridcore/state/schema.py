@@ -368,6 +368,10 @@ queue_waits = Table(
     Column("owner", String(128), nullable=True),  # the job's user; NULL: unknown
     Column("time_limit_s", Float, nullable=True),  # NULL: unknown or unlimited
     Column("ended_at", Float, nullable=True),  # NULL: not seen finished
+    # a wait model's forecast of its wait, made at forecast_at (0015); NULL: none made
+    Column("forecast_s", Float, nullable=True),
+    Column("forecast_at", Float, nullable=True),
+    Column("forecast_by", String(64), nullable=True),  # the model's name
     UniqueConstraint("site", "site_job_id", name="uq_gc_queue_waits_site_job"),
     Index("ix_gc_queue_waits_site_started", "site", "started_at"),
 )

@@ -35,7 +35,7 @@ from gridcore.state import schema
 
 DB_ENV = "GRIDCORE_DB_URL"
 HOME_ENV = "GRIDCORE_HOME"
-HEAD_REVISION = "0014"
+HEAD_REVISION = "0015"
 # PostgreSQL SQLSTATEs a transaction that gave way raises (it may be retried whole)
 LOCK_NOT_AVAILABLE = "55P03"
 DEADLOCK_DETECTED = "40P01"

@@ -22,7 +22,7 @@ import time
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from gridcore_airflow.demo.harness import (  # noqa: F401  (re-exported for the 
 )
 
 _STOP_GRACE_S = 10.0
+_READY_WITHIN_S = 300.0
 
 
 @dataclass
@@ -73,9 +74,17 @@ class AirflowServices:
             "triggerer": ["triggerer", "--skip-serve-logs"],
         }
         try:
+            # The API server first, alone: four Airflow imports at once on a loaded two-core
+            # machine kept it from answering within 60 s (CI, stop 28). The others start once
+            # it answers, and the deadline only bounds a hang; a service that dies fails at once.
+            services._spawn("api-server", commands.pop("api-server"))
+            services._wait_http(f"http://127.0.0.1:{port}/execution/health", _READY_WITHIN_S)
+            since = datetime.now(UTC)
             for name, args in commands.items():
                 services._spawn(name, args)
-            services._wait_http(f"http://127.0.0.1:{port}/execution/health", 60.0)
+            # and the scheduler and triggerer have started their jobs, so the callers'
+            # own deadlines (a run, a parse) do not pay for their imports
+            services._wait_jobs(("SchedulerJob", "TriggererJob"), since, _READY_WITHIN_S)
         except BaseException:
             services.stop()
             raise
@@ -104,6 +113,32 @@ class AirflowServices:
                 pass
             time.sleep(0.5)
         raise TimeoutError(f"{url} did not answer within {timeout_s:.0f} s; logs in {self.log_dir}")
+
+    def _wait_jobs(self, job_types: tuple[str, ...], since: datetime, timeout_s: float) -> None:
+        """Until each of ``job_types`` has a running job started at or after ``since`` in
+        the metadata DB this process shares with the services."""
+        from airflow.jobs.job import Job, JobState
+        from airflow.utils.session import create_session
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.check_alive()
+            with create_session() as session:
+                started = {
+                    job_type
+                    for (job_type,) in session.query(Job.job_type).filter(
+                        Job.job_type.in_(job_types),
+                        Job.state == JobState.RUNNING,
+                        Job.start_date >= since,
+                    )
+                }
+            if started >= set(job_types):
+                return
+            time.sleep(0.5)
+        raise TimeoutError(
+            f"{', '.join(job_types)} not all started within {timeout_s:.0f} s; logs in"
+            f" {self.log_dir}"
+        )
 
     def check_alive(self) -> None:
         dead = {n: p.returncode for n, p in self.processes.items() if p.poll() is not None}

@@ -39,7 +39,7 @@ def store(pg_url: str) -> Iterator[Store]:
 def test_migrated_postgres_schema_matches_the_metadata(store: Store) -> None:
     with store.engine.connect() as conn:
         context = MigrationContext.configure(conn)
-        assert context.get_current_revision() == HEAD_REVISION == "0014"
+        assert context.get_current_revision() == HEAD_REVISION == "0015"
         assert compare_metadata(context, metadata) == []
 
 

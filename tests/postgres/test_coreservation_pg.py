@@ -49,7 +49,10 @@ WORKERS = 8
 # (the full suite on 2 cores) pilots wait long enough that Eq. 2 gave a minute or more,
 # so a deadlock outlasted the test's deadline (CI: 4 jobs still reserving after 100 s,
 # one holding 3 of 4 processors of local-c while a younger one held the 4th).
-PARAMS = CoReservationParams(heartbeat_timeout_s=8.0, lease_s=2.0, lifetime_ceiling_s=20.0)
+# The heartbeat timeout is production's 30 s: no pilot dies in this test (workers do),
+# and with 8 s a pilot running its command was judged dead on a loaded CI machine
+# ("stopped heartbeating", its job failed) while it heartbeat every second.
+PARAMS = CoReservationParams(heartbeat_timeout_s=30.0, lease_s=2.0, lifetime_ceiling_s=20.0)
 # Eq. 2 never below this: with the warmed-up history (below) lifetimes are seconds, so
 # a deadlock between two workers' jobs is reorganized within the test's time.
 LIFETIME_FLOOR_S = 4.0
@@ -255,15 +258,25 @@ class _Run:
         return died
 
     def _kill_a_scanner(self) -> bool:
+        """SIGKILL a worker while it scans; False if none could be. A worker that took
+        ``kill-in-tx`` kills itself: killing it too is no kill of ours (CI: the aimed
+        kill hit the worker dying in its transaction, and four kills made three deaths)."""
         for marker in self.ctl.glob("scanning-*"):
             worker = int(marker.name.rsplit("-", 1)[1])
             proc = self.procs.get(worker)
-            if proc is not None and proc.exitcode is None and proc.pid is not None:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.join(10)
-                marker.unlink(missing_ok=True)
+            if proc is None or proc.exitcode is not None or proc.pid is None:
+                continue
+            if self._took_kill_in_tx(proc.pid):
+                continue
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.join(10)
+            marker.unlink(missing_ok=True)
+            if not self._took_kill_in_tx(proc.pid):
                 return True
         return False
+
+    def _took_kill_in_tx(self, pid: int) -> bool:
+        return (self.ctl / f"kill-in-tx.taken-{pid}").exists()
 
     def _stuck(self) -> str:
         now = time.time()

@@ -1,6 +1,8 @@
-"""The live wait models on PostgreSQL: migration 0014 up, down and up again; the history's
-new columns through the upsert (``ON CONFLICT``); a single decision (one autocommit
-statement) and a burst (one transaction) taking the model's forecasts."""
+"""The live wait models on PostgreSQL: migrations 0014 and 0015 up, down and up again; the
+history's new columns through the upsert (``ON CONFLICT``); a single decision (one
+autocommit statement) and a burst (one transaction) taking the model's forecasts; the
+forecasts of pending jobs stored after a decision (an executemany UPDATE) and a new
+process's model learning its residual from them."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import pytest
 from sqlalchemy import select
 
 from gridcore.engine import selection as selection_engine
+from gridcore.engine import wait_models
 from gridcore.model import JobRequest, JobState
 from gridcore.policies.selection import InsufficientMode, SelectionProtocol
 from gridcore.state import capacity
@@ -21,9 +24,12 @@ from tests.unit.test_wait_models_engine import (
     NOW,
     alice_history,
     check_0014_round_trip,
+    check_0015_round_trip,
     decide,
     job,
     observe,
+    site_wait,
+    stored_forecasts,
 )
 
 pytestmark = pytest.mark.postgres
@@ -31,6 +37,10 @@ pytestmark = pytest.mark.postgres
 
 def test_0014_round_trip_on_postgresql(pg_url: str) -> None:
     check_0014_round_trip(open_store(pg_url))
+
+
+def test_0015_round_trip_on_postgresql(pg_url: str) -> None:
+    check_0015_round_trip(open_store(pg_url))
 
 
 def test_decisions_take_the_models_forecasts_on_postgresql(pg_url: str) -> None:
@@ -65,4 +75,24 @@ def test_decisions_take_the_models_forecasts_on_postgresql(pg_url: str) -> None:
     assert delays == [("a", pytest.approx(650.0)), ("a", pytest.approx(1250.0))]
     assert reader.waits is not None and reader.waits.builds == 2
     assert_capacity_invariant(store)
+    store.dispose()
+
+
+def test_stored_forecasts_give_a_new_process_its_residual_on_postgresql(pg_url: str) -> None:
+    """tests/unit/test_wait_models_engine.py's scenario, on PostgreSQL."""
+    store = open_store(pg_url, upgrade=True)
+    with store.begin() as conn:
+        capacity.register_sites(conn, GRID)
+    reader = selection_engine.SnapshotReader(GRID)
+    assert reader.waits is not None
+    r, p = JobState.RUNNING, JobState.PENDING
+    c1 = job("c1", 8, r, submitted=NOW - 450, started=NOW - 400, limit=300.0, user="carol")
+    observe(store, "a", NOW - 400, c1, job("c2", 8, p, submitted=NOW - 450, limit=300.0))
+    site_wait(store, reader, "a")
+    wait_models.store_forecasts(store, reader.waits)
+    assert stored_forecasts(store) == {"c2": (300.0, NOW - 400, "predicted_backfill")}
+    c2 = job("c2", 8, r, submitted=NOW - 450, started=NOW - 50, limit=300.0)
+    observe(store, "a", NOW - 1, c2)
+    found = site_wait(store, selection_engine.SnapshotReader(GRID), "a")
+    assert found.forecast is not None and found.forecast.bound_s == pytest.approx(300.0)
     store.dispose()

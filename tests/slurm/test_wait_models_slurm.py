@@ -2,7 +2,10 @@
 gamma's node and another of theirs waits behind it with a time limit; once Slurm's
 backfill scheduler has planned the waiting one, a decision's reason cites the model's
 forecast (from slurmrestd's ``/jobs``: limits, users, start times) and, beside it,
-Slurm's own estimate (the pending job's ``start_time``)."""
+Slurm's own estimate (the pending job's ``start_time``). Once the waiting job has started,
+the next decision's forecast has a conformal bound, in this engine and in a new one: the
+model forecast that job when an observation showed it pending and stored the forecast
+with the site's history, and its start gave the residual."""
 
 from __future__ import annotations
 
@@ -15,11 +18,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from sqlalchemy import func, select
 
 from gridcore.config import load_grid
 from gridcore.engine.runtime import GridRuntime
 from gridcore.model import JobRequest, JobState
 from gridcore.sites.slurm import SlurmSite
+from gridcore.state.schema import selections
 from gridcore.state.store import open_store
 from tests.slurmgrid import SlurmCluster, SlurmGrid
 
@@ -101,7 +106,37 @@ def test_a_decisions_reason_cites_the_models_forecast_and_slurms_estimate(
         # starts when the waiting job's 5 minutes end after the running job's 10
         assert float(match.group(1)) == pytest.approx(started + 600 + 300 - now, abs=5)
         assert float(match.group(2)) == pytest.approx(estimate - now, abs=2)
+        assert "no residual yet in its bin" in note
         rt.cancel(rec.selection_id)
+        # the live bound: that observation showed the waiting job pending, so the model
+        # forecast it; once it is seen started, the next model has its residual
+        gamma.cancel(running)
+        _until(
+            lambda: {j.job_id: j.state for j in gamma.observe().jobs}[waiting] is JobState.RUNNING,
+            what="the waiting job started",
+        )
+        again = rt.select(JobRequest("wm-ours-2", 4, 60.0), among=[SITE], max_age_s=0)
+        bound = re.search(
+            r"by wait model predicted_backfill, bound (\d+) s at 0.95 \(.*;"
+            r" 1 residuals in its bin, too few residuals: the largest \+(\d+) s\)",
+            again.reasons[-1],
+        )
+        assert bound, again.reasons
+        rt.cancel(again.selection_id)
+        # another engine process (an Airflow task's) rebuilds the model from the stored
+        # history, forecasts included: the same residual, the same bound's basis
+        other = GridRuntime(
+            load_grid(slurm_grid.grid_toml), open_store(f"sqlite:///{tmp_path}/state.db")
+        )
+        third = other.select(JobRequest("wm-ours-3", 4, 60.0), among=[SITE], max_age_s=0)
+        assert "1 residuals in its bin, too few residuals: the largest" in third.reasons[-1]
+        other.cancel(third.selection_id)
+        # gridcore submit --test-only's question: the same forecast, nothing recorded
+        _, forecasts = other.estimate(JobRequest("wm-test-only", 4, 60.0), among=[SITE])
+        assert forecasts[SITE].bound_s is not None
+        with other.store.begin() as conn:
+            count = conn.execute(select(func.count()).select_from(selections)).scalar_one()
+        assert count == 3  # wm-ours, wm-ours-2, wm-ours-3
     finally:
         for job_id in (waiting, running):
             gamma.cancel(job_id)

@@ -14,6 +14,7 @@ from sqlalchemy import func, select
 
 from gridcore import submit
 from gridcore.cli import main
+from gridcore.engine import health
 from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.errors import ConfigError, CredentialRejected, RequestError, SiteUnavailable
 from gridcore.model import JobRequest, JobState, JobUsage
@@ -172,6 +173,75 @@ def test_select_among_refuses_unknown_and_contradicting_sites(tmp_path: Path) ->
         rt.store.dispose()
 
 
+# -- --test-only ----------------------------------------------------------------------
+
+
+def test_test_only_says_where_and_how_soon_and_records_nothing(
+    db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """sbatch --test-only's twin: the site the policy would choose now, each site's
+    estimate with the wait model's forecast; no selection, no job. The next real
+    submission goes where it said."""
+    code, out, _ = run(capsys, "--test-only", "--processors", "2", "--", "true")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == "would run on site local-a (fit)"
+    assert lines[1] == "  local-a: earliest estimated completion among 3"
+    b = next(line for line in lines if line.startswith("  site local-b:"))
+    assert b.startswith("  site local-b: queue delay 0 s by predicted_backfill (backfill with")
+    assert b.endswith("no residual yet in its bin), completion 720 s")
+    code, data, _ = run_json(capsys, "--test-only", "--processors", "3", "--", "true")
+    assert code == 0 and set(data) == {"site", "outcome", "reasons", "sites"}
+    assert (data["site"], data["outcome"]) == ("local-a", "fit")
+    assert set(data["sites"]) == {"local-a", "local-b", "local-c"}
+    a = data["sites"]["local-a"]
+    assert a["fits"] is True and a["wait_model"]["predictor"] == "predicted_backfill"
+    assert a["wait_model"]["wait_s"] == a["queue_delay_s"] == 0.0
+    assert selection_count(db_url) == 0
+    # local-a's eight processors in flight: it no longer fits there, and a real
+    # submission then goes where --test-only says
+    assert run(capsys, "--site", "local-a", "--processors", "8", "--", "sleep", "5")[0] == 0
+    code, said, _ = run_json(capsys, "--test-only", "--processors", "3", "--", "true")
+    assert code == 0 and said["sites"]["local-a"]["fits"] is False
+    assert said["site"] != "local-a"
+    code, done, _ = run_json(capsys, "--processors", "3", "--", "true")
+    assert code == 0 and done["site"] == said["site"]
+    assert selection_count(db_url) == 2
+    # a size only local-a has: the sites that would refuse it are not candidates
+    code, big, _ = run_json(capsys, "--test-only", "--processors", "6", "--", "true")
+    assert code == 0 and set(big["sites"]) == {"local-a"}
+
+
+def test_test_only_with_a_pinned_site_answers_as_the_pinned_submission(
+    db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A pinned job goes to its site whatever that site's health, and --test-only says
+    so; it leaves the health as it was (no probe job sent to the unusable site)."""
+    assert run(capsys, "--test-only", "--processors", "1", "--", "true")[0] == 0  # the sites
+    store = open_store(db_url)
+    try:
+        with store.begin() as conn:
+            for _ in range(health.UNUSABLE_AFTER_ERRORS):
+                health.record_failure(conn, "local-c", "component failed")
+    finally:
+        store.dispose()
+    code, data, _ = run_json(
+        capsys, "--test-only", "--site", "local-c", "--processors", "1", "--", "true"
+    )
+    assert code == 0 and (data["site"], data["outcome"]) == ("local-c", "fit")
+    assert data["reasons"] == ["site local-c: pinned by the request (4 effective idle when read)"]
+    assert selection_count(db_url) == 0
+    store = open_store(db_url)
+    try:
+        with store.begin() as conn:
+            record = health.read_health(conn)["local-c"]
+    finally:
+        store.dispose()
+    assert not record.usable and record.probe_job_id is None
+    code, real, _ = run_json(capsys, "--site", "local-c", "--processors", "1", "--", "true")
+    assert code == 0 and real["site"] == "local-c" and real["reasons"] == data["reasons"]
+
+
 # -- time limit, Ctrl-C ------------------------------------------------------------------
 
 
@@ -229,6 +299,7 @@ def test_ctrl_c_while_waiting_cancels_the_job_and_exits_130(
         (["--processors", "1", "--env", "NOEQUALS", "--", "true"], "env: 'NOEQUALS'"),
         (["--processors", "1", "--env", "1X=2", "--", "true"], "job.env.1X:"),
         (["--processors", "1", "--name", " ", "--", "true"], "request.name:"),
+        (["--test-only", "--wait", "--processors", "1", "--", "true"], "--test-only"),
     ],
 )
 def test_bad_input_exits_2_naming_the_field_and_writes_nothing(

@@ -276,3 +276,49 @@ def test_on_kill_cancels_this_tries_job(capsys: pytest.CaptureFixture[str]) -> N
     assert f"cancelled fake job {job_id}: cancelled" in capsys.readouterr().out  # the task log
     FakeJobOperator(engine=engine).on_kill()  # a try that has no job yet cancels nothing
     assert engine.cancelled == [job_id]
+
+
+@pytest.mark.parametrize(
+    ("own_state", "outcome"),
+    [
+        pytest.param(JobPhase.QUEUED, "waits", id="own job live: the wait on it again"),
+        pytest.param(JobPhase.COMPLETED, "result", id="own job completed: its result"),
+        pytest.param(JobPhase.FAILED, "fails", id="own job failed: the task fails"),
+    ],
+)
+def test_an_event_about_another_job_is_not_taken_for_this_task_instances(
+    own_state: JobPhase, outcome: str
+) -> None:
+    # CI, under load: two runs' deferred task instances were resumed by one trigger's
+    # event; the other one succeeded with this one's job's result, and its own job was
+    # never waited on again (its processors stayed claimed).
+    engine = FakeEngine()
+    theirs_state, ours_state = FakeTaskStateStore(), FakeTaskStateStore()
+    theirs = deferred_job(FakeJobOperator(engine=engine), theirs_state)
+    ours = deferred_job(FakeJobOperator(engine=engine), ours_state)
+    engine.jobs[theirs] = replace(engine.jobs[theirs], state=JobPhase.COMPLETED)
+    engine.jobs[ours] = replace(engine.jobs[ours], state=own_state)
+    their_event = dict(CONTRACT.event_for(engine.jobs[theirs]))
+    op = FakeJobOperator(engine=engine)
+    context = {"task_state_store": ours_state}
+
+    if outcome == "waits":
+        with pytest.raises(TaskDeferred) as deferred:
+            op.execute_complete(context, their_event)  # type: ignore[arg-type]
+        assert isinstance(deferred.value.trigger, FakeTrigger)
+        assert deferred.value.trigger.ident == ours
+        assert deferred.value.method_name == "execute_complete"
+    elif outcome == "result":
+        assert op.execute_complete(context, their_event) == {  # type: ignore[arg-type]
+            "job_id": ours,
+            "state": "completed",
+        }
+    else:
+        with pytest.raises(AirflowException, match=f"fake job {ours}: failed"):
+            op.execute_complete(context, their_event)  # type: ignore[arg-type]
+    assert engine.submitted == [theirs, ours]  # nothing submitted again
+    # its own job's event is taken as it is; so is any event without a remembered job
+    # (dag.test() has no task state store)
+    own_event = dict(CONTRACT.event_for(replace(engine.jobs[ours], state=JobPhase.COMPLETED)))
+    assert op.execute_complete(context, own_event)["job_id"] == ours  # type: ignore[arg-type]
+    assert FakeJobOperator(engine=engine).execute_complete({}, their_event)["job_id"] == theirs  # type: ignore[arg-type]

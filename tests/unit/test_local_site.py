@@ -18,11 +18,19 @@ from gridcore.config import default_grid
 from gridcore.engine.runtime import GridRuntime, JobRecord
 from gridcore.engine.submission import submit_once
 from gridcore.errors import ConfigError, RequestError, SiteRejected
-from gridcore.model import JobRequest, JobResources, JobState, JobSubmission, SiteKind, SiteSpec
+from gridcore.model import (
+    HolderKind,
+    JobRequest,
+    JobResources,
+    JobState,
+    JobSubmission,
+    SiteKind,
+    SiteSpec,
+)
 from gridcore.sites import local as local_site
 from gridcore.sites.local import LocalSite
 from gridcore.state import capacity
-from gridcore.state.schema import local_jobs, selections
+from gridcore.state.schema import local_jobs, selections, sites
 from gridcore.state.store import open_store
 from tests.capacity_checks import assert_capacity_invariant
 
@@ -198,6 +206,60 @@ def test_a_selection_never_submitted_gives_its_processors_back(tmp_path: Path) -
     assert totals["local-a"] == (0, 0, 0, 0)
     assert_capacity_invariant(rt.store)
     rt.cancel(kept.selection_id)
+    assert_capacity_invariant(rt.store, no_live_holds=True)
+
+
+def test_a_submitted_selection_nobody_polls_ends_at_a_refresh_and_frees_its_processors(
+    tmp_path: Path,
+) -> None:
+    """The task that submitted it died and is not retried (or Airflow resumed it with
+    another task's event): nothing polls the selection again, and its job ended before
+    any observation saw it run, so no observation released its hold (the soak's leak,
+    docs/operators.md). The next refresh (any selection's, any scan's) sees the job gone
+    from the site's queue, asks the site, and ends the selection; a look that must
+    change nothing (``gridcore sites``) does not."""
+    rt = runtime(tmp_path)
+    running = run(rt, "running", 1, "sleep 30", site="local-a")
+    try:
+        forgotten = run(rt, "forgotten", 2, "true", site="local-a")
+        rc = _workdir(rt, forgotten) / "rc"
+        _wait_until(rc.exists, timeout=30.0)  # the job has ended
+        rt.refresh(count_health=False)
+        assert rt.record(forgotten).state == "pending", "a look ended it"
+        rt.refresh()
+        record = rt.record(forgotten)
+        assert (record.state, record.exit_code) == ("completed", 0)
+        assert rt.record(running).state == "pending", "a listed job is left alone"
+        with rt.store.begin() as conn:
+            held = capacity.hold(conn, HolderKind.SELECTION, str(forgotten))
+            finished_jobs = conn.execute(
+                select(sites.c.finished_jobs).where(sites.c.name == "local-a")
+            ).scalar_one()
+        assert held is not None and held.ledger is None, held
+        assert finished_jobs == 1
+    finally:
+        rt.cancel(running)
+    assert_capacity_invariant(rt.store, no_live_holds=True)
+
+
+def test_a_selection_whose_job_the_site_forgot_ends_failed_at_a_refresh(tmp_path: Path) -> None:
+    """A site without accounting forgets an ended job (Slurm after MinJobAge): an
+    unpolled selection of it ends failed, its end unknown, and the site's health is not
+    charged with it."""
+    rt = runtime(tmp_path)
+    forgotten = run(rt, "forgotten", 2, "true", site="local-a")
+    _wait_until((_workdir(rt, forgotten) / "rc").exists, timeout=30.0)
+    job_id = int(str(rt.record(forgotten).job_id))
+    with rt.store.begin() as conn:  # the site's own records: what a forgetful site keeps
+        conn.execute(local_jobs.delete().where(local_jobs.c.id == job_id))
+    rt.refresh()
+    record = rt.record(forgotten)
+    assert record.state == "failed" and "its end is unknown" in record.message, record
+    with rt.store.begin() as conn:
+        errors = conn.execute(
+            select(sites.c.consecutive_errors).where(sites.c.name == "local-a")
+        ).scalar_one()
+    assert errors == 0
     assert_capacity_invariant(rt.store, no_live_holds=True)
 
 

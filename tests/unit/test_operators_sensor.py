@@ -84,3 +84,24 @@ def test_a_failed_job_fails_the_sensor(runtime: GridRuntime) -> None:
 def test_a_bad_selection_id_fails_clearly(value: Any) -> None:
     with pytest.raises(AirflowFailException, match="selection_id: must be a positive integer"):
         sensor(value).execute(context={})
+
+
+def test_an_event_about_another_selection_is_not_taken_for_this_one(runtime: GridRuntime) -> None:
+    # Airflow resumed the task instance with another one's trigger event (CI, under load)
+    other = submitted(runtime, "true")
+    ours = submitted(runtime, "sleep 30")
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not runtime.poll(other).finished:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        other_event = dict(SiteJobTrigger.contract.event_for(runtime.record(other)))
+        assert other_event["status"] == "success"
+
+        with pytest.raises(TaskDeferred) as exc:
+            sensor(str(ours)).execute_complete({}, other_event)  # type: ignore[arg-type]
+        assert isinstance(exc.value.trigger, SiteJobTrigger)
+        assert exc.value.trigger.selection_id == ours
+        assert not runtime.record(ours).finished
+    finally:
+        runtime.cancel(ours)

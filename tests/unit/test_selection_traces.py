@@ -77,11 +77,13 @@ def test_a_multi_cluster_log_gives_one_cluster_per_partition(tmp_path: Path) -> 
     assert alone.site.processors == 96  # its MaxProcs
 
 
-def test_partitions_are_told_by_the_jobs_and_a_log_without_max_procs_by_its_largest_job(
+def test_partitions_are_told_by_the_jobs_and_a_log_without_max_procs_is_sized_from_its_jobs(
     tmp_path: Path,
 ) -> None:
-    # no MaxPartitions, no MaxProcs: two partition numbers make two clusters, each of
-    # its largest job; the -1 (no partition) job belongs to neither
+    # no MaxPartitions, no MaxProcs: two partition numbers make two clusters, each of the
+    # processors its jobs held at once (gridcore.workloads.machines; p1's 8 and 3 overlap
+    # for 8 of their 12 s), at least its largest job; the -1 (no partition) job belongs
+    # to neither
     log = tmp_path / "headless.swf"
     log.write_text(
         "1 0 0 10 8 -1 -1 8 100 -1 1 1 -1 -1 -1 1 -1 -1\n"
@@ -91,7 +93,7 @@ def test_partitions_are_told_by_the_jobs_and_a_log_without_max_procs_by_its_larg
     )
     clusters = load_grid([str(log)])
     assert [(c.site.name, c.site.processors, len(c.jobs)) for c in clusters] == [
-        ("headless-p1", 8, 2),
+        ("headless-p1", 11, 2),
         ("headless-p2", 6, 1),
     ]
     one = tmp_path / "one.swf"
@@ -100,7 +102,8 @@ def test_partitions_are_told_by_the_jobs_and_a_log_without_max_procs_by_its_larg
         "2 1 0 10 5 -1 -1 5 100 -1 1 1 -1 -1 -1 -1 -1 -1\n"
     )
     ((cluster,),) = [load_grid([str(one)])]
-    assert (cluster.site.name, cluster.site.processors, len(cluster.jobs)) == ("one", 8, 2)
+    # one machine ran both (the -1 partition and 1): 8 + 5 held at once for 9 of 11 s
+    assert (cluster.site.name, cluster.site.processors, len(cluster.jobs)) == ("one", 13, 2)
 
 
 def test_a_grid_too_small_for_the_co_reserved_job_is_refused_naming_traces(
@@ -396,6 +399,7 @@ class _Recording(BackfillModel):
     """The backfill wait model, remembering each virtual job's time limit it was asked."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.asked: list[tuple[float, float]] = []
 
     def forecast(self, job: QueuedJob, view: QueueView) -> WaitForecast:

@@ -89,7 +89,7 @@ def listing(directory: Path) -> list[str]:
 def test_migrated_sqlite_schema_matches_the_metadata(store: Store) -> None:
     with store.engine.connect() as conn:
         context = MigrationContext.configure(conn)
-        assert context.get_current_revision() == HEAD_REVISION == "0014"
+        assert context.get_current_revision() == HEAD_REVISION == "0015"
         assert compare_metadata(context, metadata) == []
 
 

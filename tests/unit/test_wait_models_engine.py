@@ -138,7 +138,9 @@ def check_0014_round_trip(store: Store) -> None:
     assert {"processors", "owner", "time_limit_s", "ended_at"} <= names
     assert "queue" in {c["name"] for c in inspect(store.engine).get_columns("gc_sites")}
     with store.engine.begin() as conn:
-        row = conn.execute(select(queue_waits)).one()
+        row = conn.execute(
+            text("SELECT submitted_at, started_at, owner, ended_at FROM gc_queue_waits")
+        ).one()
     assert (row.submitted_at, row.started_at, row.owner, row.ended_at) == (10.0, 20.0, None, None)
     migrate(store, "0013", down=True)
     names = {c["name"] for c in inspect(store.engine).get_columns("gc_queue_waits")}
@@ -146,6 +148,36 @@ def check_0014_round_trip(store: Store) -> None:
     assert "queue" not in {c["name"] for c in inspect(store.engine).get_columns("gc_sites")}
     with store.engine.begin() as conn:
         assert conn.execute(text("SELECT started_at FROM gc_queue_waits")).scalar() == 20.0
+    migrate(store, "head")
+    store.dispose()
+
+
+def test_0015_adds_the_forecast_columns_and_downgrades(tmp_path: Path) -> None:
+    check_0015_round_trip(open_store(f"sqlite:///{tmp_path}/state.db"))
+
+
+def check_0015_round_trip(store: Store) -> None:
+    """Also run on PostgreSQL (tests/postgres/test_wait_models_pg.py)."""
+    forecast = {"forecast_s", "forecast_at", "forecast_by"}
+    migrate(store, "0014")
+    with store.engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO gc_queue_waits (site, site_job_id, external, submitted_at,"
+                " seen_at, owner) VALUES ('a', '1', true, 10.0, 30.0, 'carol')"
+            )
+        )
+    migrate(store, "0015")
+    assert forecast <= {c["name"] for c in inspect(store.engine).get_columns("gc_queue_waits")}
+    with store.engine.begin() as conn:
+        row = conn.execute(select(queue_waits)).one()
+        assert (row.owner, row.forecast_s, row.forecast_by) == ("carol", None, None)
+        conn.execute(queue_waits.update().values(forecast_s=5.0, forecast_at=30.0))
+    migrate(store, "0014", down=True)
+    names = {c["name"] for c in inspect(store.engine).get_columns("gc_queue_waits")}
+    assert not forecast & names and "owner" in names
+    with store.engine.begin() as conn:
+        assert conn.execute(text("SELECT owner FROM gc_queue_waits")).scalar() == "carol"
     migrate(store, "head")
     store.dispose()
 
@@ -307,6 +339,96 @@ def test_the_model_is_rebuilt_only_when_a_newer_observation_is_stored(tmp_path: 
     assert reader.waits.builds == 2
 
 
+def site_wait(
+    store: Store, reader: selection_engine.SnapshotReader, site: str, processors: int = 8
+) -> wait_models.SiteWait:
+    """The forecast a decision at NOW takes for ``processors`` at ``site``."""
+    with store.begin() as conn:
+        _, observed = reader.read_observed(conn)
+        waits = reader.decision_waits(conn, observed, NOW)
+    assert waits is not None
+    return waits.site_wait(JobRequest("m", processors, 600.0), SiteSnapshot(site, 8, 0))
+
+
+def stored_forecasts(store: Store) -> dict[str, tuple[float, float, str]]:
+    with store.begin() as conn:
+        rows = conn.execute(
+            select(queue_waits.c.site_job_id, queue_waits.c.forecast_s,
+                   queue_waits.c.forecast_at, queue_waits.c.forecast_by)
+            .where(queue_waits.c.forecast_s.is_not(None))
+        ).all()  # fmt: skip
+    return {r.site_job_id: (r.forecast_s, r.forecast_at, r.forecast_by) for r in rows}
+
+
+def test_the_bound_learns_from_the_sites_jobs_seen_queued_then_started(tmp_path: Path) -> None:
+    """Live, the conformal bound's residuals are the site's own jobs: carol's c2, seen
+    pending behind her c1 (limit 300 s) at NOW - 400, is forecast by the decision that
+    rebuilds the model from that observation to start 300 s after it, and the forecast is
+    stored in c2's history row after the decision; c2 started 50 s later than that. A
+    model rebuilt at the next observation, in this process or another one (an Airflow
+    task's), learns the residual from the history (measured from the observation, not
+    from c2's submission at NOW - 450), so a decision's forecast there has a bound 50 s
+    above its wait. Forecasts stored by another model are not this one's residuals."""
+    store = make_store(tmp_path)
+    reader = selection_engine.SnapshotReader(GRID)
+    assert reader.waits is not None
+    book = reader.waits
+    c1 = job("c1", 8, R, submitted=NOW - 450, started=NOW - 400, limit=300.0, user="carol")
+    c2 = job("c2", 8, P, submitted=NOW - 450, limit=300.0, user="carol")
+    observe(store, "a", NOW - 400, c1, c2)
+    assert "no residual yet in its bin" in site_wait(store, reader, "a").note()
+    assert stored_forecasts(store) == {}  # a decision writes nothing in its transaction
+    wait_models.store_forecasts(store, book)
+    assert stored_forecasts(store) == {"c2": (300.0, NOW - 400, "predicted_backfill")}
+    observe(store, "a", NOW - 300, c1, c2)  # seen again: recalled, not forecast again
+    site_wait(store, reader, "a")
+    assert book.take_forecasts() == {}
+    done = job("c1", 8, JobState.COMPLETED, submitted=NOW - 450, started=NOW - 400,
+               limit=300.0, user="carol", ended=NOW - 50)  # fmt: skip
+    running = job("c2", 8, R, submitted=NOW - 450, started=NOW - 50, limit=300.0, user="carol")
+    observe(store, "a", NOW - 1, done, running)
+    for decider in (reader, selection_engine.SnapshotReader(GRID)):  # the other: a new process
+        found = site_wait(store, decider, "a")
+        assert found.forecast is not None
+        assert found.forecast.wait_s == pytest.approx(250.0)  # c2's limit from NOW - 50
+        assert found.forecast.bound_s == pytest.approx(300.0)
+        assert "bound 300 s at 0.95" in found.note()
+        assert "1 residuals in its bin, too few residuals: the largest +50 s" in found.note()
+    assert book.builds == 3  # once per newer observation, never per decision
+    with store.begin() as conn:
+        conn.execute(queue_waits.update().values(forecast_by="eq1"))
+    other = site_wait(store, selection_engine.SnapshotReader(GRID), "a")
+    assert other.forecast is not None and other.forecast.bound_s is None
+
+
+def test_a_forecast_is_stored_once_and_never_for_an_earlier_run(tmp_path: Path) -> None:
+    """Two processes forecast dave's d1, d2 and requeued d3 from observations at NOW - 400
+    and NOW - 300. d1 and d2 keep the first stored forecast, d2 although it has been
+    seen started since (after its forecast: its residual is still to learn); d3 gets
+    none, since its recorded start (NOW - 700, its first run's: the history keeps the
+    first start) came before the forecast."""
+    store = make_store(tmp_path)
+    big = job("r", 8, R, submitted=NOW - 900, started=NOW - 900, limit=1000.0, user="eve")
+    d1 = job("d1", 4, P, submitted=NOW - 500, limit=60.0, user="dave")
+    d2 = job("d2", 4, P, submitted=NOW - 450, limit=60.0, user="dave")
+    d3 = job("d3", 4, P, submitted=NOW - 800, limit=60.0, user="dave")
+    observe(store, "a", NOW - 700, big, job("d3", 4, R, submitted=NOW - 800, started=NOW - 700))
+    first, second = selection_engine.SnapshotReader(GRID), selection_engine.SnapshotReader(GRID)
+    assert first.waits is not None and second.waits is not None
+    observe(store, "a", NOW - 400, big, d3, d1, d2)
+    site_wait(store, first, "a")  # d3 and d1 at NOW + 100 (r's limit), d2 behind, +160
+    observe(store, "a", NOW - 300, big, d3, d1, d2)
+    site_wait(store, second, "a")
+    started = job("d2", 4, R, submitted=NOW - 450, started=NOW - 20)
+    observe(store, "a", NOW - 10, big, d3, d1, started)
+    wait_models.store_forecasts(store, first.waits)
+    wait_models.store_forecasts(store, second.waits)
+    assert stored_forecasts(store) == {
+        "d1": (500.0, NOW - 400, "predicted_backfill"),
+        "d2": (560.0, NOW - 400, "predicted_backfill"),
+    }
+
+
 def test_a_site_with_an_unlimited_job_falls_back_to_eq_w_and_says_why(tmp_path: Path) -> None:
     store = make_store(tmp_path)
     observe(store, "a", NOW - 1, job("1", 8, R, started=NOW - 50, limit=None))
@@ -368,7 +490,7 @@ def test_vjm_selects_clusters_by_the_models_t_avail_and_says_so(tmp_path: Path) 
     engine = CoReservationEngine(runtime, "http://127.0.0.1:1")
     request = CoReservationRequest("co", "true", 8, vj_size=4, max_clusters=2)
     with store.begin() as conn:
-        chosen = engine._select(conn, request, 2, {}, (), NOW, request.lifetime_floor_s)
+        chosen = engine._selector(conn, request, 2, {}, (), NOW)(request.lifetime_floor_s)
     assert chosen.outcome is Outcome.FIT
     notes = [r for r in chosen.reasons if r.startswith("T_avail at cluster ")]
     assert notes[0].startswith("T_avail at cluster a: 50 to 50 s for 2 virtual jobs by wait model")

@@ -8,12 +8,15 @@ import json
 import math
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from gridcore.cli import main
 from gridcore.experiments.wait_prediction import (
+    POLLED,
+    PolledModel,
     load_workload,
     metrics,
     replay,
@@ -24,10 +27,13 @@ from gridcore.policies.wait_prediction import (
     ORDER_STATISTIC_CACHE,
     PLAN_DEPTH,
     WAIT_MODELS,
+    BackfillModel,
+    Eq1Model,
     PredictedBackfillModel,
     QbetsModel,
     QuantileHistory,
     QueuedJob,
+    QueuePlan,
     QueueView,
     RunningJob,
     UserRuntimes,
@@ -156,6 +162,49 @@ def test_a_queue_deeper_than_the_plan_depth_counts_the_rest_as_work() -> None:
     exact, _ = planned_start(0.0, 10, [], ahead[:PLAN_DEPTH], (1, 100.0))
     assert exact == plan_starts(0.0, 10, [], [*ahead[:PLAN_DEPTH], (1, 100.0)])[-1]
     assert planned_start(0.0, 10, [], ahead[:PLAN_DEPTH], (1, 100.0))[1] == ""
+
+
+def test_a_kept_plan_gives_every_forecast_a_fresh_plan_gives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """QueuePlan reuses the last plan between submissions with nothing started or ended
+    in between; every answer must equal a fresh plan's, exactly, also when the clock
+    moves past running ends, planned starts or zero-length jobs, and when the queue,
+    the running jobs or the durations change (which plan afresh)."""
+    fresh_plans = 0  # of the kept plans
+    reset = QueuePlan.reset
+
+    def counted(planner: QueuePlan, *args: Any) -> None:
+        nonlocal fresh_plans
+        fresh_plans += planner is plan
+        reset(planner, *args)
+
+    monkeypatch.setattr(QueuePlan, "reset", counted)
+    rng = random.Random(2024)
+    asked = 0
+    for _ in range(150):
+        total = rng.randint(4, 24)
+        now = 0.0
+        running = [(rng.uniform(0, 400), rng.randint(1, total // 3 + 1)) for _ in range(4)]
+        queue: list[tuple[int, float]] = []
+        plan = QueuePlan()
+        for _ in range(40):
+            job = (rng.randint(1, total), float(rng.choice([0, 5, 30, 60, 200, 900])))
+            kept = planned_start(now, total, running, queue, job, plan)
+            assert kept == planned_start(now, total, running, queue, job)
+            asked += 1
+            queue.append(job)
+            change = rng.random()
+            if change < 0.1 and queue:  # a queued job starts
+                processors, duration = queue.pop(rng.randrange(len(queue)))
+                running.append((now + duration, processors))
+            elif change < 0.15 and running:  # a running job ends
+                running.pop(rng.randrange(len(running)))
+            elif change < 0.2 and queue:  # a prediction changes
+                index = rng.randrange(len(queue))
+                queue[index] = (queue[index][0], queue[index][1] + 1.0)
+            now += rng.choice([0.0, 0.0, 1.0, 7.0, 50.0])
+    assert fresh_plans < asked * 0.6, (fresh_plans, asked)  # the kept plan was used
 
 
 def _brute_force(
@@ -326,6 +375,54 @@ def test_the_bound_is_never_below_the_forecast_and_bins_by_forecast() -> None:
     ]  # fmt: skip
 
 
+def test_a_queue_shown_is_forecast_once_and_its_starts_give_residuals() -> None:
+    """Live, jobs are seen queued at observations, not asked about: ``observe_queue``
+    forecasts each queued job not forecast yet by one plan (its start behind the jobs
+    ahead only), and its start then gives the residual measured from the observation."""
+    model = PredictedBackfillModel()
+    running = (RunningJob("r", 4, 0.0, 100.0),)
+    queued = (QueuedJob("q1", 4, 0.0, 50.0), QueuedJob("q2", 2, 5.0, 30.0))
+    model.observe_queue(QueueView(10.0, 4, running, queued))
+    # q1 at +90 s (the running job's limit), q2 behind it at +140 s: two residuals later
+    model.observe_start(queued[0], 0.0, 130.0)  # 120 s after the observation, 30 s late
+    model.observe_start(queued[1], 5.0, 150.0)  # 140 s after it: on time
+    asked = model.forecast(QueuedJob("x", 4, 200.0, 10.0), QueueView(200.0, 4, running))
+    assert asked.wait_s == 0.0 and asked.bound_s is None  # its bin (0 s) has none
+    bound = model.forecast(QueuedJob("y", 4, 20.0, 10.0), QueueView(20.0, 4, running))
+    assert bound.wait_s == 80.0  # bin (0, 600]: both residuals, too few: the largest
+    assert bound.bound_s == 80.0 + 30.0 and "2 residuals in its bin" in bound.reason
+    # a job forecast once (at its submission or an earlier observation) keeps that forecast
+    again = PredictedBackfillModel()
+    again.forecast(queued[0], QueueView(0.0, 4, running))  # +100 s
+    again.observe_queue(QueueView(50.0, 4, (), queued[:1]))  # asked again: +0 s, its bin 0
+    again.observe_start(queued[0], 0.0, 130.0)  # 30 s later than the +100 s forecast
+    assert again.forecast(QueuedJob("z", 4, 60.0, 1.0), QueueView(60.0, 4, running)).bound_s == 70.0
+
+
+def test_a_rebuilt_model_recalls_its_stored_forecasts_and_learns_their_residuals() -> None:
+    """Live, a model is rebuilt from the site's history, where the forecasts it made of
+    jobs seen queued are stored; recalled before the history, each start there gives
+    its residual, and a recalled job is not forecast again."""
+    first = PredictedBackfillModel()
+    view = QueueView(0.0, 4, (RunningJob("r", 4, 0.0, 100.0),), (QueuedJob("a", 4, 0.0, 10.0),))
+    assert first.observe_queue(view) == {"a": (100.0, 0.0)}
+    assert first.observe_queue(view) == {}  # forecast once
+    later = QueueView(5.0, 4, view.running, (*view.queued, QueuedJob("n", 2, 5.0, 10.0)))
+    assert first.observe_queue(later) == {"n": (105.0, 5.0)}  # only the new one, behind a
+    rebuilt = PredictedBackfillModel()
+    rebuilt.recall("a", 100.0, 0.0)
+    rebuilt.recall("b", 500.0, 0.0)  # not started yet: no residual
+    assert rebuilt.observe_queue(view) == {}
+    rebuilt.observe_start(QueuedJob("a", 4, 0.0, 10.0), 0.0, 160.0)  # 60 s late
+    rebuilt.observe_start(QueuedJob("c", 4, 0.0, 10.0), 0.0, 170.0)  # never forecast
+    probe_view = QueueView(0.0, 4, (RunningJob("r", 4, 0.0, 50.0),))
+    answer = rebuilt.forecast(QueuedJob("p", 4, 0.0, 10.0), probe_view)
+    assert answer.bound_s == 50.0 + 60.0 and "1 residuals in its bin" in answer.reason
+    for model in (Eq1Model(), BackfillModel()):
+        model.recall("a", 100.0, 0.0)
+        assert model.observe_queue(view) == {}  # they learn from the history only
+
+
 # -- the replay ----------------------------------------------------------------------------
 
 
@@ -349,6 +446,32 @@ def test_no_model_sees_the_future() -> None:
         assert original[name][: k + 1] == changed_outcome[name][: k + 1], name
         assert original[name][:k] == changed_shape[name][:k], name
     assert any(original[n][k + 1 :] != changed_outcome[n][k + 1 :] for n in WAIT_MODELS)
+
+
+def test_the_polled_default_forecasts_as_the_default_and_learns_only_at_polls() -> None:
+    """``--poll``: the default model as the live engine runs it. Its point forecasts are
+    the default's; its residuals come only from the jobs a poll saw queued."""
+    workload = load_workload(str(HEADS[0]))
+    forecasts, _ = replay(
+        workload, {DEFAULT_WAIT_MODEL: PredictedBackfillModel(), POLLED: PolledModel(600.0)}
+    )
+    polled, default = forecasts[POLLED], forecasts[DEFAULT_WAIT_MODEL]
+    assert [f.wait_s for f in polled] == [f.wait_s for f in default]
+    assert {f.predictor for f in polled} == {POLLED}
+    assert [f.bound_s for f in polled] != [f.bound_s for f in default]
+    # a queued job no poll saw (the next poll is 600 s away) gives no residual
+    model = PolledModel(600.0)
+    running = (RunningJob("r", 4, 0.0, 100.0),)
+    first, second = QueuedJob("a", 4, 0.0, 50.0), QueuedJob("b", 4, 10.0, 50.0)
+    model.forecast(first, QueueView(0.0, 4, running))  # polls: an empty queue
+    model.forecast(second, QueueView(10.0, 4, running, (first,)))  # no poll: a unseen
+    model.observe_start(first, 0.0, 100.0)
+    probe = model.forecast(QueuedJob("c", 4, 20.0, 1.0), QueueView(20.0, 4, running))
+    assert probe.bound_s is None
+    model.forecast(QueuedJob("d", 4, 600.0, 1.0), QueueView(600.0, 4, running, (second,)))
+    model.observe_start(second, 10.0, 700.0)  # b seen at the poll at 600: +0 s, 100 s late
+    late = model.forecast(QueuedJob("e", 4, 700.0, 1.0), QueueView(700.0, 4, ()))
+    assert late.wait_s == 0.0 and late.bound_s == 100.0
 
 
 def test_spearman_with_ties_and_constants() -> None:
@@ -452,3 +575,7 @@ def test_without_a_trace_or_with_a_bad_log_the_cli_exits_2(
     err = capsys.readouterr().err
     assert "bad.swf:2" in err
     assert main(["experiment", "stateful-selection", "--trace", str(bad), "--json"]) == 2
+    head = str(HEADS[0])
+    for poll in ("0", "-5", "nan", "inf"):
+        assert main(["experiment", "wait-prediction", "--trace", head, "--poll", poll]) == 2
+        assert "--poll must be finite and > 0 seconds" in capsys.readouterr().err
