@@ -50,17 +50,24 @@ gridcore db upgrade
 
 # (`users create` would also just print "already exist" for an existing user; checking
 # first keeps the log honest and never touches an existing account's password.)
+# Airflow may print warnings on stdout before the JSON list: read the list from the first
+# line that starts one (an unreadable answer counts as "no such user", and then creating
+# an existing user only prints "already exist").
 user_exists() {
     airflow users list --output json 2>/dev/null | python -c '
 import json, sys
-sys.exit(0 if any(u.get("username") == sys.argv[1] for u in json.load(sys.stdin)) else 1)
+lines = sys.stdin.read().splitlines()
+start = next((i for i, line in enumerate(lines) if line.startswith("[")), None)
+users = [] if start is None else json.loads("\n".join(lines[start:]))
+sys.exit(0 if any(u.get("username") == sys.argv[1] for u in users) else 1)
 ' "$1"
 }
 if user_exists "$admin_user"; then
     echo "gridcore init: admin user '$admin_user' exists"
 else
     echo "gridcore init: creating admin user '$admin_user'"
-    airflow users create --username "$admin_user" --password "$admin_password" \
+    # "--password=VALUE": a password that starts with "-" is still the option's value
+    airflow users create --username "$admin_user" --password="$admin_password" \
         --firstname Grid --lastname Admin --email "${admin_user}@example.org" --role Admin
 fi
 

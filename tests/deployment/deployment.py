@@ -129,7 +129,9 @@ class Deployment:
     workers: int = 2
     port: int = field(default_factory=free_port)
     token: str = ""
-    password: str = field(default_factory=lambda: secrets.token_urlsafe(12))
+    # a leading "-": docker/airflow-init.sh once passed such a password (1 in 64 of
+    # token_urlsafe's) as "--password VALUE", which Airflow's parser read as an option
+    password: str = field(default_factory=lambda: "-" + secrets.token_urlsafe(12))
     suffix: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     redis_db: int = field(default_factory=lambda: 8 + secrets.randbelow(8))
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -302,17 +304,44 @@ class Deployment:
             raise RuntimeError(f"Airflow process(es) exited: {dead}\n{tails}")
 
     def kill(self, name: str) -> list[int]:
-        """SIGKILL process ``name`` and everything it started (a machine lost): the pids."""
+        """SIGKILL process ``name`` and everything it started (a machine lost): the pids.
+        The tree is frozen first (:meth:`freeze`), so nothing it forks meanwhile escapes."""
+        victims = sorted(self.freeze(name))
         proc = self.processes.pop(name)
-        victims = [proc.pid]
-        with contextlib.suppress(psutil.NoSuchProcess):
-            victims += [child.pid for child in psutil.Process(proc.pid).children(recursive=True)]
         for pid in victims:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         _signal_group(proc, signal.SIGKILL)
         proc.wait()
         return victims
+
+    def freeze(self, name: str) -> set[int]:
+        """SIGSTOP process ``name`` and everything under it, so that what it runs can be
+        read without changing under the reader: the pids stopped (:meth:`thaw` them). A
+        stopped process forks nothing, so the tree is listed again until every process
+        in it has been stopped."""
+        root = psutil.Process(self.processes[name].pid)
+        stopped: set[int] = set()
+        while True:
+            try:
+                tree = [root, *root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                return stopped
+            fresh = [p for p in tree if p.pid not in stopped]
+            if not fresh:
+                return stopped
+            for process in fresh:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.send_signal(signal.SIGSTOP)
+                stopped.add(process.pid)
+
+    @staticmethod
+    def thaw(stopped: set[int]) -> None:
+        """SIGCONT exactly what :meth:`freeze` stopped (a process moved out of the tree
+        meanwhile included)."""
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
     def restart(self, name: str, command: str) -> None:
         """Stop ``name`` gracefully (SIGTERM, as an operator restarting it) and start it
