@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pickle
 import random
+import statistics
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 
 from gridcore.cli import main
 from gridcore.errors import ConfigError
+from gridcore.experiments.selection import canonical_trace
 from gridcore.experiments.selection_traces import (
     LogAt,
     LoggedCluster,
@@ -235,6 +237,21 @@ def test_a_log_that_repeats_job_numbers_replays_each_line_as_its_own_job(
     assert names[:2] == ["repeats#1", "repeats#1@3"]
     result = selection_traces([str(log), str(log)], windows=2, seed=0)
     assert len(result["per_window"]) == 2
+
+
+def test_no_protocol_beats_the_no_wait_floor_and_the_floor_is_the_members_own() -> None:
+    result = selection_traces(HEADS, windows=4, seed=0)
+    for row in result["per_window"]:
+        trace = canonical_trace(row["window"])  # seed 0: canonical_trace(0 * 1000 + k)
+        # slowness 1 on every cluster: a member's floor is its hysteresis plus its run
+        assert row["no_wait_s"] == statistics.median(
+            j.hysteresis_s + j.runtime_s for j in trace.jobs
+        )
+        for completion in row["completion_s"].values():
+            assert completion >= row["no_wait_s"]
+    ratios = [r["no_wait_s"] / r["completion_s"]["naive"] for r in result["per_window"]]
+    floor = result["references"]["no_wait"]["ratio_to_naive"]
+    assert floor["median"] == statistics.median(ratios) and floor["median"] <= 1.0
 
 
 def test_warm_models_know_only_the_past_and_give_copies() -> None:

@@ -17,6 +17,7 @@ from gridcore.cli import main
 from gridcore.experiments.wait_prediction import (
     POLLED,
     PolledModel,
+    hindsight_bin_bound,
     load_workload,
     metrics,
     replay,
@@ -495,6 +496,22 @@ def test_metrics_by_hand() -> None:
     assert figures["bound_over_actual_median"] == 5.5  # of 600/700, 1, 10, inf
     assert figures["bounded"] == 0.75
     assert "coverage" not in metrics(forecast, actual, None)
+    # each forecast alone in its bin: the bound in hindsight is its own wait
+    assert figures["hindsight_bin_bound"] == {"coverage": 1.0, "bound_over_actual_median": 1.0}
+
+
+def test_the_hindsight_bound_is_the_forecast_plus_each_bins_quantile_of_residuals() -> None:
+    # bin 0 (forecast 0 s): 20 waits 0, 60, ..., 1140 s; the 0.95 quantile is the 19th
+    # (1080 s: 19 of 20 at or below it), so 1140 s is not covered. Bin (600, 3600]:
+    # residuals 1800 and -100 s, margin 1800 (both covered). Bin (3600, 14400]: one job
+    # that started early, margin -1000 s, floored at 0: the bound is its forecast.
+    forecast = np.array([0.0] * 20 + [1200.0, 1200.0, 5000.0])
+    actual = np.array([60.0 * k for k in range(20)] + [3000.0, 1100.0, 4000.0])
+    figures = hindsight_bin_bound(forecast, actual)
+    assert figures["coverage"] == 22 / 23
+    ratios = [1080.0 / max(60.0 * k, 60.0) for k in range(20)]
+    ratios += [3000.0 / 3000.0, 3000.0 / 1100.0, 5000.0 / 4000.0]
+    assert figures["bound_over_actual_median"] == sorted(ratios)[11]
 
 
 @pytest.mark.parametrize("log", HEADS, ids=[p.name for p in HEADS])
