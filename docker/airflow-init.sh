@@ -50,16 +50,24 @@ gridcore db upgrade
 
 # (`users create` would also just print "already exist" for an existing user; checking
 # first keeps the log honest and never touches an existing account's password.)
-# Airflow may print warnings on stdout before the JSON list: read the list from the first
-# line that starts one (an unreadable answer counts as "no such user", and then creating
-# an existing user only prints "already exist").
+# Airflow may print log lines on stdout around the JSON list (one line): the first line
+# that reads as a list of users is the answer (none counts as "no such user", and then
+# creating an existing user only prints "already exist").
 user_exists() {
     airflow users list --output json 2>/dev/null | python -c '
 import json, sys
-lines = sys.stdin.read().splitlines()
-start = next((i for i, line in enumerate(lines) if line.startswith("[")), None)
-users = [] if start is None else json.loads("\n".join(lines[start:]))
-sys.exit(0 if any(u.get("username") == sys.argv[1] for u in users) else 1)
+
+def users(line):
+    try:
+        found = json.loads(line)
+    except ValueError:
+        return None
+    if isinstance(found, list) and all(isinstance(u, dict) for u in found):
+        return found
+    return None
+
+listed = next((u for u in map(users, sys.stdin) if u is not None), [])
+sys.exit(0 if any(u.get("username") == sys.argv[1] for u in listed) else 1)
 ' "$1"
 }
 if user_exists "$admin_user"; then

@@ -7,6 +7,7 @@ import pickle
 import random
 import statistics
 from collections import deque
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -248,10 +249,24 @@ def test_no_protocol_beats_the_no_wait_floor_and_the_floor_is_the_members_own() 
             j.hysteresis_s + j.runtime_s for j in trace.jobs
         )
         for completion in row["completion_s"].values():
-            assert completion >= row["no_wait_s"]
+            # a member that waits not at all completes at its floor up to rounding
+            # (its end and arrival are absolute times of about 1e7 s)
+            assert completion >= row["no_wait_s"] - 1e-6
     ratios = [r["no_wait_s"] / r["completion_s"]["naive"] for r in result["per_window"]]
     floor = result["references"]["no_wait"]["ratio_to_naive"]
-    assert floor["median"] == statistics.median(ratios) and floor["median"] <= 1.0
+    assert floor["median"] == statistics.median(ratios) and floor["median"] <= 1.0 + 1e-9
+
+
+def test_the_no_wait_floor_runs_on_the_fastest_cluster() -> None:
+    clusters = load_grid(HEADS)
+    clusters[0].site = replace(clusters[0].site, slowness=0.5)
+    clusters[1].site = replace(clusters[1].site, slowness=3.0)
+    t0 = window_starts(common_span(clusters), 2, 0)[0]
+    row = _window(clusters, t0, 0, 0, WarmModels(clusters).at(t0))
+    trace = canonical_trace(0)
+    assert row["no_wait_s"] == statistics.median(
+        j.hysteresis_s + j.runtime_s * 0.5 for j in trace.jobs
+    )
 
 
 def test_warm_models_know_only_the_past_and_give_copies() -> None:

@@ -496,8 +496,14 @@ def test_metrics_by_hand() -> None:
     assert figures["bound_over_actual_median"] == 5.5  # of 600/700, 1, 10, inf
     assert figures["bounded"] == 0.75
     assert "coverage" not in metrics(forecast, actual, None)
-    # each forecast alone in its bin: the bound in hindsight is its own wait
+    # each forecast alone in its bin: the bound in hindsight is the larger of its wait and
+    # its forecast (30, 700, 1000, 5000 s): ratios 0.5, 1, 1, 5
     assert figures["hindsight_bin_bound"] == {"coverage": 1.0, "bound_over_actual_median": 1.0}
+    # a job that started before its forecast: the bound is never below the forecast
+    assert hindsight_bin_bound(np.array([5000.0]), np.array([4000.0])) == {
+        "coverage": 1.0,
+        "bound_over_actual_median": 1.25,
+    }
 
 
 def test_the_hindsight_bound_is_the_forecast_plus_each_bins_quantile_of_residuals() -> None:
