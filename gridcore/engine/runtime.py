@@ -39,6 +39,7 @@ from gridcore.errors import (
     GridError,
     RequestError,
     SiteError,
+    SiteUnavailable,
     StateError,
     UnknownJob,
 )
@@ -85,6 +86,9 @@ log = logging.getLogger(__name__)
 _PENDING_NOTES = ("requeued by Slurm", "held")
 # the states of a selection whose job the site has (or may have) and has not ended
 _SUBMITTED = (JobState.PENDING.value, JobState.RUNNING.value)
+# the states of a selection not ended yet: only such a row takes a poll's news (a task's
+# trigger and another process's refresh can both carry news of one job)
+_LIVE = tuple(state.value for state in JobState if not state.finished)
 UNPOLLED_AFTER_S = 300.0
 """A selection whose job the site shows ended this long ago has no task polling it any
 more (a deferred task's trigger polls every few seconds to a minute): a refresh ends it
@@ -94,9 +98,11 @@ more (a deferred task's trigger polls every few seconds to a minute): a refresh 
 
 def _ended_unpolled(job: ObservedJob, observed_at: float) -> bool:
     """The site showed ``job`` ended at least :data:`UNPOLLED_AFTER_S` before
-    ``observed_at`` (or ended at an unknown time)."""
+    ``observed_at``. A listed job ended at a time the site does not give (Slurm: one
+    cancelled while pending) is left until the site no longer lists it: its own poller
+    may still come, and the site's accounting may not have it yet."""
     ended = job.ended_at
-    return job.state.finished and (ended is None or observed_at - ended >= UNPOLLED_AFTER_S)
+    return job.state.finished and ended is not None and observed_at - ended >= UNPOLLED_AFTER_S
 
 
 @dataclass(frozen=True)
@@ -364,18 +370,24 @@ class GridRuntime:
         refresh is for other work: a site that stops answering is left to the next
         refresh."""
         listed = {job.job_id: job for job in obs.jobs}
-        with self.store.begin() as conn:
-            live = conn.execute(
-                select(selections.c.id, selections.c.job_id).where(
-                    and_(
-                        selections.c.site == site,
-                        selections.c.state.in_(_SUBMITTED),
-                        selections.c.job_id.is_not(None),
-                        # submitted after the look began: not listed, and not gone
-                        selections.c.submitted_at < obs.observed_at,
+        try:
+            with self.store.begin() as conn:
+                live = conn.execute(
+                    select(selections.c.id, selections.c.job_id)
+                    .where(
+                        and_(
+                            selections.c.site == site,
+                            selections.c.state.in_(_SUBMITTED),
+                            selections.c.job_id.is_not(None),
+                            # submitted after the look began: not listed, and not gone
+                            selections.c.submitted_at < obs.observed_at,
+                        )
                     )
-                )
-            ).all()
+                    .order_by(selections.c.id)
+                ).all()
+        except Exception as exc:  # the caller's refresh is for other work
+            log.warning("site %s: reading its live selections failed: %s", site, exc)
+            return
         for selection_id, job_id in live:
             seen = listed.get(job_id)
             if seen is not None and not _ended_unpolled(seen, obs.observed_at):
@@ -391,7 +403,9 @@ class GridRuntime:
                     exc,
                     exc_info=not isinstance(exc, GridError),
                 )
-                return
+                if isinstance(exc, SiteUnavailable):
+                    return  # the site stopped answering: the next refresh asks again
+                # this job's answer is the problem: the site's other jobs still end
 
     def _end_if_ended(self, site: str, selection_id: int, job_id: str) -> None:
         try:
@@ -400,7 +414,7 @@ class GridRuntime:
             why = f"{exc}: its end is unknown (no task asked while the site knew it)"
             self._finish(selection_id, JobState.FAILED, None, why, count=False)
             return
-        self._apply_status(self.record(selection_id), status)
+        self._apply_status(self.record(selection_id), status, count=False)
 
     def _cancel_orphans(self, site: str, jobs: tuple[ObservedJob, ...]) -> None:
         """Cancel the site's jobs with our key and no live holder; a selection still
@@ -635,8 +649,10 @@ class GridRuntime:
         self._apply_status(current, status)
         return self.record(selection_id)
 
-    def _apply_status(self, current: JobRecord, status: JobStatus) -> None:
-        """Commit what the site's ``status`` of the selection's job changes."""
+    def _apply_status(self, current: JobRecord, status: JobStatus, *, count: bool = True) -> None:
+        """Commit what the site's ``status`` of the selection's job changes, to a row not
+        ended meanwhile by another poller; ``count``: an end counts toward the site's
+        health (:meth:`_finish`)."""
         selection_id = current.selection_id
         if status.state.finished:
             started = status.started_at or current.started_at
@@ -648,12 +664,13 @@ class GridRuntime:
                 status.finished_at,
                 started,
                 status.usage,
+                count=count,
             )
         elif status.state is JobState.RUNNING and current.state != JobState.RUNNING.value:
             with self.store.begin() as conn:
                 conn.execute(
                     update(selections)
-                    .where(selections.c.id == selection_id)
+                    .where(and_(selections.c.id == selection_id, selections.c.state.in_(_LIVE)))
                     .values(
                         state=JobState.RUNNING.value,
                         started_at=status.started_at or self.clock(),
@@ -683,7 +700,7 @@ class GridRuntime:
         with self.store.begin() as conn:
             conn.execute(
                 update(selections)
-                .where(selections.c.id == current.selection_id)
+                .where(and_(selections.c.id == current.selection_id, selections.c.state.in_(_LIVE)))
                 .values(state=JobState.PENDING.value, message=note)
             )
 
@@ -723,12 +740,7 @@ class GridRuntime:
             # process's refresh, below) may both see the end, and only one counts it.
             ended = conn.execute(
                 update(selections)
-                .where(
-                    and_(
-                        selections.c.id == selection_id,
-                        selections.c.state.in_([s.value for s in JobState if not s.finished]),
-                    )
-                )
+                .where(and_(selections.c.id == selection_id, selections.c.state.in_(_LIVE)))
                 .values(
                     state=state.value,
                     exit_code=exit_code,

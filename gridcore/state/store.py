@@ -111,12 +111,27 @@ class Store:
             conn.execute(_TAKE_TURN, {"name": name})
 
     def check_migrated(self) -> None:
-        tables = set(inspect(self.engine).get_table_names())
-        missing = {t.name for t in schema.metadata.sorted_tables} - tables
+        """Refuse a database short of any table or column of this release's schema (one
+        at an older revision: its first query would fail on a missing column), naming
+        what is missing and what to run."""
+        inspector = inspect(self.engine)
+        tables = set(inspector.get_table_names())
+        missing = sorted({t.name for t in schema.metadata.sorted_tables} - tables)
+        if not missing:
+            present = {
+                table: {column["name"] for column in columns}
+                for (_, table), columns in inspector.get_multi_columns().items()
+            }
+            missing = sorted(
+                f"{table.name}.{column.name}"
+                for table in schema.metadata.sorted_tables
+                for column in table.columns
+                if column.name not in present.get(table.name, set())
+            )
         if missing:
             raise StateError(
                 f"state database {self.engine.url.render_as_string(hide_password=True)} is not "
-                f"migrated (missing {sorted(missing)}): run `gridcore db upgrade`"
+                f"migrated (missing {missing}): run `gridcore db upgrade`"
             )
 
     def dispose(self) -> None:

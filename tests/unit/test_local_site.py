@@ -15,15 +15,17 @@ import pytest
 from sqlalchemy import func, select
 
 from gridcore.config import default_grid
-from gridcore.engine.runtime import GridRuntime, JobRecord
+from gridcore.engine.runtime import UNPOLLED_AFTER_S, GridRuntime, JobRecord, _ended_unpolled
 from gridcore.engine.submission import submit_once
-from gridcore.errors import ConfigError, RequestError, SiteRejected
+from gridcore.errors import ConfigError, RequestError, SiteRejected, StateError
 from gridcore.model import (
     HolderKind,
     JobRequest,
     JobResources,
     JobState,
+    JobStatus,
     JobSubmission,
+    ObservedJob,
     SiteKind,
     SiteSpec,
 )
@@ -261,6 +263,101 @@ def test_a_selection_whose_job_the_site_forgot_ends_failed_at_a_refresh(tmp_path
         ).scalar_one()
     assert errors == 0
     assert_capacity_invariant(rt.store, no_live_holds=True)
+
+
+def _site_counts(rt: GridRuntime, site: str = "local-a") -> tuple[int, int]:
+    """The site's (finished_jobs, consecutive_errors)."""
+    with rt.store.begin() as conn:
+        row = conn.execute(
+            select(sites.c.finished_jobs, sites.c.consecutive_errors).where(sites.c.name == site)
+        ).one()
+    return int(row[0]), int(row[1])
+
+
+def test_an_unpolled_job_that_failed_ends_without_charging_the_sites_health(
+    tmp_path: Path,
+) -> None:
+    """A refresh ends an unpolled selection whose job failed: it says nothing of the
+    site's health (the refresh is another task's), as docs/operators.md promises."""
+    rt = runtime(tmp_path)
+    failed = run(rt, "failed", 1, "exit 3", site="local-a")
+    _wait_until((_workdir(rt, failed) / "rc").exists, timeout=30.0)
+    rt.refresh()
+    record = rt.record(failed)
+    assert (record.state, record.exit_code) == ("failed", 3), record
+    assert _site_counts(rt) == (0, 0)
+    assert_capacity_invariant(rt.store, no_live_holds=True)
+
+
+def test_one_unpolled_job_the_site_cannot_report_does_not_keep_the_others_from_ending(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The site's answer about one job is broken (not the site: it answers): a refresh
+    still ends the site's other unpolled selections, and leaves that one as it was."""
+    rt = runtime(tmp_path)
+    first = run(rt, "first", 1, "true", site="local-a")
+    second = run(rt, "second", 1, "true", site="local-a")
+    for sid in (first, second):
+        _wait_until((_workdir(rt, sid) / "rc").exists, timeout=30.0)
+    broken = str(rt.record(first).job_id)
+    site = rt.adapter("local-a")
+    status = site.status
+
+    def status_or_broken(job_id: str) -> JobStatus:
+        if job_id == broken:
+            raise StateError(f"job {job_id}: an answer that does not parse")
+        return status(job_id)
+
+    monkeypatch.setattr(site, "status", status_or_broken)
+    rt.refresh()
+    assert rt.record(first).state == "pending"
+    assert rt.record(second).state == "completed"
+    monkeypatch.setattr(site, "status", status)
+    rt.refresh()
+    assert rt.record(first).state == "completed"
+    assert_capacity_invariant(rt.store, no_live_holds=True)
+
+
+def test_a_poll_that_saw_the_job_running_does_not_revive_a_row_another_poller_ended(
+    tmp_path: Path,
+) -> None:
+    """A task's poll reads its record (pending) and the site says running; the job then
+    ends and another process's refresh ends the selection; the poll's late news must not
+    make the ended row live again (its end would then be counted twice)."""
+    rt = runtime(tmp_path)
+    sid = run(rt, "racing", 1, "true", site="local-a")
+    before = rt.record(sid)  # what the task's poll read
+    assert before.state == "pending"
+    _wait_until((_workdir(rt, sid) / "rc").exists, timeout=30.0)
+    rt.refresh()  # the other process's refresh ends it
+    assert rt.record(sid).state == "completed"
+    assert _site_counts(rt) == (1, 0)
+    job_id = str(before.job_id)
+    rt._apply_status(before, JobStatus(job_id, JobState.RUNNING, started_at=time.time()))
+    rt._apply_status(before, JobStatus(job_id, JobState.PENDING, held=True, reason="late"))
+    record = rt.record(sid)
+    assert (record.state, record.exit_code) == ("completed", 0), record
+    rt.poll(sid)
+    rt.refresh()
+    assert _site_counts(rt) == (1, 0), "the end was counted twice"
+    assert_capacity_invariant(rt.store, no_live_holds=True)
+
+
+def test_a_listed_job_ended_at_an_unknown_time_is_left_to_its_poller() -> None:
+    """Slurm lists a job cancelled while pending with no end time: the refresh leaves it
+    until the site no longer lists it (its poller may still come, and the site's
+    accounting may not have it yet), as it does a job that ended lately."""
+    now = 1_000_000.0
+    cancelled = ObservedJob("7", 1, JobState.CANCELLED, ended_at=None)
+    lately = ObservedJob("8", 1, JobState.COMPLETED, ended_at=now - UNPOLLED_AFTER_S + 1)
+    long_ago = ObservedJob("9", 1, JobState.COMPLETED, ended_at=now - UNPOLLED_AFTER_S)
+    running = ObservedJob("10", 1, JobState.RUNNING)
+    assert [_ended_unpolled(j, now) for j in (cancelled, lately, long_ago, running)] == [
+        False,
+        False,
+        True,
+        False,
+    ]
 
 
 def test_a_jobs_environment_file_is_readable_by_its_owner_only(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from gridcore.engine import queue_stats, wait_models
 from gridcore.engine import selection as selection_engine
 from gridcore.engine.coreservation import CoReservationEngine
 from gridcore.engine.runtime import GridRuntime
+from gridcore.errors import StateError
 from gridcore.model import (
     CoReservationRequest,
     GridSpec,
@@ -180,6 +181,23 @@ def check_0015_round_trip(store: Store) -> None:
         assert conn.execute(text("SELECT owner FROM gc_queue_waits")).scalar() == "carol"
     migrate(store, "head")
     store.dispose()
+
+
+def test_a_database_one_revision_behind_is_refused_naming_the_columns_and_the_fix(
+    tmp_path: Path,
+) -> None:
+    """Every table is there at 0014, but not 0015's columns: an engine opened without
+    upgrading refuses it at once, instead of failing at its first forecast."""
+    url = f"sqlite:///{tmp_path}/state.db"
+    store = open_store(url, upgrade=True)
+    migrate(store, "0014", down=True)
+    store.dispose()
+    behind = open_store(url)
+    with pytest.raises(StateError, match=r"gc_queue_waits\.forecast_s.*run `gridcore db upgrade`"):
+        behind.check_migrated()
+    migrate(behind, "head")
+    behind.check_migrated()
+    behind.dispose()
 
 
 # -- what an observation stores --------------------------------------------------------------
