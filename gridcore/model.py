@@ -209,6 +209,10 @@ class JobState(enum.StrEnum):
         return self in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
 
 
+UNFINISHED_STATES = tuple(state.value for state in JobState if not state.finished)
+"""The stored values of the states a selection has not ended in (for ``IN (...)``)."""
+
+
 @dataclass(frozen=True)
 class ObservedJob:
     """A job as a site reports it (ours or anyone's)."""

@@ -29,7 +29,7 @@ from gridcore.engine.phases import (
     JobPhase,
     ReservationPhase,
 )
-from gridcore.model import HolderKind, JobState, Priority
+from gridcore.model import UNFINISHED_STATES, HolderKind, Priority
 from gridcore.state import capacity, site_definitions
 from gridcore.state.capacity import Hold, Ledger, Usage
 from gridcore.state.schema import (
@@ -60,7 +60,6 @@ between scans; a report older than that means nothing of ours is looking at the 
 so its idle processors describe a past moment, not now."""
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 _NAME_MAX = 200
-_UNFINISHED = [s.value for s in JobState if not s.finished]
 _LIVE_RESERVATION = [p.value for p in ReservationPhase if p not in FINISHED_RESERVATION]
 _LIVE_PILOTS = [s.value for s in (*WAITING_PILOT, *LIVE_PILOT)]
 _STARTED_COMPONENT = [s.value for s in STARTED_COMPONENT]
@@ -394,7 +393,7 @@ def _dataplans(conn: Connection, live: Sequence[Hold]) -> list[dict[str, Any]]:
     sc = selections.c
     busy = conn.execute(
         select(sc.stream)
-        .where(and_(sc.stream.startswith(STREAM_PREFIX), sc.state.in_(_UNFINISHED)))
+        .where(and_(sc.stream.startswith(STREAM_PREFIX), sc.state.in_(UNFINISHED_STATES)))
         .distinct()
     ).scalars()
     streams = set(busy)
@@ -581,7 +580,7 @@ def _intervals(conn: Connection, since: float, now: float) -> list[Interval]:
     """Every job of ours that ran at some time in [since, now] (docs/grid-page.md)."""
     sc, cc, pc = selections.c, coalloc_components.c, pilots.c
     sources = (
-        (sc.site, sc.processors, sc.started_at, sc.finished_at, sc.state, _UNFINISHED),
+        (sc.site, sc.processors, sc.started_at, sc.finished_at, sc.state, UNFINISHED_STATES),
         (cc.site, cc.size, cc.registered_at, cc.finished_at, cc.state, _STARTED_COMPONENT),
         (pc.site, pc.processors, pc.registered_at, pc.finished_at, pc.state, _LIVE_PILOTS),
     )

@@ -44,6 +44,7 @@ from gridcore.errors import (
     UnknownJob,
 )
 from gridcore.model import (
+    UNFINISHED_STATES,
     GridSpec,
     JobRequest,
     JobResources,
@@ -86,14 +87,17 @@ log = logging.getLogger(__name__)
 _PENDING_NOTES = ("requeued by Slurm", "held")
 # the states of a selection whose job the site has (or may have) and has not ended
 _SUBMITTED = (JobState.PENDING.value, JobState.RUNNING.value)
-# the states of a selection not ended yet: only such a row takes a poll's news (a task's
-# trigger and another process's refresh can both carry news of one job)
-_LIVE = tuple(state.value for state in JobState if not state.finished)
 UNPOLLED_AFTER_S = 300.0
 """A selection whose job the site shows ended this long ago has no task polling it any
 more (a deferred task's trigger polls every few seconds to a minute): a refresh ends it
 (:meth:`GridRuntime._end_unpolled`). Slurm keeps an ended job listed for ``MinJobAge``,
 300 s by default; the local site lists no ended job, so its ends are found at once."""
+
+
+def _unfinished(selection_id: int) -> Any:
+    """The selection's row, while it has not ended: only such a row takes a poll's news
+    (a task's trigger and another process's refresh can both carry news of one job)."""
+    return and_(selections.c.id == selection_id, selections.c.state.in_(UNFINISHED_STATES))
 
 
 def _ended_unpolled(job: ObservedJob, observed_at: float) -> bool:
@@ -670,7 +674,7 @@ class GridRuntime:
             with self.store.begin() as conn:
                 conn.execute(
                     update(selections)
-                    .where(and_(selections.c.id == selection_id, selections.c.state.in_(_LIVE)))
+                    .where(_unfinished(selection_id))
                     .values(
                         state=JobState.RUNNING.value,
                         started_at=status.started_at or self.clock(),
@@ -700,7 +704,7 @@ class GridRuntime:
         with self.store.begin() as conn:
             conn.execute(
                 update(selections)
-                .where(and_(selections.c.id == current.selection_id, selections.c.state.in_(_LIVE)))
+                .where(_unfinished(current.selection_id))
                 .values(state=JobState.PENDING.value, message=note)
             )
 
@@ -740,7 +744,7 @@ class GridRuntime:
             # process's refresh, below) may both see the end, and only one counts it.
             ended = conn.execute(
                 update(selections)
-                .where(and_(selections.c.id == selection_id, selections.c.state.in_(_LIVE)))
+                .where(_unfinished(selection_id))
                 .values(
                     state=state.value,
                     exit_code=exit_code,

@@ -22,7 +22,6 @@ from gridcore.errors import ConfigError
 from gridcore.experiments.registry import Experiment, RunOptions, text_table
 from gridcore.policies.wait_prediction import (
     DEFAULT_WAIT_MODEL,
-    FORECAST_BINS_S,
     QUANTILE,
     WAIT_MODELS,
     PredictedBackfillModel,
@@ -31,6 +30,7 @@ from gridcore.policies.wait_prediction import (
     RunningJob,
     WaitForecast,
     WaitModel,
+    forecast_bin,
 )
 from gridcore.progress import progress
 from gridcore.workloads.machines import MachineUse
@@ -400,7 +400,7 @@ def hindsight_bin_bound(forecast: np.ndarray, actual: np.ndarray) -> dict[str, f
     :data:`QUANTILE` of them at or below it. A reference, not a predictor: how low
     ``bound_over_actual_median`` can go at that coverage on this log for any bound of
     that form over these point forecasts (docs/wait-prediction.md, "What they say")."""
-    bins = np.searchsorted(FORECAST_BINS_S, forecast, side="left")  # = forecast_bin
+    bins = np.array([forecast_bin(wait) for wait in forecast.tolist()], dtype=int)
     residual = actual - forecast
     bound = np.empty_like(actual, dtype=float)
     for index in np.unique(bins):
